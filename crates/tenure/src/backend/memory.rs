@@ -1,0 +1,472 @@
+//! `memory://`: the reference backend, in this process only.
+//!
+//! Every other backend is compared with this one. State sits behind one mutex;
+//! expiry is judged by tokio's monotonic clock, and a reaper task ends each
+//! session at its deadline so that waiters and observers are woken on time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::queue;
+use crate::store::{
+    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store, Wake,
+};
+
+const BACKEND: &str = "memory";
+
+/// The memory backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        backend: BACKEND,
+        fencing: true,
+        durable: false,
+        multi_process: false,
+        fifo: true,
+        shared: true,
+        permits: true,
+        wake: Wake::NextOnly,
+        clock: "this process's monotonic clock",
+        min_ttl: Duration::from_millis(10),
+        max_ttl: Duration::from_secs(7 * 24 * 3600),
+        round_trips: "none (in-process)",
+    }
+}
+
+/// A store that lives in this process. Cheap to clone; clones share state.
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+    caps: Arc<Capabilities>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: Mutex<State>,
+    reaper: Arc<Notify>,
+    reaper_started: std::sync::Once,
+    wakeups: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.reaper.notify_one();
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sessions: HashMap<SessionKey, SessionRec>,
+    names: BTreeMap<Name, NameRec>,
+    next_tag: u64,
+}
+
+#[derive(Debug)]
+struct SessionRec {
+    tag: String,
+    label: String,
+    ttl: Duration,
+    expires: Instant,
+}
+
+#[derive(Debug)]
+struct NameRec {
+    last_seq: u64,
+    version: watch::Sender<u64>,
+    entries: Vec<EntryRec>,
+}
+
+#[derive(Debug)]
+struct EntryRec {
+    seq: u64,
+    kind: EntryKind,
+    session: SessionKey,
+    value: Vec<u8>,
+    holds: u32,
+    granted: bool,
+    granted_at: Option<SystemTime>,
+    wake: Arc<Notify>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A new, empty store.
+    pub fn new() -> Self {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                reaper: Arc::new(Notify::new()),
+                reaper_started: std::sync::Once::new(),
+                wakeups: AtomicU64::new(0),
+            }),
+            caps: Arc::new(capabilities()),
+        }
+    }
+
+    pub(crate) fn open_url(url: &str) -> Result<Self> {
+        let rest = url.split_once("://").map(|(_, r)| r).unwrap_or("");
+        if !rest.is_empty() {
+            return Err(Error::InvalidUrl {
+                url: crate::store::mask_password(url),
+                reason: "memory:// takes no host, path or options".into(),
+            });
+        }
+        Ok(Self::new())
+    }
+
+    /// How many times a waiter has been woken since the store was made: one
+    /// per grant (and one per waiting entry removed). A release wakes the next
+    /// waiter only, never the whole queue.
+    pub fn wakeups(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held cannot leave the state half-written
+        // in a way later calls depend on, so a poisoned lock is still usable.
+        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.purge(&mut state, Instant::now());
+        state
+    }
+
+    /// Ends every session whose deadline has passed and settles its queues.
+    fn purge(&self, state: &mut State, now: Instant) {
+        let expired: Vec<SessionKey> = state
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.expires <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in expired {
+            self.remove_session(state, &key);
+        }
+    }
+
+    fn remove_session(&self, state: &mut State, key: &SessionKey) {
+        state.sessions.remove(key);
+        for rec in state.names.values_mut() {
+            if rec.entries.iter().any(|e| &e.session == key) {
+                rec.entries.retain(|e| {
+                    if &e.session == key {
+                        // Wake a waiter of the removed entry so it can report.
+                        if !e.granted {
+                            e.wake.notify_one();
+                            self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                        }
+                        false
+                    } else {
+                        true
+                    }
+                });
+                self.settle(rec);
+            }
+        }
+    }
+
+    /// Recomputes grants after a change, wakes exactly the newly granted
+    /// entries and bumps the version.
+    fn settle(&self, rec: &mut NameRec) {
+        let kinds: Vec<EntryKind> = rec.entries.iter().map(|e| e.kind).collect();
+        for (entry, granted) in rec.entries.iter_mut().zip(queue::grants(&kinds)) {
+            if granted && !entry.granted {
+                entry.granted = true;
+                entry.granted_at = Some(SystemTime::now());
+                entry.wake.notify_one();
+                self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        rec.version.send_modify(|v| *v += 1);
+    }
+
+    fn start_reaper(&self) {
+        self.inner.reaper_started.call_once(|| {
+            let weak = Arc::downgrade(&self.inner);
+            let wake = self.inner.reaper.clone();
+            let caps = self.caps.clone();
+            tokio::spawn(reap(weak, wake, caps));
+        });
+    }
+
+    fn session<'a>(state: &'a State, key: &SessionKey) -> Result<&'a SessionRec> {
+        state
+            .sessions
+            .get(key)
+            .ok_or(Error::SessionLost("the store has no such session (expired or closed)"))
+    }
+}
+
+async fn reap(weak: Weak<Inner>, wake: Arc<Notify>, caps: Arc<Capabilities>) {
+    loop {
+        let next = {
+            let Some(inner) = weak.upgrade() else { return };
+            let store = MemoryStore { inner, caps: caps.clone() };
+            let state = store.lock(); // purges
+            state.sessions.values().map(|s| s.expires).min()
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+fn entry_view(state: &State, e: &EntryRec, now: Instant) -> Entry {
+    let (tag, label, expires_in) = match state.sessions.get(&e.session) {
+        Some(s) => (s.tag.clone(), s.label.clone(), s.expires.saturating_duration_since(now)),
+        None => (String::new(), String::new(), Duration::ZERO),
+    };
+    Entry {
+        seq: e.seq,
+        kind: e.kind,
+        session_tag: tag,
+        label,
+        value: e.value.clone(),
+        granted: e.granted,
+        granted_at: e.granted_at,
+        expires_in,
+        holds: e.holds,
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        self.start_reaper();
+        let key = SessionKey::new(crate::session::random_hex(16)?);
+        let mut state = self.lock();
+        state.next_tag += 1;
+        let tag = format!("m{}", state.next_tag);
+        state.sessions.insert(
+            key.clone(),
+            SessionRec {
+                tag: tag.clone(),
+                label: spec.label.clone(),
+                ttl: spec.ttl,
+                expires: Instant::now() + spec.ttl,
+            },
+        );
+        drop(state);
+        self.inner.reaper.notify_one();
+        Ok(OpenedSession { key, tag })
+    }
+
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+        let mut state = self.lock();
+        let rec = state
+            .sessions
+            .get_mut(session)
+            .ok_or(Error::SessionLost("the session expired before the keep-alive arrived"))?;
+        rec.expires = Instant::now() + rec.ttl;
+        Ok(())
+    }
+
+    async fn close_session(&self, session: &SessionKey) -> Result<()> {
+        let mut state = self.lock();
+        self.remove_session(&mut state, session);
+        Ok(())
+    }
+
+    async fn join(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>> {
+        let mut state = self.lock();
+        Self::session(&state, session)?;
+        let rec = state.names.entry(name.clone()).or_insert_with(|| NameRec {
+            last_seq: 0,
+            version: watch::channel(0).0,
+            entries: Vec::new(),
+        });
+        if let Some(own) = rec.entries.iter_mut().find(|e| &e.session == session) {
+            if own.kind != kind {
+                return Err(Error::Conflict {
+                    name: name.to_string(),
+                    reason: format!(
+                        "this session already has a {:?} entry here; asked for {kind:?}",
+                        own.kind
+                    ),
+                });
+            }
+            if mode == JoinMode::IfGranted && !own.granted {
+                return Ok(None);
+            }
+            own.holds += 1;
+            return Ok(Some(Joined {
+                seq: own.seq,
+                granted: own.granted,
+                holds: own.holds,
+            }));
+        }
+        queue::check_compatible(name, kind, rec.entries.iter().map(|e| e.kind))?;
+        let mut kinds: Vec<EntryKind> = rec.entries.iter().map(|e| e.kind).collect();
+        kinds.push(kind);
+        let granted = queue::grants(&kinds).last().copied().unwrap_or(false);
+        if mode == JoinMode::IfGranted && !granted {
+            return Ok(None);
+        }
+        rec.last_seq += 1;
+        let seq = rec.last_seq;
+        rec.entries.push(EntryRec {
+            seq,
+            kind,
+            session: session.clone(),
+            value: value.to_vec(),
+            holds: 1,
+            granted,
+            granted_at: granted.then(SystemTime::now),
+            wake: Arc::new(Notify::new()),
+        });
+        rec.version.send_modify(|v| *v += 1);
+        Ok(Some(Joined {
+            seq,
+            granted,
+            holds: 1,
+        }))
+    }
+
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let mut state = self.lock();
+        Self::session(&state, session)?;
+        let rec = state
+            .names
+            .get_mut(name)
+            .ok_or(Error::NotHeld("no such entry"))?;
+        let pos = rec
+            .entries
+            .iter()
+            .position(|e| e.seq == seq && &e.session == session)
+            .ok_or(Error::NotHeld("this session has no such entry"))?;
+        rec.entries[pos].holds -= 1;
+        let holds = rec.entries[pos].holds;
+        if holds == 0 {
+            rec.entries.remove(pos);
+            self.settle(rec);
+        }
+        Ok(holds)
+    }
+
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        loop {
+            let wake = {
+                let state = self.lock();
+                Self::session(&state, session)?;
+                let entry = state
+                    .names
+                    .get(name)
+                    .and_then(|rec| rec.entries.iter().find(|e| e.seq == seq && &e.session == session))
+                    .ok_or(Error::NotHeld("this session has no such entry"))?;
+                if entry.granted {
+                    return Ok(());
+                }
+                entry.wake.clone()
+            };
+            wake.notified().await;
+        }
+    }
+
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()> {
+        let mut state = self.lock();
+        Self::session(&state, session)?;
+        let rec = state
+            .names
+            .get_mut(name)
+            .ok_or(Error::NotHeld("no such entry"))?;
+        let entry = rec
+            .entries
+            .iter_mut()
+            .find(|e| e.seq == seq && &e.session == session && e.granted)
+            .ok_or(Error::NotHeld("this session holds no granted entry with that token"))?;
+        entry.value = value.to_vec();
+        rec.version.send_modify(|v| *v += 1);
+        Ok(())
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        let state = self.lock();
+        let now = Instant::now();
+        Ok(match state.names.get(name) {
+            Some(rec) => Queue {
+                version: *rec.version.borrow(),
+                entries: rec.entries.iter().map(|e| entry_view(&state, e, now)).collect(),
+            },
+            None => Queue::default(),
+        })
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        let mut rx = {
+            let mut state = self.lock();
+            let rec = state.names.entry(name.clone()).or_insert_with(|| NameRec {
+                last_seq: 0,
+                version: watch::channel(0).0,
+                entries: Vec::new(),
+            });
+            rec.version.subscribe()
+        };
+        let seen = rx
+            .wait_for(|v| *v != version)
+            .await
+            .map_err(|_| Error::backend(BACKEND, "the store was dropped"))?;
+        Ok(*seen)
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let state = self.lock();
+        Ok(state
+            .names
+            .iter()
+            .filter(|(n, rec)| n.as_str().starts_with(prefix) && !rec.entries.is_empty())
+            .map(|(n, _)| n.clone())
+            .collect())
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        let mut state = self.lock();
+        let holders: Vec<SessionKey> = state
+            .names
+            .get(name)
+            .map(|rec| {
+                rec.entries
+                    .iter()
+                    .filter(|e| e.granted)
+                    .map(|e| e.session.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for key in &holders {
+            self.remove_session(&mut state, key);
+        }
+        Ok(holders.len())
+    }
+}

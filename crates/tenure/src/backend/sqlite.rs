@@ -1,0 +1,969 @@
+//! `sqlite:///path/file.db`: the embedded default. Every process on a machine
+//! that opens the same file shares its locks.
+//!
+//! Three tables: sessions (with an expiry in milliseconds by SQLite's own
+//! `julianday('now')`), names (the fencing counter and a change version, kept
+//! forever so tokens never go back), and entries (the queues). Writes run in
+//! `BEGIN IMMEDIATE` transactions; the file is in WAL mode.
+//!
+//! Waiters in this process are woken directly when a release here grants
+//! them; waiters in other processes poll their own row with a backoff, and
+//! sleep no longer than until the next expiry ahead of them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
+use crate::queue;
+use crate::store::{
+    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
+};
+
+const BACKEND: &str = "sqlite";
+const SCHEMA_VERSION: i64 = 1;
+const POLL_MIN: Duration = Duration::from_millis(2);
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+/// SQLite's clock, in milliseconds since the Unix epoch.
+const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+fn count_statement(_sql: &str) {
+    STATEMENTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The SQLite backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        backend: BACKEND,
+        fencing: true,
+        durable: true,
+        multi_process: true,
+        fifo: true,
+        shared: true,
+        permits: true,
+        wake: Wake::LocalOrPoll {
+            min: POLL_MIN,
+            max: POLL_MAX,
+        },
+        clock: "SQLite's julianday('now') (this machine's clock, shared by every process on it)",
+        min_ttl: Duration::from_millis(100),
+        max_ttl: Duration::from_secs(7 * 24 * 3600),
+        round_trips: "acquire: 1 transaction of 7 statements; release: 1 transaction of 6",
+    }
+}
+
+/// A store in one SQLite file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    caps: Capabilities,
+    /// Waiters of this process, woken when a change made here grants them.
+    waiters: Mutex<HashMap<(Name, u64), Arc<Notify>>>,
+    /// Observers of this process, woken on any change made here.
+    changes: Mutex<HashMap<Name, Arc<Notify>>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+fn db_err(e: rusqlite::Error) -> Error {
+    use rusqlite::ErrorCode;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) =>
+        {
+            Error::unavailable(BACKEND, e)
+        }
+        _ => Error::backend(BACKEND, e),
+    }
+}
+
+fn kind_columns(kind: EntryKind) -> (i64, i64, i64) {
+    match kind {
+        EntryKind::Exclusive => (0, 0, 0),
+        EntryKind::Shared => (1, 0, 0),
+        EntryKind::Permits { count, limit } => (2, count.into(), limit.into()),
+    }
+}
+
+fn kind_from_columns(kind: i64, count: i64, limit: i64) -> Result<EntryKind> {
+    Ok(match kind {
+        0 => EntryKind::Exclusive,
+        1 => EntryKind::Shared,
+        2 => EntryKind::Permits {
+            count: u32::try_from(count).map_err(|e| Error::backend(BACKEND, e))?,
+            limit: u32::try_from(limit).map_err(|e| Error::backend(BACKEND, e))?,
+        },
+        other => {
+            return Err(Error::backend(
+                BACKEND,
+                format!("unknown entry kind {other} in the database"),
+            ))
+        }
+    })
+}
+
+fn to_u64(v: i64) -> Result<u64> {
+    u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
+}
+
+fn ms_to_time(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// What a waiter learns from one look at its row.
+enum Look {
+    Granted,
+    Waiting { next_expiry_in: Option<Duration> },
+    NeedsSettle,
+}
+
+/// A row of a queue as read inside the store.
+struct Row {
+    seq: u64,
+    kind: EntryKind,
+    session: String,
+    granted_ms: Option<i64>,
+    live: bool,
+}
+
+impl SqliteStore {
+    pub(crate) async fn open_url(url: &str) -> Result<Self> {
+        let (path, synchronous) = parse_url(url)?;
+        let masked = mask_password(url);
+        tokio::task::spawn_blocking(move || Self::open_path(&path, synchronous, &masked))
+            .await
+            .map_err(|e| Error::backend(BACKEND, e))?
+    }
+
+    fn open_path(path: &Path, synchronous: &str, url: &str) -> Result<Self> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI;
+        let open_error = |e: rusqlite::Error| Error::InvalidUrl {
+            url: url.to_string(),
+            reason: format!("cannot open {} for reading and writing: {e}", path.display()),
+        };
+        let mut conn = Connection::open_with_flags(path, flags).map_err(open_error)?;
+        conn.busy_timeout(Duration::from_secs(10)).map_err(db_err)?;
+        conn.trace(Some(count_statement));
+        // journal_mode answers with a row, so it is queried, not executed.
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(open_error)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(%mode, "SQLite did not switch to WAL; locking still works, slower");
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous={synchronous}; PRAGMA foreign_keys=ON;"
+        ))
+        .map_err(db_err)?;
+        create_schema(&mut conn).map_err(|reason| Error::InvalidUrl {
+            url: url.to_string(),
+            reason: format!("cannot set up the tables in {}: {reason}", path.display()),
+        })?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                conn: Mutex::new(conn),
+                path: path.to_path_buf(),
+                caps: capabilities(),
+                waiters: Mutex::new(HashMap::new()),
+                changes: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// How many SQL statements every SQLite store of this process has run
+    /// (BEGIN and COMMIT included): for counting statements per operation.
+    pub fn statements_executed() -> u64 {
+        STATEMENTS.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` on the connection in the blocking pool.
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| Error::backend(BACKEND, e))?
+    }
+
+    /// Wakes this process's waiters that `granted` names and its observers.
+    fn notify(&self, changed: &[(Name, Vec<u64>)]) {
+        for (name, granted) in changed {
+            if !granted.is_empty() {
+                let waiters = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
+                for seq in granted {
+                    if let Some(n) = waiters.get(&(name.clone(), *seq)) {
+                        n.notify_one();
+                    }
+                }
+            }
+            let changes = self.inner.changes.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = changes.get(name) {
+                n.notify_waiters();
+            }
+        }
+    }
+
+    fn change_notify(&self, name: &Name) -> Arc<Notify> {
+        self.inner
+            .changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Runs a write transaction that settles `names` afterwards, then wakes
+    /// local waiters.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(T, Vec<Name>)> + Send + 'static,
+    ) -> Result<T> {
+        let (value, changed) = self
+            .run(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(db_err)?;
+                let (value, names) = f(&tx)?;
+                let mut changed = Vec::with_capacity(names.len());
+                for name in names {
+                    let granted = settle(&tx, &name, true)?;
+                    changed.push((name, granted));
+                }
+                tx.commit().map_err(db_err)?;
+                Ok((value, changed))
+            })
+            .await?;
+        self.notify(&changed);
+        Ok(value)
+    }
+
+    /// One look at the session's entry `seq` of `name`.
+    async fn look(&self, key: &SessionKey, name: &Name, seq: u64) -> Result<Look> {
+        let key = key.clone();
+        let name = name.clone();
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT e.seq, e.kind, e.count, e.lim, e.session, e.granted_ms,
+                            s.expires_ms > {NOW}, s.expires_ms - {NOW}
+                     FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
+                     WHERE e.name = ?1 AND e.seq <= ?2 ORDER BY e.seq"
+                ))
+                .map_err(db_err)?;
+            let mut rows = stmt.query(params![name.as_str(), seq as i64]).map_err(db_err)?;
+            let mut kinds = Vec::new();
+            let mut own: Option<(bool, bool)> = None; // (stamped, live)
+            let mut next_expiry: Option<i64> = None;
+            let mut any_dead = false;
+            while let Some(r) = rows.next().map_err(db_err)? {
+                let row_seq: i64 = r.get(0).map_err(db_err)?;
+                let kind = kind_from_columns(
+                    r.get(1).map_err(db_err)?,
+                    r.get(2).map_err(db_err)?,
+                    r.get(3).map_err(db_err)?,
+                )?;
+                let session: String = r.get(4).map_err(db_err)?;
+                let granted_ms: Option<i64> = r.get(5).map_err(db_err)?;
+                let live: bool = r.get(6).map_err(db_err)?;
+                let left: i64 = r.get(7).map_err(db_err)?;
+                if to_u64(row_seq)? == seq && session == key.secret() {
+                    own = Some((granted_ms.is_some(), live));
+                }
+                if live {
+                    kinds.push(kind);
+                    if to_u64(row_seq)? != seq {
+                        next_expiry = Some(next_expiry.map_or(left, |m: i64| m.min(left)));
+                    }
+                } else {
+                    any_dead = true;
+                }
+            }
+            match own {
+                None => {
+                    let alive: bool = conn
+                        .query_row(
+                            &format!("SELECT EXISTS(SELECT 1 FROM tenure_sessions WHERE id = ?1 AND expires_ms > {NOW})"),
+                            [key.secret()],
+                            |r| r.get(0),
+                        )
+                        .map_err(db_err)?;
+                    if alive {
+                        Err(Error::NotHeld("this session has no such entry"))
+                    } else {
+                        Err(Error::SessionLost("the store has no such session (expired or closed)"))
+                    }
+                }
+                Some((_, false)) => Err(Error::SessionLost("the session expired while waiting")),
+                Some((true, true)) => Ok(Look::Granted),
+                Some((false, true)) => {
+                    let granted = queue::grants(&kinds).last().copied().unwrap_or(false);
+                    if granted || any_dead {
+                        Ok(Look::NeedsSettle)
+                    } else {
+                        Ok(Look::Waiting {
+                            next_expiry_in: next_expiry
+                                .map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0))),
+                        })
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    fn register_waiter(&self, name: &Name, seq: u64) -> Arc<Notify> {
+        self.inner
+            .waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((name.clone(), seq))
+            .or_default()
+            .clone()
+    }
+
+    fn unregister_waiter(&self, name: &Name, seq: u64) {
+        self.inner
+            .waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(name.clone(), seq));
+    }
+}
+
+fn parse_url(url: &str) -> Result<(PathBuf, &'static str)> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: mask_password(url),
+        reason,
+    };
+    let rest = url
+        .split_once("://")
+        .map(|(_, r)| r)
+        .ok_or_else(|| invalid("expected sqlite:///path/to/file.db".into()))?;
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    if path.is_empty() {
+        return Err(invalid(
+            "no file path; use sqlite:///absolute/path.db or sqlite://relative.db".into(),
+        ));
+    }
+    if path.contains('\0') {
+        return Err(invalid("the path contains NUL".into()));
+    }
+    let mut synchronous = "NORMAL";
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("synchronous", v)) => {
+                synchronous = match v.to_ascii_lowercase().as_str() {
+                    "normal" => "NORMAL",
+                    "full" => "FULL",
+                    "extra" => "EXTRA",
+                    _ => return Err(invalid(format!("synchronous must be normal, full or extra, not {v:?}"))),
+                }
+            }
+            _ => return Err(invalid(format!("unknown option {pair:?}; known: synchronous"))),
+        }
+    }
+    Ok((PathBuf::from(path), synchronous))
+}
+
+fn create_schema(conn: &mut Connection) -> std::result::Result<(), String> {
+    create_tables(conn).map_err(|e| e.to_string())?
+}
+
+fn create_tables(conn: &mut Connection) -> rusqlite::Result<std::result::Result<(), String>> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS tenure_meta (
+            key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+         CREATE TABLE IF NOT EXISTS tenure_sessions (
+            id TEXT PRIMARY KEY,
+            tag TEXT NOT NULL,
+            label TEXT NOT NULL,
+            ttl_ms INTEGER NOT NULL,
+            expires_ms INTEGER NOT NULL);
+         CREATE INDEX IF NOT EXISTS tenure_sessions_expiry ON tenure_sessions(expires_ms);
+         CREATE TABLE IF NOT EXISTS tenure_names (
+            name TEXT PRIMARY KEY,
+            last_seq INTEGER NOT NULL,
+            version INTEGER NOT NULL) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS tenure_entries (
+            name TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            session TEXT NOT NULL REFERENCES tenure_sessions(id) ON DELETE CASCADE,
+            kind INTEGER NOT NULL,
+            count INTEGER NOT NULL,
+            lim INTEGER NOT NULL,
+            holds INTEGER NOT NULL,
+            value BLOB NOT NULL,
+            granted_ms INTEGER,
+            PRIMARY KEY (name, seq)) WITHOUT ROWID;
+         CREATE INDEX IF NOT EXISTS tenure_entries_session ON tenure_entries(session);",
+    )?;
+    let version: Option<i64> = tx
+        .query_row("SELECT value FROM tenure_meta WHERE key = 'schema'", [], |r| r.get(0))
+        .optional()?;
+    match version {
+        None => {
+            tx.execute(
+                "INSERT INTO tenure_meta (key, value) VALUES ('schema', ?1)",
+                [SCHEMA_VERSION],
+            )?;
+        }
+        Some(v) if v > SCHEMA_VERSION => {
+            return Ok(Err(format!(
+                "the file has tenure schema version {v}, newer than this build's {SCHEMA_VERSION}"
+            )));
+        }
+        Some(_) => {}
+    }
+    tx.commit().map(Ok)
+}
+
+/// Drops the name's entries of expired sessions, stamps newly granted entries
+/// and, if anything changed (or `changed`), bumps the name's version.
+/// Returns the seqs granted by this call.
+fn settle(tx: &rusqlite::Transaction<'_>, name: &Name, changed: bool) -> Result<Vec<u64>> {
+    settle_rows(tx, name, changed).map(|(newly, _)| newly)
+}
+
+/// [`settle`], also returning the queue's rows as they are after it.
+fn settle_rows(
+    tx: &rusqlite::Transaction<'_>,
+    name: &Name,
+    changed: bool,
+) -> Result<(Vec<u64>, Vec<Row>)> {
+    let purged = tx
+        .prepare_cached(&format!(
+            "DELETE FROM tenure_entries WHERE name = ?1 AND session IN
+               (SELECT id FROM tenure_sessions WHERE expires_ms <= {NOW})"
+        ))
+        .and_then(|mut s| s.execute([name.as_str()]))
+        .map_err(db_err)?;
+    let mut rows = read_rows(tx, name)?;
+    let kinds: Vec<EntryKind> = rows.iter().map(|r| r.kind).collect();
+    let mut newly = Vec::new();
+    for (row, granted) in rows.iter_mut().zip(queue::grants(&kinds)) {
+        if granted && row.granted_ms.is_none() {
+            tx.prepare_cached(&format!(
+                "UPDATE tenure_entries SET granted_ms = {NOW} WHERE name = ?1 AND seq = ?2"
+            ))
+            .and_then(|mut s| s.execute(params![name.as_str(), row.seq as i64]))
+            .map_err(db_err)?;
+            newly.push(row.seq);
+            row.granted_ms = Some(0);
+        }
+    }
+    if changed || purged > 0 || !newly.is_empty() {
+        tx.prepare_cached("UPDATE tenure_names SET version = version + 1 WHERE name = ?1")
+            .and_then(|mut s| s.execute([name.as_str()]))
+            .map_err(db_err)?;
+    }
+    Ok((newly, rows))
+}
+
+fn read_rows(conn: &Connection, name: &Name) -> Result<Vec<Row>> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT e.seq, e.kind, e.count, e.lim, e.session, e.granted_ms, s.expires_ms > {NOW}
+             FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
+             WHERE e.name = ?1 ORDER BY e.seq"
+        ))
+        .map_err(db_err)?;
+    let mut rows = stmt.query([name.as_str()]).map_err(db_err)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().map_err(db_err)? {
+        out.push(Row {
+            seq: to_u64(r.get(0).map_err(db_err)?)?,
+            kind: kind_from_columns(
+                r.get(1).map_err(db_err)?,
+                r.get(2).map_err(db_err)?,
+                r.get(3).map_err(db_err)?,
+            )?,
+            session: r.get(4).map_err(db_err)?,
+            granted_ms: r.get(5).map_err(db_err)?,
+            live: r.get(6).map_err(db_err)?,
+        });
+    }
+    Ok(out)
+}
+
+fn session_alive(conn: &Connection, key: &SessionKey) -> Result<()> {
+    let alive: bool = conn
+        .prepare_cached(&format!(
+            "SELECT EXISTS(SELECT 1 FROM tenure_sessions WHERE id = ?1 AND expires_ms > {NOW})"
+        ))
+        .and_then(|mut s| s.query_row([key.secret()], |r| r.get(0)))
+        .map_err(db_err)?;
+    if alive {
+        Ok(())
+    } else {
+        Err(Error::SessionLost("the store has no such session (expired or closed)"))
+    }
+}
+
+/// The names a session has entries in.
+fn session_names(conn: &Connection, key: &str) -> Result<Vec<Name>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT DISTINCT name FROM tenure_entries WHERE session = ?1")
+        .map_err(db_err)?;
+    let names = stmt
+        .query_map([key], |r| r.get::<_, String>(0))
+        .map_err(db_err)?
+        .collect::<rusqlite::Result<Vec<String>>>()
+        .map_err(db_err)?;
+    names.into_iter().map(Name::new).collect()
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let key = crate::session::random_hex(16)?;
+        let tag = crate::session::random_hex(6)?;
+        let label = spec.label.clone();
+        let ttl_ms = i64::try_from(spec.ttl.as_millis()).unwrap_or(i64::MAX);
+        let (k, t) = (key.clone(), tag.clone());
+        self.write(move |tx| {
+            // Collect long-dead sessions now and then so the table stays small;
+            // their names are settled so observers see the change.
+            let mut stale = tx
+                .prepare_cached(&format!(
+                    "SELECT DISTINCT e.name FROM tenure_entries e JOIN tenure_sessions s
+                       ON s.id = e.session WHERE s.expires_ms <= {NOW}"
+                ))
+                .map_err(db_err)?;
+            let names = stale
+                .query_map([], |r| r.get::<_, String>(0))
+                .map_err(db_err)?
+                .collect::<rusqlite::Result<Vec<String>>>()
+                .map_err(db_err)?;
+            tx.prepare_cached(&format!(
+                "INSERT INTO tenure_sessions (id, tag, label, ttl_ms, expires_ms)
+                 VALUES (?1, ?2, ?3, ?4, {NOW} + ?4)"
+            ))
+            .and_then(|mut s| s.execute(params![k, t, label, ttl_ms]))
+            .map_err(db_err)?;
+            let names = names.into_iter().map(Name::new).collect::<Result<Vec<_>>>()?;
+            Ok(((), names))
+        })
+        .await?;
+        Ok(OpenedSession {
+            key: SessionKey::new(key),
+            tag,
+        })
+    }
+
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+        let key = session.clone();
+        self.run(move |conn| {
+            let n = conn
+                .prepare_cached(&format!(
+                    "UPDATE tenure_sessions SET expires_ms = {NOW} + ttl_ms
+                     WHERE id = ?1 AND expires_ms > {NOW}"
+                ))
+                .and_then(|mut s| s.execute([key.secret()]))
+                .map_err(db_err)?;
+            if n == 0 {
+                Err(Error::SessionLost("the session expired before the keep-alive arrived"))
+            } else {
+                Ok(())
+            }
+        })
+        .await
+    }
+
+    async fn close_session(&self, session: &SessionKey) -> Result<()> {
+        let key = session.clone();
+        self.write(move |tx| {
+            let names = session_names(tx, key.secret())?;
+            tx.prepare_cached("DELETE FROM tenure_sessions WHERE id = ?1")
+                .and_then(|mut s| s.execute([key.secret()]))
+                .map_err(db_err)?;
+            Ok(((), names))
+        })
+        .await
+    }
+
+    async fn join(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>> {
+        let key = session.clone();
+        let name = name.clone();
+        let value = value.to_vec();
+        let (kind_col, count_col, limit_col) = kind_columns(kind);
+        let result = self
+            .run(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(db_err)?;
+                session_alive(&tx, &key)?;
+                // Settling first drops entries of expired sessions ahead of us.
+                let (newly_ahead, rows) = settle_rows(&tx, &name, false)?;
+                if let Some(own) = rows.iter().find(|r| r.session == key.secret()) {
+                    if own.kind != kind {
+                        return Err(Error::Conflict {
+                            name: name.to_string(),
+                            reason: format!(
+                                "this session already has a {:?} entry here; asked for {kind:?}",
+                                own.kind
+                            ),
+                        });
+                    }
+                    let granted = own.granted_ms.is_some();
+                    if mode == JoinMode::IfGranted && !granted {
+                        tx.commit().map_err(db_err)?;
+                        return Ok((None, name, newly_ahead));
+                    }
+                    let holds: i64 = tx
+                        .prepare_cached(
+                            "UPDATE tenure_entries SET holds = holds + 1
+                             WHERE name = ?1 AND seq = ?2 RETURNING holds",
+                        )
+                        .and_then(|mut s| {
+                            s.query_row(params![name.as_str(), own.seq as i64], |r| r.get(0))
+                        })
+                        .map_err(db_err)?;
+                    let seq = own.seq;
+                    tx.commit().map_err(db_err)?;
+                    let holds = u32::try_from(holds).map_err(|e| Error::backend(BACKEND, e))?;
+                    return Ok((Some(Joined { seq, granted, holds }), name, newly_ahead));
+                }
+                queue::check_compatible(&name, kind, rows.iter().filter(|r| r.live).map(|r| r.kind))?;
+                let mut kinds: Vec<EntryKind> = rows.iter().map(|r| r.kind).collect();
+                kinds.push(kind);
+                let granted = queue::grants(&kinds).last().copied().unwrap_or(false);
+                if mode == JoinMode::IfGranted && !granted {
+                    tx.commit().map_err(db_err)?;
+                    return Ok((None, name, newly_ahead));
+                }
+                let seq: i64 = tx
+                    .prepare_cached(
+                        "INSERT INTO tenure_names (name, last_seq, version) VALUES (?1, 1, 1)
+                         ON CONFLICT (name) DO UPDATE SET last_seq = last_seq + 1, version = version + 1
+                         RETURNING last_seq",
+                    )
+                    .and_then(|mut s| s.query_row([name.as_str()], |r| r.get(0)))
+                    .map_err(db_err)?;
+                tx.prepare_cached(&format!(
+                    "INSERT INTO tenure_entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, CASE WHEN ?8 THEN {NOW} END)"
+                ))
+                .and_then(|mut s| {
+                    s.execute(params![
+                        name.as_str(),
+                        seq,
+                        key.secret(),
+                        kind_col,
+                        count_col,
+                        limit_col,
+                        value,
+                        granted
+                    ])
+                })
+                .map_err(db_err)?;
+                tx.commit().map_err(db_err)?;
+                Ok((
+                    Some(Joined {
+                        seq: to_u64(seq)?,
+                        granted,
+                        holds: 1,
+                    }),
+                    name,
+                    newly_ahead,
+                ))
+            })
+            .await?;
+        let (joined, name, newly_ahead) = result;
+        self.notify(&[(name, newly_ahead)]);
+        Ok(joined)
+    }
+
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let key = session.clone();
+        let name = name.clone();
+        self.write(move |tx| {
+            let holds: Option<i64> = tx
+                .prepare_cached(&format!(
+                    "UPDATE tenure_entries SET holds = holds - 1
+                     WHERE name = ?1 AND seq = ?2 AND session = ?3 AND session IN
+                       (SELECT id FROM tenure_sessions WHERE id = ?3 AND expires_ms > {NOW})
+                     RETURNING holds"
+                ))
+                .and_then(|mut s| {
+                    s.query_row(params![name.as_str(), seq as i64, key.secret()], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(db_err)?;
+            let Some(holds) = holds else {
+                // Tell a lost session from an entry it never had.
+                session_alive(tx, &key)?;
+                return Err(Error::NotHeld("this session has no such entry"));
+            };
+            if holds > 0 {
+                let holds = u32::try_from(holds).map_err(|e| Error::backend(BACKEND, e))?;
+                return Ok((holds, Vec::new()));
+            }
+            tx.prepare_cached("DELETE FROM tenure_entries WHERE name = ?1 AND seq = ?2")
+                .and_then(|mut s| s.execute(params![name.as_str(), seq as i64]))
+                .map_err(db_err)?;
+            Ok((0, vec![name]))
+        })
+        .await
+    }
+
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        let wake = self.register_waiter(name, seq);
+        struct Unregister<'a>(&'a SqliteStore, &'a Name, u64);
+        impl Drop for Unregister<'_> {
+            fn drop(&mut self) {
+                self.0.unregister_waiter(self.1, self.2);
+            }
+        }
+        let _unregister = Unregister(self, name, seq);
+        let mut backoff = POLL_MIN;
+        loop {
+            match self.look(session, name, seq).await? {
+                Look::Granted => return Ok(()),
+                Look::NeedsSettle => {
+                    let name = name.clone();
+                    self.write(move |_| Ok(((), vec![name]))).await?;
+                    backoff = POLL_MIN;
+                }
+                Look::Waiting { next_expiry_in } => {
+                    // Sleep no later than just past the next expiry ahead of us.
+                    let sleep = match next_expiry_in {
+                        Some(left) => backoff.min(left + Duration::from_millis(1)),
+                        None => backoff,
+                    };
+                    tokio::select! {
+                        () = wake.notified() => backoff = POLL_MIN,
+                        () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(POLL_MAX),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()> {
+        let key = session.clone();
+        let name = name.clone();
+        let value = value.to_vec();
+        self.write(move |tx| {
+            session_alive(tx, &key)?;
+            settle(tx, &name, false)?;
+            let n = tx
+                .prepare_cached(
+                    "UPDATE tenure_entries SET value = ?4
+                     WHERE name = ?1 AND seq = ?2 AND session = ?3 AND granted_ms IS NOT NULL",
+                )
+                .and_then(|mut s| s.execute(params![name.as_str(), seq as i64, key.secret(), value]))
+                .map_err(db_err)?;
+            if n == 0 {
+                return Err(Error::NotHeld("this session holds no granted entry with that token"));
+            }
+            Ok(((), vec![name]))
+        })
+        .await
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        loop {
+            let n = name.clone();
+            let (queue, stale) = self
+                .run(move |conn| {
+                    let version: i64 = conn
+                        .prepare_cached("SELECT version FROM tenure_names WHERE name = ?1")
+                        .and_then(|mut s| s.query_row([n.as_str()], |r| r.get(0)).optional())
+                        .map_err(db_err)?
+                        .unwrap_or(0);
+                    let mut stmt = conn
+                        .prepare_cached(&format!(
+                            "SELECT e.seq, e.kind, e.count, e.lim, s.tag, s.label, e.value,
+                                    e.granted_ms, s.expires_ms - {NOW}, e.holds
+                             FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
+                             WHERE e.name = ?1 ORDER BY e.seq"
+                        ))
+                        .map_err(db_err)?;
+                    let mut rows = stmt.query([n.as_str()]).map_err(db_err)?;
+                    let mut entries = Vec::new();
+                    let mut stale = false;
+                    while let Some(r) = rows.next().map_err(db_err)? {
+                        let left: i64 = r.get(8).map_err(db_err)?;
+                        if left <= 0 {
+                            stale = true;
+                            continue;
+                        }
+                        let granted_ms: Option<i64> = r.get(7).map_err(db_err)?;
+                        entries.push(Entry {
+                            seq: to_u64(r.get(0).map_err(db_err)?)?,
+                            kind: kind_from_columns(
+                                r.get(1).map_err(db_err)?,
+                                r.get(2).map_err(db_err)?,
+                                r.get(3).map_err(db_err)?,
+                            )?,
+                            session_tag: r.get(4).map_err(db_err)?,
+                            label: r.get(5).map_err(db_err)?,
+                            value: r.get(6).map_err(db_err)?,
+                            granted: granted_ms.is_some(),
+                            granted_at: granted_ms.map(ms_to_time),
+                            expires_in: Duration::from_millis(to_u64(left)?),
+                            holds: u32::try_from(r.get::<_, i64>(9).map_err(db_err)?)
+                                .map_err(|e| Error::backend(BACKEND, e))?,
+                        });
+                    }
+                    let kinds: Vec<EntryKind> = entries.iter().map(|e| e.kind).collect();
+                    let needs_stamp = queue::grants(&kinds)
+                        .iter()
+                        .zip(&entries)
+                        .any(|(g, e)| *g && !e.granted);
+                    Ok((
+                        Queue {
+                            version: to_u64(version)?,
+                            entries,
+                        },
+                        stale || needs_stamp,
+                    ))
+                })
+                .await?;
+            if !stale {
+                return Ok(queue);
+            }
+            let name = name.clone();
+            self.write(move |_| Ok(((), vec![name]))).await?;
+        }
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        let notify = self.change_notify(name);
+        let mut backoff = POLL_MIN;
+        loop {
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // `queue` settles expired entries, which bumps the version.
+            let now = self.queue(name).await?.version;
+            if now != version {
+                return Ok(now);
+            }
+            tokio::select! {
+                () = notified => backoff = POLL_MIN,
+                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
+            }
+        }
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let prefix = prefix.to_string();
+        let names: Vec<String> = self
+            .run(move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(&format!(
+                        "SELECT DISTINCT e.name FROM tenure_entries e
+                         JOIN tenure_sessions s ON s.id = e.session
+                         WHERE s.expires_ms > {NOW} AND substr(e.name, 1, length(?1)) = ?1
+                         ORDER BY e.name"
+                    ))
+                    .map_err(db_err)?;
+                let names = stmt
+                    .query_map([prefix], |r| r.get::<_, String>(0))
+                    .map_err(db_err)?
+                    .collect::<rusqlite::Result<Vec<String>>>()
+                    .map_err(db_err)?;
+                Ok(names)
+            })
+            .await?;
+        names.into_iter().map(Name::new).collect()
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        let name = name.clone();
+        self.write(move |tx| {
+            settle(tx, &name, false)?;
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT DISTINCT session FROM tenure_entries
+                     WHERE name = ?1 AND granted_ms IS NOT NULL",
+                )
+                .map_err(db_err)?;
+            let holders = stmt
+                .query_map([name.as_str()], |r| r.get::<_, String>(0))
+                .map_err(db_err)?
+                .collect::<rusqlite::Result<Vec<String>>>()
+                .map_err(db_err)?;
+            let mut names = vec![name.clone()];
+            for holder in &holders {
+                for n in session_names(tx, holder)? {
+                    if !names.contains(&n) {
+                        names.push(n);
+                    }
+                }
+                tx.prepare_cached("DELETE FROM tenure_sessions WHERE id = ?1")
+                    .and_then(|mut s| s.execute([holder]))
+                    .map_err(db_err)?;
+            }
+            Ok((holders.len(), names))
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(parse_url("sqlite:///tmp/a.db").unwrap().0, PathBuf::from("/tmp/a.db"));
+        assert_eq!(parse_url("sqlite://a.db").unwrap().0, PathBuf::from("a.db"));
+        assert_eq!(parse_url("sqlite:///a.db?synchronous=full").unwrap().1, "FULL");
+        assert!(parse_url("sqlite://").is_err());
+        assert!(parse_url("sqlite:///a.db?synchronous=maybe").is_err());
+        assert!(parse_url("sqlite:///a.db?bogus=1").is_err());
+    }
+}

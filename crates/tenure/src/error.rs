@@ -1,0 +1,136 @@
+//! The one error type of tenure.
+
+use std::time::Duration;
+
+/// A boxed error from a backend's client library.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong, each variant something a caller can act on.
+///
+/// No variant ever carries a password: URLs are shown with their password
+/// replaced by `***`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A lock, election or semaphore name was rejected.
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidName {
+        /// The name, shortened and escaped for display.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// An argument such as a TTL or a permit count was out of range.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument {
+        /// Which argument.
+        what: &'static str,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// A store URL could not be parsed or names something unknown.
+    #[error("invalid store URL {url}: {reason}")]
+    InvalidUrl {
+        /// The URL with any password masked.
+        url: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// The URL names a backend that this build does not include.
+    #[error("the {backend} backend is not built in: enable the cargo feature `{feature}` of tenure")]
+    BackendDisabled {
+        /// The backend's name.
+        backend: &'static str,
+        /// The cargo feature that turns it on.
+        feature: &'static str,
+    },
+
+    /// The operation did not complete within the time the caller allowed.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+
+    /// The session's lease is gone or may be gone: everything it held is (or
+    /// soon will be) released by the store. Open a new session to go on.
+    #[error("session lost: {0}")]
+    SessionLost(&'static str),
+
+    /// The caller does not hold what it tried to release, renew or proclaim.
+    #[error("not held: {0}")]
+    NotHeld(&'static str),
+
+    /// The request conflicts with what others hold on the same name, such as
+    /// a semaphore with another permit limit, or a mutex on a semaphore's name.
+    #[error("conflict on {name:?}: {reason}")]
+    Conflict {
+        /// The name.
+        name: String,
+        /// What conflicts.
+        reason: String,
+    },
+
+    /// The store could not be reached or did not answer; trying again later may
+    /// succeed.
+    #[error("{backend} store unavailable: {source}")]
+    Unavailable {
+        /// The backend's name.
+        backend: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The store refused the credentials.
+    #[error("{backend} store refused the credentials: {reason}")]
+    Auth {
+        /// The backend's name.
+        backend: &'static str,
+        /// The store's reason, without the password.
+        reason: String,
+    },
+
+    /// This backend cannot do what was asked (see its [`Capabilities`](crate::Capabilities)).
+    #[error("the {backend} backend does not support {what}")]
+    Unsupported {
+        /// The backend's name.
+        backend: &'static str,
+        /// What is unsupported.
+        what: &'static str,
+    },
+
+    /// The store answered with an error that fits no other variant.
+    #[error("{backend} store error: {source}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_temporary(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::Timeout(_))
+    }
+
+    pub(crate) fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    pub(crate) fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Unavailable {
+            backend,
+            source: source.into(),
+        }
+    }
+}
+
+/// `Result` with tenure's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

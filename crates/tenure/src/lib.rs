@@ -1,0 +1,31 @@
+//! Distributed locks, leader election and fencing tokens on the stores you
+//! already run — one API, one meaning, on every backend.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> tenure::Result<()> {
+//! let store = tenure::open("memory://").await?;
+//! let session = tenure::Session::new(&store).await?;
+//! let guard = tenure::Mutex::new(&session, "migrations")?.lock().await?;
+//! println!("holding with fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+pub mod backend;
+mod election;
+mod error;
+mod mutex;
+pub mod queue;
+mod session;
+mod store;
+
+pub use election::{leader, Election, Elector, Leader, Observer, Term};
+pub use error::{BoxError, Error, Result};
+pub use mutex::{Mutex, MutexGuard};
+pub use session::{LostReason, Session, SessionOptions, DEFAULT_TTL};
+pub use store::{
+    builtin_backends, mask_password, open, Capabilities, Entry, EntryKind, JoinMode, Joined, Name,
+    OpenedSession, Queue, Scheme, SessionKey, SessionSpec, Store, Wake, MAX_NAME_LEN,
+};

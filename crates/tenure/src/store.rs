@@ -1,0 +1,513 @@
+//! The backend contract: one trait every store implements.
+//!
+//! Each name holds an ordered queue of entries. An entry belongs to one
+//! session and lives as long as that session does. Its `seq`, handed out by the
+//! store in arrival order and never reused for the name, is the fencing token.
+//! Whether an entry is granted is a pure function of the queue
+//! ([`crate::queue::grants`]): the recipes (mutex, election, …) are written
+//! once over these operations.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+
+/// The longest name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// A validated lock, election or semaphore name: 1 to 255 bytes of UTF-8 with
+/// no control characters (so no NUL).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(Arc<str>);
+
+impl Name {
+    /// Checks and wraps a name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(tenure::Name::new("nightly-report").is_ok());
+    /// assert!(tenure::Name::new("").is_err());
+    /// assert!(tenure::Name::new("a\0b").is_err());
+    /// ```
+    pub fn new(name: impl AsRef<str>) -> Result<Self> {
+        let name = name.as_ref();
+        let reason = if name.is_empty() {
+            Some("a name must not be empty")
+        } else if name.len() > MAX_NAME_LEN {
+            Some("a name must be at most 255 bytes")
+        } else if name.chars().any(char::is_control) {
+            Some("a name must not contain control characters such as NUL or newline")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(Error::InvalidName {
+                name: shorten(name),
+                reason,
+            }),
+            None => Ok(Name(Arc::from(name))),
+        }
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn shorten(name: &str) -> String {
+    let escaped: String = name.escape_debug().collect();
+    if escaped.chars().count() > 64 {
+        let head: String = escaped.chars().take(64).collect();
+        format!("{head}…")
+    } else {
+        escaped
+    }
+}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<&str> for Name {
+    type Error = Error;
+    fn try_from(s: &str) -> Result<Self> {
+        Name::new(s)
+    }
+}
+
+/// The secret that identifies a session to its store. Only the session's owner
+/// knows it; it never appears in `Debug`, `Display`, logs or query results.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey(Arc<str>);
+
+impl SessionKey {
+    /// Wraps a secret made by a backend.
+    pub fn new(secret: impl Into<Arc<str>>) -> Self {
+        SessionKey(secret.into())
+    }
+
+    /// The secret itself, for a backend to send to its store.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SessionKey(***)")
+    }
+}
+
+/// What a new session asks of the store.
+#[derive(Debug, Clone)]
+pub struct SessionSpec {
+    /// How long the store keeps the session after the last keep-alive.
+    pub ttl: Duration,
+    /// A public, human-readable label (host and pid by default), shown by
+    /// `tenure status`. Not a secret and not an identity.
+    pub label: String,
+}
+
+/// A session the store has opened.
+#[derive(Debug, Clone)]
+pub struct OpenedSession {
+    /// The secret key that authorizes every later operation of the session.
+    pub key: SessionKey,
+    /// A public identifier of the session, shown to others in queue entries.
+    pub tag: String,
+}
+
+/// What an entry asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// Granted when it is first in the queue (mutex, write lock, leadership).
+    Exclusive,
+    /// Granted when no exclusive entry is ahead of it (read lock).
+    Shared,
+    /// Granted when every entry ahead is granted and all their permits plus
+    /// its own fit in `limit` (semaphore).
+    Permits {
+        /// How many permits this entry takes.
+        count: u32,
+        /// How many permits the semaphore has in all.
+        limit: u32,
+    },
+}
+
+/// Whether [`Store::join`] may leave a waiting entry behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinMode {
+    /// Queue up; the caller then waits with [`Store::await_grant`].
+    Wait,
+    /// Only if granted at once; otherwise change nothing and report so.
+    IfGranted,
+}
+
+/// The answer to [`Store::join`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joined {
+    /// The entry's sequence number: its place in the queue and its fencing token.
+    pub seq: u64,
+    /// Whether the entry is granted now.
+    pub granted: bool,
+    /// How many times the session now holds this entry (1 on a first join).
+    pub holds: u32,
+}
+
+/// One entry of a queue, as anyone may read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Sequence number and fencing token.
+    pub seq: u64,
+    /// What it asks for.
+    pub kind: EntryKind,
+    /// The public tag of the session that owns it.
+    pub session_tag: String,
+    /// The owning session's label.
+    pub label: String,
+    /// The entry's value (an election's leader value).
+    pub value: Vec<u8>,
+    /// Whether it is granted.
+    pub granted: bool,
+    /// When the store first saw it granted, by the store's clock, if known.
+    pub granted_at: Option<SystemTime>,
+    /// How long until the owning session expires unless renewed, by the store's clock.
+    pub expires_in: Duration,
+    /// How many times its session holds it.
+    pub holds: u32,
+}
+
+/// A name's queue in order, at one version.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Queue {
+    /// A number that changes whenever the queue changes; for [`Store::wait_changed`].
+    pub version: u64,
+    /// Live entries in queue order (expired sessions' entries left out).
+    pub entries: Vec<Entry>,
+}
+
+/// How waiters learn that their entry is granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Wake {
+    /// A release wakes the next waiter only.
+    NextOnly,
+    /// Waiters in this process are woken directly (next waiter only); waiters in
+    /// other processes poll with a backoff from `min` to `max`.
+    LocalOrPoll {
+        /// First poll interval.
+        min: Duration,
+        /// Largest poll interval.
+        max: Duration,
+    },
+}
+
+/// What a backend can do: plain data, shown by `tenure backends` and used to
+/// pick which conformance checks apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The backend's name, as in its URL scheme.
+    pub backend: &'static str,
+    /// Fencing tokens with every grant, increasing per name.
+    pub fencing: bool,
+    /// Tokens and queues survive closing and reopening the store.
+    pub durable: bool,
+    /// Several OS processes can share the store.
+    pub multi_process: bool,
+    /// Waiters are granted in arrival order.
+    pub fifo: bool,
+    /// Shared (read) entries.
+    pub shared: bool,
+    /// Permit entries (semaphores).
+    pub permits: bool,
+    /// How waiters are woken.
+    pub wake: Wake,
+    /// The clock that judges expiry.
+    pub clock: &'static str,
+    /// Shortest session TTL.
+    pub min_ttl: Duration,
+    /// Longest session TTL.
+    pub max_ttl: Duration,
+    /// Store round trips (or statements, for SQL) for an uncontended
+    /// acquire and for a release.
+    pub round_trips: &'static str,
+}
+
+/// The backend contract.
+///
+/// Every method that takes a [`SessionKey`] fails with
+/// [`Error::SessionLost`] when the store no longer has that session (expired,
+/// closed or evicted). Methods that touch an entry the session does not have
+/// fail with [`Error::NotHeld`]. Expiry is judged by the store's clock only.
+///
+/// Unless a method says otherwise, it is *not* cancel safe: a future dropped
+/// before it completes may or may not have taken effect in the store. The
+/// recipes make their calls cancel safe by finishing them in a spawned task.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// What this backend can do.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Opens a session that lives `spec.ttl` past its last keep-alive.
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession>;
+
+    /// Extends the session to `ttl` from now, by the store's clock. Fails with
+    /// [`Error::SessionLost`] if it has already expired: an expired session
+    /// is never revived.
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()>;
+
+    /// Ends the session and removes all of its entries at once. Closing a
+    /// session that is already gone succeeds.
+    async fn close_session(&self, session: &SessionKey) -> Result<()>;
+
+    /// Adds an entry of `kind` for the session at the end of `name`'s queue
+    /// with the next sequence number.
+    ///
+    /// If the session already has an entry in this queue, that entry is reused
+    /// (its hold count goes up by one and its seq stays), which makes locks
+    /// reentrant per session; the kind must then match, else
+    /// [`Error::Conflict`]. With [`JoinMode::IfGranted`] nothing changes
+    /// unless the entry is granted at once, and `Ok(None)` says so.
+    async fn join(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>>;
+
+    /// Drops one hold of the session's entry `seq`; the entry leaves the queue
+    /// when its hold count reaches zero. Returns the remaining hold count.
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32>;
+
+    /// Resolves when the session's entry `seq` is granted. Fails with
+    /// [`Error::NotHeld`] if the entry is gone and with
+    /// [`Error::SessionLost`] if the session is.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits, and dropping it leaves the entry queued.
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()>;
+
+    /// Replaces the value of the session's entry `seq`, which must be granted
+    /// (an election's proclaim); else [`Error::NotHeld`].
+    async fn set_value(&self, session: &SessionKey, name: &Name, seq: u64, value: &[u8])
+        -> Result<()>;
+
+    /// Reads `name`'s live queue.
+    async fn queue(&self, name: &Name) -> Result<Queue>;
+
+    /// Resolves with the new version once `name`'s queue differs from
+    /// `version` (including changes through expiry).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64>;
+
+    /// The names that have live entries, sorted, that start with `prefix`.
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>>;
+
+    /// Ends every session that holds a granted entry of `name` (an
+    /// administrator's forced release). Returns how many sessions were ended.
+    async fn evict(&self, name: &Name) -> Result<usize>;
+}
+
+/// Which backend a URL picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Scheme {
+    /// `memory://`: in this process only; the reference backend.
+    Memory,
+    /// `sqlite:///path/file.db`: the embedded default.
+    Sqlite,
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `mysql://` or `mariadb://`.
+    Mysql,
+    /// `redis://` or `rediss://`.
+    Redis,
+    /// `redlock://host,host,host`.
+    Redlock,
+    /// `etcd://host:port[,host:port]`.
+    Etcd,
+    /// `zk://host:port[,host:port][/chroot]`.
+    Zookeeper,
+}
+
+impl Scheme {
+    /// Picks the backend from a URL's scheme.
+    pub fn from_url(url: &str) -> Result<Scheme> {
+        let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| Error::InvalidUrl {
+            url: mask_password(url),
+            reason: "expected SCHEME://…, such as sqlite:///var/lib/app/locks.db or memory://"
+                .into(),
+        })?;
+        Ok(match scheme.to_ascii_lowercase().as_str() {
+            "memory" | "mem" => Scheme::Memory,
+            "sqlite" => Scheme::Sqlite,
+            "postgres" | "postgresql" => Scheme::Postgres,
+            "mysql" | "mariadb" => Scheme::Mysql,
+            "redis" | "rediss" => Scheme::Redis,
+            "redlock" => Scheme::Redlock,
+            "etcd" | "etcds" => Scheme::Etcd,
+            "zk" | "zookeeper" => Scheme::Zookeeper,
+            other => {
+                return Err(Error::InvalidUrl {
+                    url: mask_password(url),
+                    reason: format!(
+                        "unknown scheme {other:?}; known: memory, sqlite, postgres, mysql, redis, redlock, etcd, zk"
+                    ),
+                })
+            }
+        })
+    }
+
+    /// The backend's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::Memory => "memory",
+            Scheme::Sqlite => "sqlite",
+            Scheme::Postgres => "postgres",
+            Scheme::Mysql => "mysql",
+            Scheme::Redis => "redis",
+            Scheme::Redlock => "redlock",
+            Scheme::Etcd => "etcd",
+            Scheme::Zookeeper => "zookeeper",
+        }
+    }
+}
+
+/// A URL with its password (if any) replaced by `***`, safe to show.
+pub fn mask_password(url: &str) -> String {
+    // Mask by hand as well as through `url`, so that even a URL that does not
+    // parse never shows what sits between `user:` and `@`.
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        if let Some(at) = authority.rfind('@') {
+            let userinfo = &authority[..at];
+            let hosts = &authority[at + 1..];
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => userinfo.to_string(),
+            };
+            return format!("{scheme}://{user}@{hosts}{tail}");
+        }
+    }
+    url.to_string()
+}
+
+/// Opens a store from a URL, such as `memory://` or `sqlite:///tmp/locks.db`.
+///
+/// An unknown scheme is [`Error::InvalidUrl`]; a known backend whose cargo
+/// feature is off is [`Error::BackendDisabled`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> tenure::Result<()> {
+/// let store = tenure::open("memory://").await?;
+/// assert_eq!(store.capabilities().backend, "memory");
+/// assert!(tenure::open("nosuch://x").await.is_err());
+/// # Ok(()) }
+/// ```
+pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
+    match Scheme::from_url(url)? {
+        Scheme::Memory => Ok(Arc::new(crate::backend::memory::MemoryStore::open_url(url)?)),
+        #[cfg(feature = "sqlite")]
+        Scheme::Sqlite => Ok(Arc::new(crate::backend::sqlite::SqliteStore::open_url(url).await?)),
+        #[cfg(not(feature = "sqlite"))]
+        Scheme::Sqlite => Err(Error::BackendDisabled {
+            backend: "sqlite",
+            feature: "sqlite",
+        }),
+        Scheme::Postgres => Err(Error::BackendDisabled {
+            backend: "postgres",
+            feature: "postgres",
+        }),
+        Scheme::Mysql => Err(Error::BackendDisabled {
+            backend: "mysql",
+            feature: "mysql",
+        }),
+        Scheme::Redis => Err(Error::BackendDisabled {
+            backend: "redis",
+            feature: "redis",
+        }),
+        Scheme::Redlock => Err(Error::BackendDisabled {
+            backend: "redlock",
+            feature: "redlock",
+        }),
+        Scheme::Etcd => Err(Error::BackendDisabled {
+            backend: "etcd",
+            feature: "etcd",
+        }),
+        Scheme::Zookeeper => Err(Error::BackendDisabled {
+            backend: "zookeeper",
+            feature: "zookeeper",
+        }),
+    }
+}
+
+/// The capabilities of every backend built into this binary.
+pub fn builtin_backends() -> Vec<Capabilities> {
+    #[allow(unused_mut)]
+    let mut all = vec![crate::backend::memory::capabilities()];
+    #[cfg(feature = "sqlite")]
+    all.push(crate::backend::sqlite::capabilities());
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_passwords() {
+        assert_eq!(
+            mask_password("postgres://bob:hunter2@db:5432/app"),
+            "postgres://bob:***@db:5432/app"
+        );
+        assert_eq!(mask_password("redis://:s3cret@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(mask_password("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+        assert!(!mask_password("etcd://u:p@ss@h1:1,h2:2").contains("p@ss"));
+    }
+
+    #[test]
+    fn names() {
+        assert!(Name::new("a").is_ok());
+        assert!(Name::new("x'); DROP TABLE --").is_ok());
+        assert!(Name::new("").is_err());
+        assert!(Name::new("a\nb").is_err());
+        assert!(Name::new("é".repeat(127)).is_ok());
+        assert!(Name::new("é".repeat(128)).is_err());
+        let long = "x".repeat(10_000);
+        let err = Name::new(&long).unwrap_err().to_string();
+        assert!(err.len() < 200, "{err}");
+    }
+
+    #[test]
+    fn schemes() {
+        assert_eq!(Scheme::from_url("sqlite:///a.db").unwrap(), Scheme::Sqlite);
+        assert_eq!(Scheme::from_url("MEMORY://").unwrap(), Scheme::Memory);
+        assert!(Scheme::from_url("localhost:6379").is_err());
+        let err = Scheme::from_url("ftp://u:pw@h/").unwrap_err().to_string();
+        assert!(!err.contains("pw@"), "{err}");
+    }
+}
