@@ -1,0 +1,575 @@
+//! The conformance suite: the specification every backend meets.
+//!
+//! Plain async check functions over a store URL. A backend's test file calls
+//! `conformance_tests!(|| async { url })` and gets one test per check.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::{
+    Election, Elector, EntryKind, Error, JoinMode, Mutex, Name, Session, SessionKey,
+    SessionOptions, SessionSpec, Store,
+};
+use tokio::time::Instant;
+
+/// A store under test and how to open it again.
+pub struct Target {
+    pub url: String,
+    pub store: Arc<dyn Store>,
+}
+
+impl Target {
+    pub async fn new(url: String) -> Target {
+        let store = tenure::open(&url).await.expect("open store");
+        Target { url, store }
+    }
+}
+
+/// A fresh name per check so checks sharing a store do not meet.
+pub fn unique(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn session(store: &Arc<dyn Store>) -> Session {
+    Session::with_options(store, SessionOptions::new().ttl(Duration::from_secs(10)))
+        .await
+        .expect("open session")
+}
+
+/// A session that never renews: it stands for a crashed or paused client.
+async fn crashing_session(store: &Arc<dyn Store>, ttl: Duration) -> Session {
+    Session::with_options(store, SessionOptions::new().ttl(ttl).auto_renew(false))
+        .await
+        .expect("open session")
+}
+
+/// Waits (bounded) until the queue of `name` has `len` entries.
+async fn wait_queue_len(store: &Arc<dyn Store>, name: &str, len: usize) {
+    let name = Name::new(name).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let q = store.queue(&name).await.expect("queue");
+        if q.entries.len() == len {
+            return;
+        }
+        assert!(Instant::now() < deadline, "queue of {name} never reached {len}: {q:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// N sessions × M rounds on one name: never two holders at once, and tokens
+/// strictly increase in grant order.
+pub async fn check_exclusion(t: &Target) {
+    const TASKS: usize = 6;
+    const ROUNDS: usize = 8;
+    let name = unique("exclusion");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max_inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let store = t.store.clone();
+        let (name, inside, max_inside, tokens) =
+            (name.clone(), inside.clone(), max_inside.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            let s = session(&store).await;
+            let m = Mutex::new(&s, &name).unwrap();
+            for _ in 0..ROUNDS {
+                let g = m.lock().await.expect("lock");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                max_inside.fetch_max(now, Ordering::SeqCst);
+                tokens.lock().unwrap().push(g.token());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.expect("release");
+            }
+            s.close().await.unwrap();
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("exclusion run finished in time")
+            .unwrap();
+    }
+    assert_eq!(max_inside.load(Ordering::SeqCst), 1, "two holders at once");
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), TASKS * ROUNDS);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens not increasing: {tokens:?}");
+}
+
+pub async fn check_try_lock_while_held(t: &Target) {
+    let name = unique("try");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&b, &name).unwrap();
+    assert!(mb.try_lock().await.unwrap().is_none(), "try_lock succeeded on a held lock");
+    wait_queue_len(&t.store, &name, 1).await; // a failed try_lock leaves nothing behind
+    let first = held.token();
+    held.release().await.unwrap();
+    let g = mb.try_lock().await.unwrap().expect("free lock not taken");
+    assert!(g.token() > first);
+    g.release().await.unwrap();
+}
+
+pub async fn check_timeout(t: &Target) {
+    let name = unique("timeout");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&b, &name).unwrap();
+    let start = Instant::now();
+    match mb.lock_timeout(Duration::from_millis(200)).await {
+        Err(Error::Timeout(d)) => assert_eq!(d, Duration::from_millis(200)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
+    // The timed-out waiter left the queue: only the holder remains.
+    wait_queue_len(&t.store, &name, 1).await;
+    held.release().await.unwrap();
+    assert!(mb.try_lock().await.unwrap().is_some());
+}
+
+/// Waiters are granted in arrival order.
+pub async fn check_fifo(t: &Target) {
+    const WAITERS: usize = 5;
+    let name = unique("fifo");
+    let a = session(&t.store).await;
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let s = session(&t.store).await;
+        let m = Mutex::new(&s, &name).unwrap();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock().await.expect("lock");
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+            drop(s);
+        }));
+        wait_queue_len(&t.store, &name, i + 2).await;
+    }
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task).await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+}
+
+pub async fn check_reentrancy(t: &Target) {
+    let name = unique("reentrant");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let ma = Mutex::new(&a, &name).unwrap();
+    let first = ma.lock().await.unwrap();
+    let second = ma.lock().await.unwrap();
+    assert_eq!(first.token(), second.token());
+    assert_eq!((first.hold_count(), second.hold_count()), (1, 2));
+    let mb = Mutex::new(&b, &name).unwrap();
+    second.release().await.unwrap();
+    assert!(mb.try_lock().await.unwrap().is_none(), "released after one of two holds");
+    first.release().await.unwrap();
+    assert!(mb.try_lock().await.unwrap().is_some());
+}
+
+/// Without the session's secret nothing can be released, renewed or
+/// proclaimed; reading a queue never reveals the secret.
+pub async fn check_non_holder_cannot_act(t: &Target) {
+    let name = Name::new(unique("owner")).unwrap();
+    let spec = SessionSpec {
+        ttl: Duration::from_secs(10),
+        label: "test".into(),
+    };
+    let a = t.store.open_session(&spec).await.unwrap();
+    let b = t.store.open_session(&spec).await.unwrap();
+    let ja = t
+        .store
+        .join(&a.key, &name, EntryKind::Exclusive, b"a", JoinMode::Wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(ja.granted);
+    let jb = t
+        .store
+        .join(&b.key, &name, EntryKind::Exclusive, b"b", JoinMode::Wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!jb.granted);
+    // b cannot release, or proclaim over, a's entry.
+    assert!(matches!(t.store.leave(&b.key, &name, ja.seq).await, Err(Error::NotHeld(_))));
+    assert!(matches!(
+        t.store.set_value(&b.key, &name, ja.seq, b"x").await,
+        Err(Error::NotHeld(_))
+    ));
+    // A waiting candidate cannot proclaim.
+    assert!(matches!(
+        t.store.set_value(&b.key, &name, jb.seq, b"x").await,
+        Err(Error::NotHeld(_))
+    ));
+    // A made-up key is no session.
+    let forged = SessionKey::new("0000000000000000");
+    assert!(matches!(t.store.keep_alive(&forged).await, Err(Error::SessionLost(_))));
+    assert!(matches!(t.store.leave(&forged, &name, ja.seq).await, Err(Error::SessionLost(_))));
+    // Public reads carry tags, not secrets.
+    let q = t.store.queue(&name).await.unwrap();
+    assert_eq!(q.entries.len(), 2);
+    for e in &q.entries {
+        assert_ne!(e.session_tag, a.key.secret());
+        assert_ne!(e.session_tag, b.key.secret());
+    }
+    assert_eq!(q.entries[0].value, b"a");
+    assert!(!format!("{:?}", a.key).contains(a.key.secret()));
+    t.store.close_session(&a.key).await.unwrap();
+    t.store.close_session(&b.key).await.unwrap();
+}
+
+pub async fn check_close_releases_everything(t: &Target) {
+    let names: Vec<String> = (0..3).map(|i| unique(&format!("close{i}"))).collect();
+    let a = session(&t.store).await;
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(Mutex::new(&a, n).unwrap().lock().await.unwrap());
+    }
+    let election = unique("close-election");
+    let term = Election::new(&a, &election).unwrap().campaign("a").await.unwrap();
+    a.close().await.unwrap();
+    assert!(a.is_lost());
+    let b = session(&t.store).await;
+    for n in &names {
+        assert!(Mutex::new(&b, n).unwrap().try_lock().await.unwrap().is_some(), "{n} still held");
+    }
+    assert!(Election::new(&b, &election).unwrap().leader().await.unwrap().is_none());
+    // A guard of a closed session reports the loss on release.
+    assert!(matches!(guards.pop().unwrap().release().await, Err(Error::SessionLost(_))));
+    drop(term);
+}
+
+/// A holder that stops renewing learns of the loss before its local
+/// deadline, and the lock passes on within TTL + one renew interval — never
+/// before the old holder was told.
+pub async fn check_crashed_holder_released(t: &Target) {
+    let ttl = Duration::from_millis(600);
+    let name = unique("crash");
+    let opened = Instant::now();
+    let a = crashing_session(&t.store, ttl).await;
+    let g = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let b = session(&t.store).await;
+    let mb = Mutex::new(&b, &name).unwrap();
+    let lost = tokio::spawn({
+        let lost = g.lost();
+        async move {
+            let reason = lost.await;
+            (reason, Instant::now())
+        }
+    });
+    let gb = tokio::time::timeout(Duration::from_secs(10), mb.lock())
+        .await
+        .expect("lock passed on")
+        .unwrap();
+    let granted_at = Instant::now();
+    let (reason, lost_at) = lost.await.unwrap();
+    assert_eq!(reason, tenure::LostReason::Unconfirmed);
+    assert!(lost_at <= granted_at, "new holder granted before the old one was told");
+    assert!(lost_at <= opened + ttl, "loss reported after the TTL");
+    let renew = a.renew_interval();
+    let slack = Duration::from_millis(300);
+    assert!(
+        granted_at <= opened + ttl + renew + slack,
+        "released after {:?}",
+        granted_at - opened
+    );
+    assert!(gb.token() > g.token());
+    // No silent re-acquire: the lost session stays lost.
+    assert!(matches!(
+        Mutex::new(&a, &name).unwrap().try_lock().await,
+        Err(Error::SessionLost(_))
+    ));
+    assert!(matches!(a.renew().await, Err(Error::SessionLost(_))));
+    gb.release().await.unwrap();
+}
+
+/// A waiter whose own session expires stops waiting and says so.
+pub async fn check_waiter_session_expiry(t: &Target) {
+    let name = unique("waiter-expiry");
+    let a = session(&t.store).await;
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let b = crashing_session(&t.store, Duration::from_millis(500)).await;
+    let result = tokio::time::timeout(Duration::from_secs(5), Mutex::new(&b, &name).unwrap().lock())
+        .await
+        .expect("waiter returned");
+    assert!(matches!(result, Err(Error::SessionLost(_))), "{result:?}");
+    // Its entry is gone from the queue (after the store's expiry).
+    wait_queue_len(&t.store, &name, 1).await;
+    held.release().await.unwrap();
+}
+
+/// A lock() future dropped while waiting leaves nothing behind.
+pub async fn check_cancelled_wait_leaves_queue(t: &Target) {
+    let name = unique("cancel");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&b, &name).unwrap();
+    let _ = tokio::time::timeout(Duration::from_millis(100), mb.lock()).await;
+    wait_queue_len(&t.store, &name, 1).await;
+    held.release().await.unwrap();
+    wait_queue_len(&t.store, &name, 0).await;
+}
+
+pub async fn check_fencing_monotonic(t: &Target) {
+    let name = unique("fence");
+    let mut last = 0;
+    for _ in 0..10 {
+        let s = session(&t.store).await;
+        let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+        assert!(g.token() > last);
+        last = g.token();
+        g.release().await.unwrap();
+        s.close().await.unwrap();
+    }
+    if t.store.capabilities().durable {
+        let reopened = tenure::open(&t.url).await.unwrap();
+        let s = session(&reopened).await;
+        let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+        assert!(g.token() > last, "token went back after reopening: {} <= {last}", g.token());
+        g.release().await.unwrap();
+    }
+}
+
+pub async fn check_election_failover(t: &Target) {
+    let name = unique("failover");
+    let a = crashing_session(&t.store, Duration::from_millis(600)).await;
+    let b = session(&t.store).await;
+    let ea = Election::new(&a, &name).unwrap();
+    let eb = Election::new(&b, &name).unwrap();
+    let ta = ea.campaign("a").await.unwrap();
+    let cb = tokio::spawn(async move { eb.campaign("b").await });
+    let leader = ea.leader().await.unwrap().unwrap();
+    assert_eq!((leader.token, leader.value.as_slice()), (ta.token(), &b"a"[..]));
+    assert!(leader.since.is_some());
+    let tb = tokio::time::timeout(Duration::from_secs(10), cb)
+        .await
+        .expect("failover in time")
+        .unwrap()
+        .unwrap();
+    assert!(ta.is_lost());
+    assert!(tb.token() > ta.token());
+    let leader = tenure::leader(t.store.as_ref(), &Name::new(&name).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((leader.token, leader.value_str().as_ref()), (tb.token(), "b"));
+    assert!(matches!(ta.proclaim("late").await, Err(Error::SessionLost(_))));
+    tb.resign().await.unwrap();
+}
+
+async fn observe_next(obs: &mut tenure::Observer) -> Option<tenure::Leader> {
+    tokio::time::timeout(Duration::from_secs(10), obs.next())
+        .await
+        .expect("observe in time")
+        .unwrap()
+}
+
+async fn join(
+    store: &Arc<dyn Store>,
+    key: &SessionKey,
+    name: &Name,
+    kind: EntryKind,
+) -> tenure::Result<Option<tenure::Joined>> {
+    store.join(key, name, kind, b"", JoinMode::Wait).await
+}
+
+/// Observers see every term and proclaim, in order.
+pub async fn check_observe_order(t: &Target) {
+    let name = unique("observe");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let ea = Election::new(&a, &name).unwrap();
+    let mut obs = ea.observe();
+    assert_eq!(observe_next(&mut obs).await, None);
+    let ta = ea.campaign("a1").await.unwrap();
+    let l = observe_next(&mut obs).await.unwrap();
+    assert_eq!((l.token, l.value_str().as_ref()), (ta.token(), "a1"));
+    ta.proclaim("a2").await.unwrap();
+    let l = observe_next(&mut obs).await.unwrap();
+    assert_eq!((l.token, l.value_str().as_ref()), (ta.token(), "a2"));
+    let eb = Election::new(&b, &name).unwrap();
+    let cb = tokio::spawn(async move { eb.campaign("b1").await });
+    wait_queue_len(&t.store, &name, 2).await;
+    let first = ta.token();
+    ta.resign().await.unwrap();
+    let l = observe_next(&mut obs).await.unwrap();
+    assert_eq!(l.value_str(), "b1");
+    assert!(l.token > first);
+    let tb = cb.await.unwrap().unwrap();
+    assert_eq!(tb.token(), l.token);
+    tb.resign().await.unwrap();
+    assert_eq!(observe_next(&mut obs).await, None);
+}
+
+pub async fn check_proclaim_only_by_leader(t: &Target) {
+    let name = unique("proclaim");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let ta = Election::new(&a, &name).unwrap().campaign("a").await.unwrap();
+    assert!(Election::new(&b, &name).unwrap().try_campaign("b").await.unwrap().is_none());
+    ta.proclaim("a-new").await.unwrap();
+    let l = Election::new(&b, &name).unwrap().leader().await.unwrap().unwrap();
+    assert_eq!(l.value, b"a-new");
+    ta.resign().await.unwrap();
+    let tb = Election::new(&b, &name).unwrap().try_campaign("b").await.unwrap().unwrap();
+    tb.proclaim("b-new").await.unwrap();
+    tb.resign().await.unwrap();
+}
+
+/// The elector calls back exactly once per term, and campaigns again after a
+/// loss under a new session.
+pub async fn check_elector_callbacks(t: &Target) {
+    let name = unique("elector");
+    let events = Arc::new(std::sync::Mutex::new(Vec::<(char, &'static str, u64)>::new()));
+    let (stop_a, stop_a_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_b, stop_b_rx) = tokio::sync::oneshot::channel::<()>();
+    let options = SessionOptions::new().ttl(Duration::from_secs(2));
+    let make = |who: char| {
+        let (e1, e2) = (events.clone(), events.clone());
+        Elector::new(&t.store, &name, who.to_string())
+            .unwrap()
+            .session_options(options.clone())
+            .on_elected(move |term| e1.lock().unwrap().push((who, "elected", term.token())))
+            .on_defeated(move |term| e2.lock().unwrap().push((who, "defeated", term.token())))
+    };
+    let a = tokio::spawn(make('a').run(async {
+        let _ = stop_a_rx.await;
+    }));
+    let n = Name::new(&name).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tenure::leader(t.store.as_ref(), &n).await.unwrap().is_none() {
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let b = tokio::spawn(make('b').run(async {
+        let _ = stop_b_rx.await;
+    }));
+    wait_queue_len(&t.store, &name, 2).await;
+    stop_a.send(()).unwrap();
+    a.await.unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let l = tenure::leader(t.store.as_ref(), &n).await.unwrap();
+        if l.as_ref().is_some_and(|l| l.value == b"b") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b never led");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Give b's callback a moment: it runs right after its grant.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop_b.send(()).unwrap();
+    b.await.unwrap().unwrap();
+    let events = events.lock().unwrap().clone();
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert_eq!((events[0].0, events[0].1), ('a', "elected"));
+    assert_eq!((events[1].0, events[1].1, events[1].2), ('a', "defeated", events[0].2));
+    assert_eq!((events[2].0, events[2].1), ('b', "elected"));
+    assert_eq!((events[3].0, events[3].1, events[3].2), ('b', "defeated", events[2].2));
+    assert!(events[2].2 > events[0].2);
+}
+
+/// Shared and permit entries follow the same queue rules everywhere.
+pub async fn check_shared_and_permits(t: &Target) {
+    let spec = SessionSpec {
+        ttl: Duration::from_secs(10),
+        label: "test".into(),
+    };
+    let caps = t.store.capabilities().clone();
+    let (a, b, c) = (
+        t.store.open_session(&spec).await.unwrap(),
+        t.store.open_session(&spec).await.unwrap(),
+        t.store.open_session(&spec).await.unwrap(),
+    );
+    if caps.shared {
+        let n = Name::new(unique("rw")).unwrap();
+        assert!(join(&t.store, &a.key, &n, EntryKind::Shared).await.unwrap().unwrap().granted);
+        assert!(join(&t.store, &b.key, &n, EntryKind::Shared).await.unwrap().unwrap().granted);
+        let w = join(&t.store, &c.key, &n, EntryKind::Exclusive).await.unwrap().unwrap();
+        assert!(!w.granted);
+        t.store.close_session(&a.key).await.unwrap();
+        t.store.close_session(&b.key).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), t.store.await_grant(&c.key, &n, w.seq))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    if caps.permits {
+        let (a, b, c) = (
+            t.store.open_session(&spec).await.unwrap(),
+            t.store.open_session(&spec).await.unwrap(),
+            t.store.open_session(&spec).await.unwrap(),
+        );
+        let n = Name::new(unique("sem")).unwrap();
+        let p = |count| EntryKind::Permits { count, limit: 3 };
+        assert!(join(&t.store, &a.key, &n, p(2)).await.unwrap().unwrap().granted);
+        assert!(!join(&t.store, &b.key, &n, p(2)).await.unwrap().unwrap().granted);
+        // Head-of-line: a small request waits behind the large one.
+        assert!(!join(&t.store, &c.key, &n, p(1)).await.unwrap().unwrap().granted);
+        let clash = t
+            .store
+            .join(&c.key, &n, EntryKind::Permits { count: 1, limit: 4 }, b"", JoinMode::Wait)
+            .await;
+        assert!(matches!(clash, Err(Error::Conflict { .. })), "{clash:?}");
+        for k in [&a.key, &b.key, &c.key] {
+            t.store.close_session(k).await.unwrap();
+        }
+    }
+}
+
+/// Bad input gets a typed error, never a panic.
+pub async fn check_bad_input(t: &Target) {
+    let s = session(&t.store).await;
+    for bad in ["", "a\0b", "line\nbreak"] {
+        assert!(matches!(Mutex::new(&s, bad), Err(Error::InvalidName { .. })), "{bad:?}");
+        assert!(matches!(Election::new(&s, bad), Err(Error::InvalidName { .. })));
+    }
+    let long = "n".repeat(tenure::MAX_NAME_LEN + 1);
+    assert!(matches!(Mutex::new(&s, &long), Err(Error::InvalidName { .. })));
+    assert!(Mutex::new(&s, "n".repeat(tenure::MAX_NAME_LEN)).is_ok());
+    for ttl in [Duration::ZERO, Duration::from_nanos(1), Duration::from_secs(100 * 365 * 24 * 3600)] {
+        let r = Session::with_options(&t.store, SessionOptions::new().ttl(ttl)).await;
+        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "ttl {ttl:?}: {r:?}");
+    }
+    let r = Session::with_options(
+        &t.store,
+        SessionOptions::new().ttl(Duration::from_secs(3)).renew_every(Duration::from_secs(5)),
+    )
+    .await;
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })));
+    // An injection-shaped name is only a name.
+    let odd = unique("x'); DROP TABLE tenure_entries; --");
+    let g = Mutex::new(&s, &odd).unwrap().lock().await.unwrap();
+    assert_eq!(t.store.names(&odd).await.unwrap(), vec![Name::new(&odd).unwrap()]);
+    g.release().await.unwrap();
+}
+
+#[macro_export]
+macro_rules! conformance_tests {
+    ($target:expr) => {
+        $crate::conformance_tests!(@each $target;
+            check_exclusion, check_try_lock_while_held, check_timeout, check_fifo,
+            check_reentrancy, check_non_holder_cannot_act, check_close_releases_everything,
+            check_crashed_holder_released, check_waiter_session_expiry,
+            check_cancelled_wait_leaves_queue, check_fencing_monotonic,
+            check_election_failover, check_observe_order, check_proclaim_only_by_leader,
+            check_elector_callbacks, check_shared_and_permits, check_bad_input);
+    };
+    (@each $target:expr; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let target = $target.await;
+                conformance::$check(&target).await;
+            }
+        )*
+    };
+}
