@@ -92,7 +92,12 @@ impl Election {
     pub async fn campaign(&self, value: impl Into<Vec<u8>>) -> Result<Term> {
         let acquired = self
             .session
-            .acquire(&self.name, EntryKind::Exclusive, value.into(), Wait::Forever)
+            .acquire(
+                &self.name,
+                EntryKind::Exclusive,
+                value.into(),
+                Wait::Forever,
+            )
             .await?;
         let (hold, _) = acquired.ok_or_else(crate::session::no_grant)?;
         Ok(Term { hold })
@@ -171,7 +176,12 @@ impl Term {
         self.hold
             .session
             .store()
-            .set_value(self.hold.session.key(), &self.hold.name, self.hold.seq, &value)
+            .set_value(
+                self.hold.session.key(),
+                &self.hold.name,
+                self.hold.seq,
+                &value,
+            )
             .await
     }
 
@@ -274,7 +284,11 @@ impl std::fmt::Debug for Elector {
 
 impl Elector {
     /// An elector for `name` that campaigns with `value`.
-    pub fn new(store: &Arc<dyn Store>, name: impl AsRef<str>, value: impl Into<Vec<u8>>) -> Result<Self> {
+    pub fn new(
+        store: &Arc<dyn Store>,
+        name: impl AsRef<str>,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<Self> {
         Ok(Elector {
             store: store.clone(),
             name: Name::new(name)?,

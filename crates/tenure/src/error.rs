@@ -40,7 +40,9 @@ pub enum Error {
     },
 
     /// The URL names a backend that this build does not include.
-    #[error("the {backend} backend is not built in: enable the cargo feature `{feature}` of tenure")]
+    #[error(
+        "the {backend} backend is not built in: enable the cargo feature `{feature}` of tenure"
+    )]
     BackendDisabled {
         /// The backend's name.
         backend: &'static str,

@@ -95,7 +95,12 @@ impl Mutex {
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
         let acquired = self
             .session
-            .acquire(&self.name, EntryKind::Exclusive, Vec::new(), Wait::timeout(timeout))
+            .acquire(
+                &self.name,
+                EntryKind::Exclusive,
+                Vec::new(),
+                Wait::timeout(timeout),
+            )
             .await?;
         guard(acquired)
     }

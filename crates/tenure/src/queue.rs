@@ -53,9 +53,10 @@ pub fn check_compatible(
     }
     for other in existing {
         let clash = match (kind, other) {
-            (EntryKind::Permits { limit: a, .. }, EntryKind::Permits { limit: b, .. }) => {
-                (a != b).then(|| format!("semaphore limit {a} disagrees with the limit {b} already in use"))
-            }
+            (EntryKind::Permits { limit: a, .. }, EntryKind::Permits { limit: b, .. }) => (a != b)
+                .then(|| {
+                    format!("semaphore limit {a} disagrees with the limit {b} already in use")
+                }),
             (EntryKind::Permits { .. }, _) => {
                 Some("a semaphore cannot use a name that a lock or election uses".to_string())
             }

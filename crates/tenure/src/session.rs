@@ -215,7 +215,9 @@ impl Session {
                 ),
             });
         }
-        let drift = options.drift.unwrap_or(ttl / 100 + Duration::from_millis(2));
+        let drift = options
+            .drift
+            .unwrap_or(ttl / 100 + Duration::from_millis(2));
         let renew_every = options.renew_every.unwrap_or(ttl / 3);
         if drift >= ttl / 2 {
             return Err(Error::InvalidArgument {
@@ -281,7 +283,11 @@ impl Session {
     /// lost. Computed from when the last confirmed renewal was *sent*, minus the
     /// drift allowance, so it always comes before the store's own expiry.
     pub fn deadline(&self) -> Instant {
-        *self.inner.deadline.lock().unwrap_or_else(|e| e.into_inner())
+        *self
+            .inner
+            .deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Why the session ended, or `None` while it lives.
@@ -607,7 +613,11 @@ async fn keep_alive(weak: Weak<Inner>, auto_renew: bool) {
         if next_renew <= Instant::now() {
             next_renew = Instant::now() + every;
         }
-        let wake = if auto_renew { next_renew.min(deadline) } else { deadline };
+        let wake = if auto_renew {
+            next_renew.min(deadline)
+        } else {
+            deadline
+        };
         tokio::time::sleep_until(wake).await;
         if !auto_renew || Instant::now() < next_renew {
             continue;

@@ -306,8 +306,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Replaces the value of the session's entry `seq`, which must be granted
     /// (an election's proclaim); else [`Error::NotHeld`].
-    async fn set_value(&self, session: &SessionKey, name: &Name, seq: u64, value: &[u8])
-        -> Result<()>;
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()>;
 
     /// Reads `name`'s live queue.
     async fn queue(&self, name: &Name) -> Result<Queue>;
@@ -353,11 +358,14 @@ pub enum Scheme {
 impl Scheme {
     /// Picks the backend from a URL's scheme.
     pub fn from_url(url: &str) -> Result<Scheme> {
-        let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| Error::InvalidUrl {
-            url: mask_password(url),
-            reason: "expected SCHEME://…, such as sqlite:///var/lib/app/locks.db or memory://"
-                .into(),
-        })?;
+        let scheme = url
+            .split_once("://")
+            .map(|(s, _)| s)
+            .ok_or_else(|| Error::InvalidUrl {
+                url: mask_password(url),
+                reason: "expected SCHEME://…, such as sqlite:///var/lib/app/locks.db or memory://"
+                    .into(),
+            })?;
         Ok(match scheme.to_ascii_lowercase().as_str() {
             "memory" | "mem" => Scheme::Memory,
             "sqlite" => Scheme::Sqlite,
@@ -430,9 +438,13 @@ pub fn mask_password(url: &str) -> String {
 /// ```
 pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
     match Scheme::from_url(url)? {
-        Scheme::Memory => Ok(Arc::new(crate::backend::memory::MemoryStore::open_url(url)?)),
+        Scheme::Memory => Ok(Arc::new(crate::backend::memory::MemoryStore::open_url(
+            url,
+        )?)),
         #[cfg(feature = "sqlite")]
-        Scheme::Sqlite => Ok(Arc::new(crate::backend::sqlite::SqliteStore::open_url(url).await?)),
+        Scheme::Sqlite => Ok(Arc::new(
+            crate::backend::sqlite::SqliteStore::open_url(url).await?,
+        )),
         #[cfg(not(feature = "sqlite"))]
         Scheme::Sqlite => Err(Error::BackendDisabled {
             backend: "sqlite",
@@ -484,7 +496,10 @@ mod tests {
             mask_password("postgres://bob:hunter2@db:5432/app"),
             "postgres://bob:***@db:5432/app"
         );
-        assert_eq!(mask_password("redis://:s3cret@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(
+            mask_password("redis://:s3cret@h:6379/0"),
+            "redis://:***@h:6379/0"
+        );
         assert_eq!(mask_password("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
         assert!(!mask_password("etcd://u:p@ss@h1:1,h2:2").contains("p@ss"));
     }

@@ -13,7 +13,13 @@ async fn release_wakes_next_waiter_only() {
     let store: Arc<dyn tenure::Store> = Arc::new(memory.clone());
     let name = "herd";
     let holder = tenure::Session::new(&store).await.unwrap();
-    let mut guard = Some(tenure::Mutex::new(&holder, name).unwrap().lock().await.unwrap());
+    let mut guard = Some(
+        tenure::Mutex::new(&holder, name)
+            .unwrap()
+            .lock()
+            .await
+            .unwrap(),
+    );
     const WAITERS: usize = 16;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for _ in 0..WAITERS {
@@ -24,14 +30,25 @@ async fn release_wakes_next_waiter_only() {
             tx.send(g).unwrap();
         });
     }
-    while store.queue(&tenure::Name::new(name).unwrap()).await.unwrap().entries.len() < WAITERS + 1 {
+    while store
+        .queue(&tenure::Name::new(name).unwrap())
+        .await
+        .unwrap()
+        .entries
+        .len()
+        < WAITERS + 1
+    {
         tokio::task::yield_now().await;
     }
     for _ in 0..WAITERS {
         let before = memory.wakeups();
         guard.take().unwrap().release().await.unwrap();
         let next = rx.recv().await.unwrap();
-        assert_eq!(memory.wakeups() - before, 1, "one release woke more than one waiter");
+        assert_eq!(
+            memory.wakeups() - before,
+            1,
+            "one release woke more than one waiter"
+        );
         guard = Some(next);
     }
 }

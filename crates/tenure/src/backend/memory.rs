@@ -200,10 +200,9 @@ impl MemoryStore {
     }
 
     fn session<'a>(state: &'a State, key: &SessionKey) -> Result<&'a SessionRec> {
-        state
-            .sessions
-            .get(key)
-            .ok_or(Error::SessionLost("the store has no such session (expired or closed)"))
+        state.sessions.get(key).ok_or(Error::SessionLost(
+            "the store has no such session (expired or closed)",
+        ))
     }
 }
 
@@ -211,7 +210,10 @@ async fn reap(weak: Weak<Inner>, wake: Arc<Notify>, caps: Arc<Capabilities>) {
     loop {
         let next = {
             let Some(inner) = weak.upgrade() else { return };
-            let store = MemoryStore { inner, caps: caps.clone() };
+            let store = MemoryStore {
+                inner,
+                caps: caps.clone(),
+            };
             let state = store.lock(); // purges
             state.sessions.values().map(|s| s.expires).min()
         };
@@ -229,7 +231,11 @@ async fn reap(weak: Weak<Inner>, wake: Arc<Notify>, caps: Arc<Capabilities>) {
 
 fn entry_view(state: &State, e: &EntryRec, now: Instant) -> Entry {
     let (tag, label, expires_in) = match state.sessions.get(&e.session) {
-        Some(s) => (s.tag.clone(), s.label.clone(), s.expires.saturating_duration_since(now)),
+        Some(s) => (
+            s.tag.clone(),
+            s.label.clone(),
+            s.expires.saturating_duration_since(now),
+        ),
         None => (String::new(), String::new(), Duration::ZERO),
     };
     Entry {
@@ -273,10 +279,9 @@ impl Store for MemoryStore {
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
         let mut state = self.lock();
-        let rec = state
-            .sessions
-            .get_mut(session)
-            .ok_or(Error::SessionLost("the session expired before the keep-alive arrived"))?;
+        let rec = state.sessions.get_mut(session).ok_or(Error::SessionLost(
+            "the session expired before the keep-alive arrived",
+        ))?;
         rec.expires = Instant::now() + rec.ttl;
         Ok(())
     }
@@ -378,7 +383,11 @@ impl Store for MemoryStore {
                 let entry = state
                     .names
                     .get(name)
-                    .and_then(|rec| rec.entries.iter().find(|e| e.seq == seq && &e.session == session))
+                    .and_then(|rec| {
+                        rec.entries
+                            .iter()
+                            .find(|e| e.seq == seq && &e.session == session)
+                    })
                     .ok_or(Error::NotHeld("this session has no such entry"))?;
                 if entry.granted {
                     return Ok(());
@@ -406,7 +415,9 @@ impl Store for MemoryStore {
             .entries
             .iter_mut()
             .find(|e| e.seq == seq && &e.session == session && e.granted)
-            .ok_or(Error::NotHeld("this session holds no granted entry with that token"))?;
+            .ok_or(Error::NotHeld(
+                "this session holds no granted entry with that token",
+            ))?;
         entry.value = value.to_vec();
         rec.version.send_modify(|v| *v += 1);
         Ok(())
@@ -418,7 +429,11 @@ impl Store for MemoryStore {
         Ok(match state.names.get(name) {
             Some(rec) => Queue {
                 version: *rec.version.borrow(),
-                entries: rec.entries.iter().map(|e| entry_view(&state, e, now)).collect(),
+                entries: rec
+                    .entries
+                    .iter()
+                    .map(|e| entry_view(&state, e, now))
+                    .collect(),
             },
             None => Queue::default(),
         })

@@ -163,7 +163,10 @@ impl SqliteStore {
             | OpenFlags::SQLITE_OPEN_URI;
         let open_error = |e: rusqlite::Error| Error::InvalidUrl {
             url: url.to_string(),
-            reason: format!("cannot open {} for reading and writing: {e}", path.display()),
+            reason: format!(
+                "cannot open {} for reading and writing: {e}",
+                path.display()
+            ),
         };
         let mut conn = Connection::open_with_flags(path, flags).map_err(open_error)?;
         conn.busy_timeout(Duration::from_secs(10)).map_err(db_err)?;
@@ -389,10 +392,18 @@ fn parse_url(url: &str) -> Result<(PathBuf, &'static str)> {
                     "normal" => "NORMAL",
                     "full" => "FULL",
                     "extra" => "EXTRA",
-                    _ => return Err(invalid(format!("synchronous must be normal, full or extra, not {v:?}"))),
+                    _ => {
+                        return Err(invalid(format!(
+                            "synchronous must be normal, full or extra, not {v:?}"
+                        )))
+                    }
                 }
             }
-            _ => return Err(invalid(format!("unknown option {pair:?}; known: synchronous"))),
+            _ => {
+                return Err(invalid(format!(
+                    "unknown option {pair:?}; known: synchronous"
+                )))
+            }
         }
     }
     Ok((PathBuf::from(path), synchronous))
@@ -432,7 +443,11 @@ fn create_tables(conn: &mut Connection) -> rusqlite::Result<std::result::Result<
          CREATE INDEX IF NOT EXISTS tenure_entries_session ON tenure_entries(session);",
     )?;
     let version: Option<i64> = tx
-        .query_row("SELECT value FROM tenure_meta WHERE key = 'schema'", [], |r| r.get(0))
+        .query_row(
+            "SELECT value FROM tenure_meta WHERE key = 'schema'",
+            [],
+            |r| r.get(0),
+        )
         .optional()?;
     match version {
         None => {
@@ -529,7 +544,9 @@ fn session_alive(conn: &Connection, key: &SessionKey) -> Result<()> {
     if alive {
         Ok(())
     } else {
-        Err(Error::SessionLost("the store has no such session (expired or closed)"))
+        Err(Error::SessionLost(
+            "the store has no such session (expired or closed)",
+        ))
     }
 }
 
@@ -578,7 +595,10 @@ impl Store for SqliteStore {
             ))
             .and_then(|mut s| s.execute(params![k, t, label, ttl_ms]))
             .map_err(db_err)?;
-            let names = names.into_iter().map(Name::new).collect::<Result<Vec<_>>>()?;
+            let names = names
+                .into_iter()
+                .map(Name::new)
+                .collect::<Result<Vec<_>>>()?;
             Ok(((), names))
         })
         .await?;
@@ -599,7 +619,9 @@ impl Store for SqliteStore {
                 .and_then(|mut s| s.execute([key.secret()]))
                 .map_err(db_err)?;
             if n == 0 {
-                Err(Error::SessionLost("the session expired before the keep-alive arrived"))
+                Err(Error::SessionLost(
+                    "the session expired before the keep-alive arrived",
+                ))
             } else {
                 Ok(())
             }
@@ -730,8 +752,10 @@ impl Store for SqliteStore {
                      RETURNING holds"
                 ))
                 .and_then(|mut s| {
-                    s.query_row(params![name.as_str(), seq as i64, key.secret()], |r| r.get(0))
-                        .optional()
+                    s.query_row(params![name.as_str(), seq as i64, key.secret()], |r| {
+                        r.get(0)
+                    })
+                    .optional()
                 })
                 .map_err(db_err)?;
             let Some(holds) = holds else {
@@ -802,10 +826,14 @@ impl Store for SqliteStore {
                     "UPDATE tenure_entries SET value = ?4
                      WHERE name = ?1 AND seq = ?2 AND session = ?3 AND granted_ms IS NOT NULL",
                 )
-                .and_then(|mut s| s.execute(params![name.as_str(), seq as i64, key.secret(), value]))
+                .and_then(|mut s| {
+                    s.execute(params![name.as_str(), seq as i64, key.secret(), value])
+                })
                 .map_err(db_err)?;
             if n == 0 {
-                return Err(Error::NotHeld("this session holds no granted entry with that token"));
+                return Err(Error::NotHeld(
+                    "this session holds no granted entry with that token",
+                ));
             }
             Ok(((), vec![name]))
         })
@@ -959,9 +987,15 @@ mod tests {
 
     #[test]
     fn urls() {
-        assert_eq!(parse_url("sqlite:///tmp/a.db").unwrap().0, PathBuf::from("/tmp/a.db"));
+        assert_eq!(
+            parse_url("sqlite:///tmp/a.db").unwrap().0,
+            PathBuf::from("/tmp/a.db")
+        );
         assert_eq!(parse_url("sqlite://a.db").unwrap().0, PathBuf::from("a.db"));
-        assert_eq!(parse_url("sqlite:///a.db?synchronous=full").unwrap().1, "FULL");
+        assert_eq!(
+            parse_url("sqlite:///a.db?synchronous=full").unwrap().1,
+            "FULL"
+        );
         assert!(parse_url("sqlite://").is_err());
         assert!(parse_url("sqlite:///a.db?synchronous=maybe").is_err());
         assert!(parse_url("sqlite:///a.db?bogus=1").is_err());

@@ -31,7 +31,11 @@ impl Target {
 /// A fresh name per check so checks sharing a store do not meet.
 pub fn unique(name: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 async fn session(store: &Arc<dyn Store>) -> Session {
@@ -56,7 +60,10 @@ async fn wait_queue_len(store: &Arc<dyn Store>, name: &str, len: usize) {
         if q.entries.len() == len {
             return;
         }
-        assert!(Instant::now() < deadline, "queue of {name} never reached {len}: {q:?}");
+        assert!(
+            Instant::now() < deadline,
+            "queue of {name} never reached {len}: {q:?}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -73,8 +80,12 @@ pub async fn check_exclusion(t: &Target) {
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
         let store = t.store.clone();
-        let (name, inside, max_inside, tokens) =
-            (name.clone(), inside.clone(), max_inside.clone(), tokens.clone());
+        let (name, inside, max_inside, tokens) = (
+            name.clone(),
+            inside.clone(),
+            max_inside.clone(),
+            tokens.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let s = session(&store).await;
             let m = Mutex::new(&s, &name).unwrap();
@@ -99,7 +110,10 @@ pub async fn check_exclusion(t: &Target) {
     assert_eq!(max_inside.load(Ordering::SeqCst), 1, "two holders at once");
     let tokens = tokens.lock().unwrap();
     assert_eq!(tokens.len(), TASKS * ROUNDS);
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens not increasing: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing: {tokens:?}"
+    );
 }
 
 pub async fn check_try_lock_while_held(t: &Target) {
@@ -107,7 +121,10 @@ pub async fn check_try_lock_while_held(t: &Target) {
     let (a, b) = (session(&t.store).await, session(&t.store).await);
     let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
     let mb = Mutex::new(&b, &name).unwrap();
-    assert!(mb.try_lock().await.unwrap().is_none(), "try_lock succeeded on a held lock");
+    assert!(
+        mb.try_lock().await.unwrap().is_none(),
+        "try_lock succeeded on a held lock"
+    );
     wait_queue_len(&t.store, &name, 1).await; // a failed try_lock leaves nothing behind
     let first = held.token();
     held.release().await.unwrap();
@@ -127,7 +144,10 @@ pub async fn check_timeout(t: &Target) {
         other => panic!("expected a timeout, got {other:?}"),
     }
     let waited = start.elapsed();
-    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
     // The timed-out waiter left the queue: only the holder remains.
     wait_queue_len(&t.store, &name, 1).await;
     held.release().await.unwrap();
@@ -156,7 +176,10 @@ pub async fn check_fifo(t: &Target) {
     }
     held.release().await.unwrap();
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(30), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
     assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
 }
@@ -171,7 +194,10 @@ pub async fn check_reentrancy(t: &Target) {
     assert_eq!((first.hold_count(), second.hold_count()), (1, 2));
     let mb = Mutex::new(&b, &name).unwrap();
     second.release().await.unwrap();
-    assert!(mb.try_lock().await.unwrap().is_none(), "released after one of two holds");
+    assert!(
+        mb.try_lock().await.unwrap().is_none(),
+        "released after one of two holds"
+    );
     first.release().await.unwrap();
     assert!(mb.try_lock().await.unwrap().is_some());
 }
@@ -201,7 +227,10 @@ pub async fn check_non_holder_cannot_act(t: &Target) {
         .unwrap();
     assert!(!jb.granted);
     // b cannot release, or proclaim over, a's entry.
-    assert!(matches!(t.store.leave(&b.key, &name, ja.seq).await, Err(Error::NotHeld(_))));
+    assert!(matches!(
+        t.store.leave(&b.key, &name, ja.seq).await,
+        Err(Error::NotHeld(_))
+    ));
     assert!(matches!(
         t.store.set_value(&b.key, &name, ja.seq, b"x").await,
         Err(Error::NotHeld(_))
@@ -213,8 +242,14 @@ pub async fn check_non_holder_cannot_act(t: &Target) {
     ));
     // A made-up key is no session.
     let forged = SessionKey::new("0000000000000000");
-    assert!(matches!(t.store.keep_alive(&forged).await, Err(Error::SessionLost(_))));
-    assert!(matches!(t.store.leave(&forged, &name, ja.seq).await, Err(Error::SessionLost(_))));
+    assert!(matches!(
+        t.store.keep_alive(&forged).await,
+        Err(Error::SessionLost(_))
+    ));
+    assert!(matches!(
+        t.store.leave(&forged, &name, ja.seq).await,
+        Err(Error::SessionLost(_))
+    ));
     // Public reads carry tags, not secrets.
     let q = t.store.queue(&name).await.unwrap();
     assert_eq!(q.entries.len(), 2);
@@ -236,16 +271,36 @@ pub async fn check_close_releases_everything(t: &Target) {
         guards.push(Mutex::new(&a, n).unwrap().lock().await.unwrap());
     }
     let election = unique("close-election");
-    let term = Election::new(&a, &election).unwrap().campaign("a").await.unwrap();
+    let term = Election::new(&a, &election)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
     a.close().await.unwrap();
     assert!(a.is_lost());
     let b = session(&t.store).await;
     for n in &names {
-        assert!(Mutex::new(&b, n).unwrap().try_lock().await.unwrap().is_some(), "{n} still held");
+        assert!(
+            Mutex::new(&b, n)
+                .unwrap()
+                .try_lock()
+                .await
+                .unwrap()
+                .is_some(),
+            "{n} still held"
+        );
     }
-    assert!(Election::new(&b, &election).unwrap().leader().await.unwrap().is_none());
+    assert!(Election::new(&b, &election)
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .is_none());
     // A guard of a closed session reports the loss on release.
-    assert!(matches!(guards.pop().unwrap().release().await, Err(Error::SessionLost(_))));
+    assert!(matches!(
+        guards.pop().unwrap().release().await,
+        Err(Error::SessionLost(_))
+    ));
     drop(term);
 }
 
@@ -274,7 +329,10 @@ pub async fn check_crashed_holder_released(t: &Target) {
     let granted_at = Instant::now();
     let (reason, lost_at) = lost.await.unwrap();
     assert_eq!(reason, tenure::LostReason::Unconfirmed);
-    assert!(lost_at <= granted_at, "new holder granted before the old one was told");
+    assert!(
+        lost_at <= granted_at,
+        "new holder granted before the old one was told"
+    );
     assert!(lost_at <= opened + ttl, "loss reported after the TTL");
     let renew = a.renew_interval();
     let slack = Duration::from_millis(300);
@@ -299,9 +357,12 @@ pub async fn check_waiter_session_expiry(t: &Target) {
     let a = session(&t.store).await;
     let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
     let b = crashing_session(&t.store, Duration::from_millis(500)).await;
-    let result = tokio::time::timeout(Duration::from_secs(5), Mutex::new(&b, &name).unwrap().lock())
-        .await
-        .expect("waiter returned");
+    let result = tokio::time::timeout(
+        Duration::from_secs(5),
+        Mutex::new(&b, &name).unwrap().lock(),
+    )
+    .await
+    .expect("waiter returned");
     assert!(matches!(result, Err(Error::SessionLost(_))), "{result:?}");
     // Its entry is gone from the queue (after the store's expiry).
     wait_queue_len(&t.store, &name, 1).await;
@@ -335,7 +396,11 @@ pub async fn check_fencing_monotonic(t: &Target) {
         let reopened = tenure::open(&t.url).await.unwrap();
         let s = session(&reopened).await;
         let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
-        assert!(g.token() > last, "token went back after reopening: {} <= {last}", g.token());
+        assert!(
+            g.token() > last,
+            "token went back after reopening: {} <= {last}",
+            g.token()
+        );
         g.release().await.unwrap();
     }
 }
@@ -349,7 +414,10 @@ pub async fn check_election_failover(t: &Target) {
     let ta = ea.campaign("a").await.unwrap();
     let cb = tokio::spawn(async move { eb.campaign("b").await });
     let leader = ea.leader().await.unwrap().unwrap();
-    assert_eq!((leader.token, leader.value.as_slice()), (ta.token(), &b"a"[..]));
+    assert_eq!(
+        (leader.token, leader.value.as_slice()),
+        (ta.token(), &b"a"[..])
+    );
     assert!(leader.since.is_some());
     let tb = tokio::time::timeout(Duration::from_secs(10), cb)
         .await
@@ -362,8 +430,14 @@ pub async fn check_election_failover(t: &Target) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((leader.token, leader.value_str().as_ref()), (tb.token(), "b"));
-    assert!(matches!(ta.proclaim("late").await, Err(Error::SessionLost(_))));
+    assert_eq!(
+        (leader.token, leader.value_str().as_ref()),
+        (tb.token(), "b")
+    );
+    assert!(matches!(
+        ta.proclaim("late").await,
+        Err(Error::SessionLost(_))
+    ));
     tb.resign().await.unwrap();
 }
 
@@ -413,13 +487,32 @@ pub async fn check_observe_order(t: &Target) {
 pub async fn check_proclaim_only_by_leader(t: &Target) {
     let name = unique("proclaim");
     let (a, b) = (session(&t.store).await, session(&t.store).await);
-    let ta = Election::new(&a, &name).unwrap().campaign("a").await.unwrap();
-    assert!(Election::new(&b, &name).unwrap().try_campaign("b").await.unwrap().is_none());
+    let ta = Election::new(&a, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    assert!(Election::new(&b, &name)
+        .unwrap()
+        .try_campaign("b")
+        .await
+        .unwrap()
+        .is_none());
     ta.proclaim("a-new").await.unwrap();
-    let l = Election::new(&b, &name).unwrap().leader().await.unwrap().unwrap();
+    let l = Election::new(&b, &name)
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(l.value, b"a-new");
     ta.resign().await.unwrap();
-    let tb = Election::new(&b, &name).unwrap().try_campaign("b").await.unwrap().unwrap();
+    let tb = Election::new(&b, &name)
+        .unwrap()
+        .try_campaign("b")
+        .await
+        .unwrap()
+        .unwrap();
     tb.proclaim("b-new").await.unwrap();
     tb.resign().await.unwrap();
 }
@@ -428,7 +521,9 @@ pub async fn check_proclaim_only_by_leader(t: &Target) {
 /// loss under a new session.
 pub async fn check_elector_callbacks(t: &Target) {
     let name = unique("elector");
-    let events = Arc::new(std::sync::Mutex::new(Vec::<(char, &'static str, u64)>::new()));
+    let events = Arc::new(std::sync::Mutex::new(
+        Vec::<(char, &'static str, u64)>::new(),
+    ));
     let (stop_a, stop_a_rx) = tokio::sync::oneshot::channel::<()>();
     let (stop_b, stop_b_rx) = tokio::sync::oneshot::channel::<()>();
     let options = SessionOptions::new().ttl(Duration::from_secs(2));
@@ -445,7 +540,11 @@ pub async fn check_elector_callbacks(t: &Target) {
     }));
     let n = Name::new(&name).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while tenure::leader(t.store.as_ref(), &n).await.unwrap().is_none() {
+    while tenure::leader(t.store.as_ref(), &n)
+        .await
+        .unwrap()
+        .is_none()
+    {
         assert!(Instant::now() < deadline, "no leader");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -471,9 +570,15 @@ pub async fn check_elector_callbacks(t: &Target) {
     let events = events.lock().unwrap().clone();
     assert_eq!(events.len(), 4, "{events:?}");
     assert_eq!((events[0].0, events[0].1), ('a', "elected"));
-    assert_eq!((events[1].0, events[1].1, events[1].2), ('a', "defeated", events[0].2));
+    assert_eq!(
+        (events[1].0, events[1].1, events[1].2),
+        ('a', "defeated", events[0].2)
+    );
     assert_eq!((events[2].0, events[2].1), ('b', "elected"));
-    assert_eq!((events[3].0, events[3].1, events[3].2), ('b', "defeated", events[2].2));
+    assert_eq!(
+        (events[3].0, events[3].1, events[3].2),
+        ('b', "defeated", events[2].2)
+    );
     assert!(events[2].2 > events[0].2);
 }
 
@@ -491,16 +596,34 @@ pub async fn check_shared_and_permits(t: &Target) {
     );
     if caps.shared {
         let n = Name::new(unique("rw")).unwrap();
-        assert!(join(&t.store, &a.key, &n, EntryKind::Shared).await.unwrap().unwrap().granted);
-        assert!(join(&t.store, &b.key, &n, EntryKind::Shared).await.unwrap().unwrap().granted);
-        let w = join(&t.store, &c.key, &n, EntryKind::Exclusive).await.unwrap().unwrap();
-        assert!(!w.granted);
-        t.store.close_session(&a.key).await.unwrap();
-        t.store.close_session(&b.key).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(5), t.store.await_grant(&c.key, &n, w.seq))
+        assert!(
+            join(&t.store, &a.key, &n, EntryKind::Shared)
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+        assert!(
+            join(&t.store, &b.key, &n, EntryKind::Shared)
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+        let w = join(&t.store, &c.key, &n, EntryKind::Exclusive)
             .await
             .unwrap()
             .unwrap();
+        assert!(!w.granted);
+        t.store.close_session(&a.key).await.unwrap();
+        t.store.close_session(&b.key).await.unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            t.store.await_grant(&c.key, &n, w.seq),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     }
     if caps.permits {
         let (a, b, c) = (
@@ -510,13 +633,37 @@ pub async fn check_shared_and_permits(t: &Target) {
         );
         let n = Name::new(unique("sem")).unwrap();
         let p = |count| EntryKind::Permits { count, limit: 3 };
-        assert!(join(&t.store, &a.key, &n, p(2)).await.unwrap().unwrap().granted);
-        assert!(!join(&t.store, &b.key, &n, p(2)).await.unwrap().unwrap().granted);
+        assert!(
+            join(&t.store, &a.key, &n, p(2))
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+        assert!(
+            !join(&t.store, &b.key, &n, p(2))
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
         // Head-of-line: a small request waits behind the large one.
-        assert!(!join(&t.store, &c.key, &n, p(1)).await.unwrap().unwrap().granted);
+        assert!(
+            !join(&t.store, &c.key, &n, p(1))
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
         let clash = t
             .store
-            .join(&c.key, &n, EntryKind::Permits { count: 1, limit: 4 }, b"", JoinMode::Wait)
+            .join(
+                &c.key,
+                &n,
+                EntryKind::Permits { count: 1, limit: 4 },
+                b"",
+                JoinMode::Wait,
+            )
             .await;
         assert!(matches!(clash, Err(Error::Conflict { .. })), "{clash:?}");
         for k in [&a.key, &b.key, &c.key] {
@@ -529,26 +676,47 @@ pub async fn check_shared_and_permits(t: &Target) {
 pub async fn check_bad_input(t: &Target) {
     let s = session(&t.store).await;
     for bad in ["", "a\0b", "line\nbreak"] {
-        assert!(matches!(Mutex::new(&s, bad), Err(Error::InvalidName { .. })), "{bad:?}");
-        assert!(matches!(Election::new(&s, bad), Err(Error::InvalidName { .. })));
+        assert!(
+            matches!(Mutex::new(&s, bad), Err(Error::InvalidName { .. })),
+            "{bad:?}"
+        );
+        assert!(matches!(
+            Election::new(&s, bad),
+            Err(Error::InvalidName { .. })
+        ));
     }
     let long = "n".repeat(tenure::MAX_NAME_LEN + 1);
-    assert!(matches!(Mutex::new(&s, &long), Err(Error::InvalidName { .. })));
+    assert!(matches!(
+        Mutex::new(&s, &long),
+        Err(Error::InvalidName { .. })
+    ));
     assert!(Mutex::new(&s, "n".repeat(tenure::MAX_NAME_LEN)).is_ok());
-    for ttl in [Duration::ZERO, Duration::from_nanos(1), Duration::from_secs(100 * 365 * 24 * 3600)] {
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_secs(100 * 365 * 24 * 3600),
+    ] {
         let r = Session::with_options(&t.store, SessionOptions::new().ttl(ttl)).await;
-        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "ttl {ttl:?}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "ttl {ttl:?}: {r:?}"
+        );
     }
     let r = Session::with_options(
         &t.store,
-        SessionOptions::new().ttl(Duration::from_secs(3)).renew_every(Duration::from_secs(5)),
+        SessionOptions::new()
+            .ttl(Duration::from_secs(3))
+            .renew_every(Duration::from_secs(5)),
     )
     .await;
     assert!(matches!(r, Err(Error::InvalidArgument { .. })));
     // An injection-shaped name is only a name.
     let odd = unique("x'); DROP TABLE tenure_entries; --");
     let g = Mutex::new(&s, &odd).unwrap().lock().await.unwrap();
-    assert_eq!(t.store.names(&odd).await.unwrap(), vec![Name::new(&odd).unwrap()]);
+    assert_eq!(
+        t.store.names(&odd).await.unwrap(),
+        vec![Name::new(&odd).unwrap()]
+    );
     g.release().await.unwrap();
 }
 
