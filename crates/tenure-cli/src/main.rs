@@ -1,1 +1,578 @@
-fn main() {}
+//! `tenure`: run a command under a distributed lock, or only while leader.
+
+mod child;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+use tenure::{Election, Error, Mutex, Name, Session, SessionOptions, Store};
+
+/// Exit codes, documented in `--help` and the README.
+pub mod exit {
+    /// Bad usage: a bad URL, duration, name or flag.
+    pub const USAGE: u8 = 64;
+    /// The store cannot be reached.
+    pub const UNAVAILABLE: u8 = 69;
+    /// Any other failure of tenure itself.
+    pub const SOFTWARE: u8 = 70;
+    /// The lock was not acquired within `--wait` (or at once with `--no-wait`).
+    pub const NOT_ACQUIRED: u8 = 75;
+    /// The lease was lost (or at risk) while the command ran; its process
+    /// group was terminated.
+    pub const LEASE_LOST: u8 = 79;
+    /// `tenure leader`: nobody leads.
+    pub const NO_LEADER: u8 = 3;
+}
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  the command's own code   when tenure ran a command (128+N if it died of signal N)
+  64  usage error (bad URL, duration, name or flag)
+  69  store unavailable
+  70  other internal failure
+  75  lock not acquired within --wait, or at once with --no-wait
+  79  lease lost while the command ran: its process group was terminated
+  3   `tenure leader`: nobody leads";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tenure",
+    version,
+    about = "Distributed locks and leader election on the stores you already run",
+    long_about = "Distributed locks and leader election on the stores you already run.\n\n\
+                  The store is --store, else $TENURE_STORE, else an SQLite file in your state \
+                  directory ($XDG_STATE_HOME/tenure/tenure.db or ~/.local/state/tenure/tenure.db), \
+                  shared by every process on this machine.",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    /// Store URL: sqlite:///path.db, memory://, postgres://…, redis://…, etcd://…, zk://…
+    #[arg(long, global = true, env = "TENURE_STORE", hide_env_values = true)]
+    store: Option<String>,
+
+    /// Log what tenure does (to stderr); repeat for more.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command while holding a lock.
+    #[command(
+        after_help = "Example:\n  tenure lock nightly-report --ttl 15s -- ./report.sh\n\n\
+        The command gets TENURE_LOCK=<name> and TENURE_FENCE=<token> in its environment and runs\n\
+        in its own process group. If the lease may be lost while it runs, tenure sends SIGTERM to\n\
+        the group --kill-grace before the lease's local deadline and SIGKILL at it, so the command\n\
+        is stopped before the store can grant the lock to anyone else; tenure then exits 79.\n\
+        SIGINT, SIGTERM and SIGHUP sent to tenure are passed on to the command."
+    )]
+    Lock(LockArgs),
+    /// Campaign for leadership; hold it until stopped, or run a command while leader.
+    #[command(
+        after_help = "Examples:\n  tenure elect scheduler --value \"$(hostname)\"\n  \
+        tenure elect scheduler -- ./run-scheduler\n\n\
+        Without a command, prints `elected <token>` once leader and holds leadership until\n\
+        SIGINT or SIGTERM, then resigns. With a command, runs it only while leader, with the\n\
+        same lease-loss handling as `tenure lock`."
+    )]
+    Elect(ElectArgs),
+    /// Show the current leader of an election.
+    #[command(
+        after_help = "Example:\n  tenure leader scheduler --watch\n\nExits 3 when nobody leads (without --watch)."
+    )]
+    Leader(LeaderArgs),
+    /// List names with their holders and waiters in queue order.
+    #[command(after_help = "Example:\n  tenure status nightly- --json")]
+    Status(StatusArgs),
+    /// Evict the holders of a name (administrators only).
+    #[command(after_help = "Example:\n  tenure release nightly-report --force\n\n\
+        This ends the sessions that hold the name, and everything else they hold. The evicted\n\
+        holder learns of it only at its next renewal, so for a moment two holders may both\n\
+        believe they hold the lock: safe only if the protected resource checks fencing tokens.")]
+    Release(ReleaseArgs),
+    /// Show what each built-in backend can do.
+    #[command(after_help = "Example:\n  tenure backends --json")]
+    Backends(JsonArg),
+}
+
+#[derive(Args, Debug)]
+struct LeaseArgs {
+    /// Session TTL: how long the store keeps the lease without renewal.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Time between SIGTERM and SIGKILL when the lease is at risk (default: TTL/6).
+    #[arg(long, value_parser = parse_duration)]
+    kill_grace: Option<Duration>,
+}
+
+#[derive(Args, Debug)]
+struct LockArgs {
+    /// The lock's name.
+    name: String,
+    #[command(flatten)]
+    lease: LeaseArgs,
+    /// Give up after waiting this long (exit 75).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Give up at once if the lock is held (exit 75).
+    #[arg(long)]
+    no_wait: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct ElectArgs {
+    /// The election's name.
+    name: String,
+    /// The value to lead with (default: host:pid).
+    #[arg(long)]
+    value: Option<String>,
+    #[command(flatten)]
+    lease: LeaseArgs,
+    /// A command to run only while leader.
+    #[arg(last = true, num_args = 0..)]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct LeaderArgs {
+    /// The election's name.
+    name: String,
+    /// Print one line per change until interrupted.
+    #[arg(long)]
+    watch: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Only names that start with this.
+    #[arg(default_value = "")]
+    prefix: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ReleaseArgs {
+    /// The name to release.
+    name: String,
+    /// Required: confirms you know this is unsafe without fencing.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+struct JsonArg {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15s, 2m)"))
+}
+
+/// A failure with its exit code.
+#[derive(Debug)]
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            Error::InvalidName { .. }
+            | Error::InvalidArgument { .. }
+            | Error::InvalidUrl { .. }
+            | Error::BackendDisabled { .. }
+            | Error::Unsupported { .. } => exit::USAGE,
+            Error::Unavailable { .. } | Error::Auth { .. } => exit::UNAVAILABLE,
+            Error::Timeout(_) => exit::NOT_ACQUIRED,
+            _ => exit::SOFTWARE,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(exit::USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let filter = match cli.verbose {
+        0 => "warn",
+        1 => "info,tenure=debug",
+        _ => "debug",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tenure: cannot start the runtime: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("tenure: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<u8, Failure> {
+    if let Command::Backends(args) = &cli.command {
+        return backends(args.json);
+    }
+    let url = store_url(cli.store)?;
+    let store = tenure::open(&url).await?;
+    match cli.command {
+        Command::Lock(args) => lock(store, args).await,
+        Command::Elect(args) => elect(store, args).await,
+        Command::Leader(args) => leader(store, args).await,
+        Command::Status(args) => status(store, args).await,
+        Command::Release(args) => release(store, args).await,
+        Command::Backends(_) => Ok(0),
+    }
+}
+
+/// --store, else $TENURE_STORE (through clap), else the SQLite file in the
+/// user's state directory, created on first use.
+fn store_url(flag: Option<String>) -> Result<String, Failure> {
+    if let Some(url) = flag.filter(|u| !u.is_empty()) {
+        return Ok(url);
+    }
+    let dir = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        Some(state) => PathBuf::from(state).join("tenure"),
+        None => match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".local/state/tenure"),
+            None => {
+                return Err(Failure::new(
+                    exit::USAGE,
+                    "no --store, no $TENURE_STORE, and no $HOME or $XDG_STATE_HOME for the default store",
+                ))
+            }
+        },
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        Failure::new(
+            exit::USAGE,
+            format!(
+                "cannot create the default store's directory {}: {e}",
+                dir.display()
+            ),
+        )
+    })?;
+    Ok(format!("sqlite://{}", dir.join("tenure.db").display()))
+}
+
+async fn open_session(
+    store: &std::sync::Arc<dyn Store>,
+    lease: &LeaseArgs,
+) -> Result<(Session, Duration), Failure> {
+    let grace = lease.kill_grace.unwrap_or(lease.ttl / 6);
+    if grace >= lease.ttl / 2 {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "--kill-grace {grace:?} must be under half the TTL ({:?})",
+                lease.ttl
+            ),
+        ));
+    }
+    let session = Session::with_options(store, SessionOptions::new().ttl(lease.ttl)).await?;
+    Ok((session, grace))
+}
+
+async fn lock(store: std::sync::Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
+    let (session, grace) = open_session(&store, &args.lease).await?;
+    let mutex = Mutex::new(&session, &args.name)?;
+    let mut signals = child::Signals::new()?;
+    let acquire = async {
+        if args.no_wait {
+            mutex.try_lock().await
+        } else if let Some(wait) = args.wait {
+            match mutex.lock_timeout(wait).await {
+                Err(Error::Timeout(_)) => Ok(None),
+                other => other.map(Some),
+            }
+        } else {
+            mutex.lock().await.map(Some)
+        }
+    };
+    let guard = tokio::select! {
+        acquired = acquire => acquired,
+        signal = signals.recv() => {
+            let _ = session.close().await;
+            return Ok(128 + signal as u8);
+        }
+    };
+    let guard = match guard {
+        Ok(Some(guard)) => guard,
+        Ok(None) => {
+            let _ = session.close().await;
+            let when = match args.wait {
+                Some(wait) => format!("within {}", humantime::format_duration(wait)),
+                None => "at once (--no-wait)".to_string(),
+            };
+            return Err(Failure::new(
+                exit::NOT_ACQUIRED,
+                format!(
+                    "lock {:?} is held by another session; not acquired {when}",
+                    args.name
+                ),
+            ));
+        }
+        Err(Error::SessionLost(why)) => {
+            return Err(Failure::new(
+                exit::NOT_ACQUIRED,
+                format!("not acquired: session lost ({why})"),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(name = %args.name, token = guard.token(), "lock acquired");
+    let env = [
+        ("TENURE_LOCK", args.name.clone()),
+        ("TENURE_FENCE", guard.token().to_string()),
+    ];
+    let outcome = child::run_while_held(&args.command, &env, &session, grace, &mut signals).await?;
+    finish(outcome, guard.release().await, &session).await
+}
+
+/// Turns a child's outcome into tenure's exit code, after releasing.
+async fn finish(
+    outcome: child::Outcome,
+    released: tenure::Result<()>,
+    session: &Session,
+) -> Result<u8, Failure> {
+    let _ = session.close().await;
+    match outcome {
+        child::Outcome::Exited(code) => {
+            if let Err(e) = released {
+                tracing::warn!(error = %e, "release after the command exited failed");
+            }
+            Ok(code)
+        }
+        child::Outcome::LeaseLost(why) => Err(Failure::new(
+            exit::LEASE_LOST,
+            format!("lease lost while the command ran ({why}); its process group was terminated"),
+        )),
+    }
+}
+
+fn default_value() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    format!("{host}:{}", std::process::id())
+}
+
+async fn elect(store: std::sync::Arc<dyn Store>, args: ElectArgs) -> Result<u8, Failure> {
+    let (session, grace) = open_session(&store, &args.lease).await?;
+    let election = Election::new(&session, &args.name)?;
+    let value = args.value.clone().unwrap_or_else(default_value);
+    let mut signals = child::Signals::new()?;
+    let term = tokio::select! {
+        term = election.campaign(value.clone()) => term?,
+        signal = signals.recv() => {
+            let _ = session.close().await;
+            return Ok(128 + signal as u8);
+        }
+    };
+    tracing::info!(name = %args.name, token = term.token(), "elected");
+    if args.command.is_empty() {
+        println!("elected {}", term.token());
+        let lost = term.lost();
+        tokio::select! {
+            reason = lost => {
+                return Err(Failure::new(exit::LEASE_LOST, format!("leadership lost: {reason}")));
+            }
+            _ = signals.recv() => {}
+        }
+        let _ = term.resign().await;
+        let _ = session.close().await;
+        return Ok(0);
+    }
+    let env = [
+        ("TENURE_ELECTION", args.name.clone()),
+        ("TENURE_FENCE", term.token().to_string()),
+        ("TENURE_LEADER_VALUE", value),
+    ];
+    let outcome = child::run_while_held(&args.command, &env, &session, grace, &mut signals).await?;
+    finish(outcome, term.resign().await, &session).await
+}
+
+fn unix_ms(t: Option<SystemTime>) -> Option<u128> {
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis())
+}
+
+fn leader_line(name: &Name, leader: &Option<tenure::Leader>, json: bool) -> String {
+    match (leader, json) {
+        (Some(l), true) => serde_json::json!({
+            "name": name.as_str(),
+            "token": l.token,
+            "value": l.value_str(),
+            "label": l.label,
+            "since_ms": unix_ms(l.since),
+        })
+        .to_string(),
+        (None, true) => serde_json::json!({ "name": name.as_str(), "token": null }).to_string(),
+        (Some(l), false) => format!("{} token={} label={}", l.value_str(), l.token, l.label),
+        (None, false) => "none".to_string(),
+    }
+}
+
+async fn leader(store: std::sync::Arc<dyn Store>, args: LeaderArgs) -> Result<u8, Failure> {
+    let name = Name::new(&args.name)?;
+    if !args.watch {
+        let leader = tenure::leader(store.as_ref(), &name).await?;
+        println!("{}", leader_line(&name, &leader, args.json));
+        return Ok(if leader.is_some() { 0 } else { exit::NO_LEADER });
+    }
+    let mut observer = tenure::Observer::new(store, name.clone());
+    let mut signals = child::Signals::new()?;
+    loop {
+        tokio::select! {
+            next = observer.next() => {
+                let leader = next?;
+                println!("{}", leader_line(&name, &leader, args.json));
+            }
+            _ = signals.recv() => return Ok(0),
+        }
+    }
+}
+
+async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8, Failure> {
+    let mut all = Vec::new();
+    for name in store.names(&args.prefix).await? {
+        let queue = store.queue(&name).await?;
+        if args.json {
+            let entries: Vec<_> = queue
+                .entries
+                .iter()
+                .map(|e| {
+                    serde_json::json!({
+                        "token": e.seq,
+                        "state": if e.granted { "holder" } else { "waiter" },
+                        "kind": format!("{:?}", e.kind),
+                        "label": e.label,
+                        "session": e.session_tag,
+                        "holds": e.holds,
+                        "ttl_left_ms": e.expires_in.as_millis(),
+                        "value": String::from_utf8_lossy(&e.value),
+                    })
+                })
+                .collect();
+            all.push(serde_json::json!({ "name": name.as_str(), "entries": entries }));
+        } else {
+            println!("{name}");
+            for e in &queue.entries {
+                println!(
+                    "  {:<6} token={} {:?} label={} session={} ttl_left={}",
+                    if e.granted { "holder" } else { "waiter" },
+                    e.seq,
+                    e.kind,
+                    e.label,
+                    e.session_tag,
+                    humantime::format_duration(Duration::from_millis(
+                        e.expires_in.as_millis() as u64
+                    )),
+                );
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::Value::Array(all));
+    }
+    Ok(0)
+}
+
+async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<u8, Failure> {
+    let name = Name::new(&args.name)?;
+    if !args.force {
+        return Err(Failure::new(
+            exit::USAGE,
+            "release evicts another process's lease: pass --force if you mean it (see --help)",
+        ));
+    }
+    let evicted = store.evict(&name).await?;
+    println!("evicted {evicted} session(s) holding {name}");
+    Ok(0)
+}
+
+fn backends(json: bool) -> Result<u8, Failure> {
+    let all = tenure::builtin_backends();
+    if json {
+        let rows: Vec<_> = all
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "backend": c.backend,
+                    "fencing": c.fencing,
+                    "durable": c.durable,
+                    "multi_process": c.multi_process,
+                    "fifo": c.fifo,
+                    "shared": c.shared,
+                    "permits": c.permits,
+                    "wake": format!("{:?}", c.wake),
+                    "clock": c.clock,
+                    "min_ttl_ms": c.min_ttl.as_millis(),
+                    "max_ttl_ms": c.max_ttl.as_millis(),
+                    "round_trips": c.round_trips,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        for c in &all {
+            println!("{}", c.backend);
+            println!(
+                "  fencing={} durable={} multi_process={} fifo={} shared={} permits={}",
+                c.fencing, c.durable, c.multi_process, c.fifo, c.shared, c.permits
+            );
+            println!("  wake: {:?}", c.wake);
+            println!("  clock: {}", c.clock);
+            println!("  ttl: {:?}..={:?}", c.min_ttl, c.max_ttl);
+            println!("  cost: {}", c.round_trips);
+        }
+    }
+    Ok(0)
+}

@@ -87,14 +87,10 @@ impl std::fmt::Debug for SqliteStore {
 }
 
 fn db_err(e: rusqlite::Error) -> Error {
-    use rusqlite::ErrorCode;
-    match &e {
-        rusqlite::Error::SqliteFailure(f, _)
-            if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) =>
-        {
-            Error::unavailable(BACKEND, e)
-        }
-        _ => Error::backend(BACKEND, e),
+    if is_busy(&e) {
+        Error::unavailable(BACKEND, e)
+    } else {
+        Error::backend(BACKEND, e)
     }
 }
 
@@ -171,21 +167,25 @@ impl SqliteStore {
         let mut conn = Connection::open_with_flags(path, flags).map_err(open_error)?;
         conn.busy_timeout(Duration::from_secs(10)).map_err(db_err)?;
         conn.trace(Some(count_statement));
-        // journal_mode answers with a row, so it is queried, not executed.
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .map_err(open_error)?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            tracing::warn!(%mode, "SQLite did not switch to WAL; locking still works, slower");
+        // Several processes may set up a new file at once; switching to WAL can
+        // report "locked" without waiting on the busy timeout, so retry.
+        let started = std::time::Instant::now();
+        loop {
+            match setup(&mut conn, synchronous) {
+                Ok(Ok(())) => break,
+                Ok(Err(reason)) => {
+                    return Err(Error::InvalidUrl {
+                        url: url.to_string(),
+                        reason: format!("cannot set up the tables in {}: {reason}", path.display()),
+                    })
+                }
+                Err(e) if is_busy(&e) && started.elapsed() < Duration::from_secs(10) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) if is_busy(&e) => return Err(Error::unavailable(BACKEND, e)),
+                Err(e) => return Err(open_error(e)),
+            }
         }
-        conn.execute_batch(&format!(
-            "PRAGMA synchronous={synchronous}; PRAGMA foreign_keys=ON;"
-        ))
-        .map_err(db_err)?;
-        create_schema(&mut conn).map_err(|reason| Error::InvalidUrl {
-            url: url.to_string(),
-            reason: format!("cannot set up the tables in {}: {reason}", path.display()),
-        })?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
@@ -409,8 +409,30 @@ fn parse_url(url: &str) -> Result<(PathBuf, &'static str)> {
     Ok((PathBuf::from(path), synchronous))
 }
 
-fn create_schema(conn: &mut Connection) -> std::result::Result<(), String> {
-    create_tables(conn).map_err(|e| e.to_string())?
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
+}
+
+/// WAL mode, pragmas and tables; `Ok(Err(reason))` for a file this build
+/// cannot use.
+fn setup(
+    conn: &mut Connection,
+    synchronous: &str,
+) -> rusqlite::Result<std::result::Result<(), String>> {
+    // journal_mode answers with a row, so it is queried, not executed; WAL
+    // stays set in the file, so later opens only read it.
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(%mode, "SQLite did not switch to WAL; locking still works, slower");
+        }
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous={synchronous}; PRAGMA foreign_keys=ON;"
+    ))?;
+    create_tables(conn)
 }
 
 fn create_tables(conn: &mut Connection) -> rusqlite::Result<std::result::Result<(), String>> {

@@ -1,0 +1,385 @@
+//! End-to-end tests of the real `tenure` binary on an SQLite store.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+struct Env {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        Env { dir, url }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
+        cmd.arg("--store")
+            .arg(&self.url)
+            .args(args)
+            .env("D", self.dir.path());
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// Waits (bounded) until `name` has a holder.
+    fn wait_held(&self, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = self.run(&["status", name, "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let held = v.as_array().unwrap().iter().any(|n| {
+                n["name"] == name
+                    && n["entries"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|e| e["state"] == "holder")
+            });
+            if held {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{name} never held");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn wait_file(path: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if s.ends_with('\n') {
+                return s.trim().to_string();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether a process is gone (a zombie counts as gone: it runs nothing).
+fn dead(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+#[test]
+fn two_lockers_never_overlap_and_fences_increase() {
+    let env = Env::new();
+    let script = r#"mkdir "$D/inside" || exit 9; echo "$TENURE_FENCE" >> "$D/log"; sleep 0.05; rmdir "$D/inside""#;
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..4 {
+                    let out = env.run(&["lock", "race", "--", "sh", "-c", script]);
+                    assert!(out.status.success(), "{out:?}");
+                }
+            });
+        }
+    });
+    let log = std::fs::read_to_string(env.path("log")).unwrap();
+    let fences: Vec<u64> = log.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(fences.len(), 8);
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+#[test]
+fn no_wait_and_wait_give_75_on_a_held_lock() {
+    let env = Env::new();
+    let mut holder = env
+        .cmd(&["lock", "busy", "--", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    env.wait_held("busy");
+    let out = env.run(&["lock", "busy", "--no-wait", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not acquired"));
+    let start = Instant::now();
+    let out = env.run(&["lock", "busy", "--wait", "300ms", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    // SIGTERM to tenure reaches the command; the lock is released after.
+    signal(holder.id(), libc::SIGTERM);
+    let status = wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    let out = env.run(&["lock", "busy", "--no-wait", "--", "true"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn exit_code_of_the_command_is_passed_through() {
+    let env = Env::new();
+    let out = env.run(&["lock", "code", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    let out = env.run(&["lock", "code", "--", "/no/such/program"]);
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[test]
+fn sigkilled_holder_is_replaced_within_ttl_plus_renew() {
+    let env = Env::new();
+    let ttl = Duration::from_secs(1);
+    let mut holder = env
+        .cmd(&[
+            "lock",
+            "crash",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            r#"echo $$ > "$D/pid"; exec sleep 60"#,
+        ])
+        .spawn()
+        .unwrap();
+    let orphan: i32 = wait_file(&env.path("pid")).parse().unwrap();
+    env.wait_held("crash");
+    signal(holder.id(), libc::SIGKILL);
+    let killed = Instant::now();
+    holder.wait().unwrap();
+    let out = env.run(&["lock", "crash", "--ttl", "1s", "--", "true"]);
+    let took = killed.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    // TTL + one renew interval (TTL/3) + process start-up slack.
+    assert!(
+        took <= ttl + ttl / 3 + Duration::from_millis(700),
+        "took {took:?}"
+    );
+    unsafe { libc::kill(orphan, libc::SIGKILL) };
+}
+
+#[test]
+fn lease_loss_kills_the_process_group() {
+    let env = Env::new();
+    let mut holder = env
+        .cmd(&[
+            "lock",
+            "doomed",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            r#"sleep 300 & echo $! > "$D/grandchild"; echo $$ > "$D/child"; wait"#,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child: i32 = wait_file(&env.path("child")).parse().unwrap();
+    let grandchild: i32 = wait_file(&env.path("grandchild")).parse().unwrap();
+    env.wait_held("doomed");
+    // Evicting the holder's session makes its next renewal fail: lease lost.
+    let out = env.run(&["release", "doomed", "--force"]);
+    assert!(out.status.success(), "{out:?}");
+    let status = wait_exit(&mut holder, Duration::from_secs(5));
+    assert_eq!(status.code(), Some(79));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(dead(child) && dead(grandchild)) {
+        assert!(
+            Instant::now() < deadline,
+            "process group survived the lease"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("lease lost"), "{stderr}");
+}
+
+#[test]
+fn elect_fails_over_and_leader_watch_shows_terms_in_order() {
+    let env = Env::new();
+    let mut watch = env
+        .cmd(&["leader", "sched", "--watch"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || {
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("watch line")
+    };
+    assert_eq!(next(), "none");
+
+    let elected = |child: &mut Child| -> u64 {
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line.trim()
+            .strip_prefix("elected ")
+            .expect("elected line")
+            .parse()
+            .unwrap()
+    };
+    let mut a = env
+        .cmd(&["elect", "sched", "--value", "A", "--ttl", "1s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ta = elected(&mut a);
+    assert!(next().starts_with(&format!("A token={ta} ")));
+    let mut b = env
+        .cmd(&["elect", "sched", "--value", "B", "--ttl", "1s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    signal(a.id(), libc::SIGKILL);
+    a.wait().unwrap();
+    let tb = elected(&mut b);
+    assert!(tb > ta);
+    assert!(next().starts_with(&format!("B token={tb} ")));
+    let out = env.run(&["leader", "sched", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["token"].as_u64(), v["value"].as_str()),
+        (Some(tb), Some("B"))
+    );
+    // SIGTERM: B resigns and exits 0; the watcher sees the vacancy.
+    signal(b.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut b, Duration::from_secs(5)).success());
+    assert_eq!(next(), "none");
+    let out = env.run(&["leader", "sched"]);
+    assert_eq!(out.status.code(), Some(3));
+    signal(watch.id(), libc::SIGTERM);
+    wait_exit(&mut watch, Duration::from_secs(5));
+}
+
+#[test]
+fn elect_runs_the_command_only_while_leader() {
+    let env = Env::new();
+    let out = env.run(&[
+        "elect",
+        "job",
+        "--value",
+        "me",
+        "--",
+        "sh",
+        "-c",
+        r#"echo "$TENURE_FENCE $TENURE_LEADER_VALUE""#,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1 me");
+}
+
+#[test]
+fn usage_errors_exit_64_without_secrets() {
+    let env = Env::new();
+    for args in [
+        vec!["lock", "x", "--ttl", "5parsecs", "--", "true"],
+        vec!["lock", "", "--", "true"],
+        vec!["lock", "x"],
+        vec![
+            "lock",
+            "x",
+            "--ttl",
+            "1s",
+            "--kill-grace",
+            "1s",
+            "--",
+            "true",
+        ],
+        vec!["release", "x"],
+        vec!["frobnicate"],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty());
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["--store", "postgres://bob:hunter2@db/app", "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["lock", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Example"));
+}
+
+#[test]
+fn default_store_is_created_in_the_state_directory() {
+    let state = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["lock", "first-use", "--", "true"])
+        .env_remove("TENURE_STORE")
+        .env("XDG_STATE_HOME", state.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(state.path().join("tenure/tenure.db").exists());
+}
+
+#[test]
+fn backends_lists_the_capability_matrix() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["backends", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["backend"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"memory") && names.contains(&"sqlite"),
+        "{names:?}"
+    );
+}
