@@ -1,1 +1,212 @@
-fn main() {}
+//! Lock cycle bench: uncontended acquire + release per backend, beside the
+//! backend's raw floor (the same client crate issuing the minimal commands),
+//! and a contended run. Prints a table and writes `bench/cycle.json`.
+//!
+//! Run: `cargo bench -p tenure --bench cycle` (set `BENCH_CYCLES` to change
+//! the number of measured cycles).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tenure::backend::sqlite::SqliteStore;
+use tenure::{Mutex, Session, SessionOptions, Store};
+
+struct Stats {
+    label: String,
+    cycles: usize,
+    per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+fn stats(label: impl Into<String>, mut samples: Vec<Duration>, total: Duration) -> Stats {
+    samples.sort();
+    let pct = |p: f64| {
+        let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
+        samples[i].as_secs_f64() * 1e6
+    };
+    Stats {
+        label: label.into(),
+        cycles: samples.len(),
+        per_sec: samples.len() as f64 / total.as_secs_f64(),
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    }
+}
+
+async fn uncontended(store: &Arc<dyn Store>, cycles: usize) -> Stats {
+    let session = Session::with_options(store, SessionOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let mutex = Mutex::new(&session, "bench").unwrap();
+    for _ in 0..cycles / 10 {
+        mutex.lock().await.unwrap().release().await.unwrap();
+    }
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let g = mutex.lock().await.unwrap();
+        g.release().await.unwrap();
+        samples.push(t.elapsed());
+    }
+    let total = start.elapsed();
+    session.close().await.unwrap();
+    stats(
+        format!("{} tenure", store.capabilities().backend),
+        samples,
+        total,
+    )
+}
+
+async fn contended(store: &Arc<dyn Store>, tasks: usize, rounds: usize) -> Stats {
+    let mut handles = Vec::new();
+    let start = Instant::now();
+    for _ in 0..tasks {
+        let store = store.clone();
+        handles.push(tokio::spawn(async move {
+            let session =
+                Session::with_options(&store, SessionOptions::new().ttl(Duration::from_secs(30)))
+                    .await
+                    .unwrap();
+            let mutex = Mutex::new(&session, "contended").unwrap();
+            let mut samples = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let g = mutex.lock().await.unwrap();
+                samples.push(t.elapsed());
+                // Let the others queue up behind the holder.
+                tokio::task::yield_now().await;
+                g.release().await.unwrap();
+            }
+            session.close().await.unwrap();
+            samples
+        }));
+    }
+    let mut samples = Vec::new();
+    for h in handles {
+        samples.extend(h.await.unwrap());
+    }
+    let total = start.elapsed();
+    stats(
+        format!(
+            "{} tenure, {tasks} contenders (wait for grant)",
+            store.capabilities().backend
+        ),
+        samples,
+        total,
+    )
+}
+
+/// The floor: one INSERT to take a row-with-expiry lock, one DELETE to drop
+/// it, autocommit, on a WAL file with the same pragmas.
+fn sqlite_floor(path: &std::path::Path, cycles: usize) -> Stats {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
+        .unwrap();
+    conn.execute_batch(
+        "PRAGMA synchronous=NORMAL;
+         CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL);",
+    )
+    .unwrap();
+    let mut ins = conn
+        .prepare(
+            "INSERT INTO locks (name, owner, expires_ms) VALUES (?1, ?2,
+               CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 30000)",
+        )
+        .unwrap();
+    let mut del = conn
+        .prepare("DELETE FROM locks WHERE name = ?1 AND owner = ?2")
+        .unwrap();
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        ins.execute(["bench", "me"]).unwrap();
+        del.execute(["bench", "me"]).unwrap();
+        samples.push(t.elapsed());
+    }
+    stats(
+        "sqlite raw floor (rusqlite INSERT + DELETE)",
+        samples,
+        start.elapsed(),
+    )
+}
+
+fn main() {
+    let cycles: usize = std::env::var("BENCH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite_url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let results = rt.block_on(async {
+        let memory = tenure::open("memory://").await.unwrap();
+        let sqlite = tenure::open(&sqlite_url).await.unwrap();
+
+        // Statements per operation, counted by SQLite's trace hook.
+        let session = Session::new(&sqlite).await.unwrap();
+        let mutex = Mutex::new(&session, "count").unwrap();
+        mutex.lock().await.unwrap().release().await.unwrap();
+        let before = SqliteStore::statements_executed();
+        let g = mutex.lock().await.unwrap();
+        let acquire = SqliteStore::statements_executed() - before;
+        let before = SqliteStore::statements_executed();
+        g.release().await.unwrap();
+        let release = SqliteStore::statements_executed() - before;
+        let before = SqliteStore::statements_executed();
+        session.renew().await.unwrap();
+        let renew = SqliteStore::statements_executed() - before;
+        session.close().await.unwrap();
+
+        let m = uncontended(&memory, cycles).await;
+        let s = uncontended(&sqlite, cycles).await;
+        let floor =
+            tokio::task::block_in_place(|| sqlite_floor(&dir.path().join("floor.db"), cycles));
+        let mc = contended(&memory, 16, (cycles / 16).max(10)).await;
+        let sc = contended(&sqlite, 16, (cycles / 64).max(5)).await;
+        (vec![m, s, floor, mc, sc], (acquire, release, renew))
+    });
+    let (rows, (acquire, release, renew)) = results;
+    let floor = rows[2].per_sec;
+    println!(
+        "{:<58} {:>10} {:>12} {:>10} {:>10} {:>9}",
+        "run", "cycles", "cycles/s", "p50 µs", "p99 µs", "vs floor"
+    );
+    for r in &rows {
+        let ratio = if r.label.starts_with("sqlite") {
+            format!("{:.2}×", floor / r.per_sec)
+        } else {
+            "-".into()
+        };
+        println!(
+            "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1} {:>9}",
+            r.label, r.cycles, r.per_sec, r.p50_us, r.p99_us, ratio
+        );
+    }
+    println!("sqlite statements per operation: acquire {acquire}, release {release}, renew {renew} (BEGIN/COMMIT included)");
+    let json = serde_json::json!({
+        "bench": "cycle",
+        "cycles": cycles,
+        "machine": { "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0) },
+        "runs": rows.iter().map(|r| serde_json::json!({
+            "run": r.label, "cycles": r.cycles, "per_sec": r.per_sec,
+            "p50_us": r.p50_us, "p99_us": r.p99_us,
+        })).collect::<Vec<_>>(),
+        "sqlite_statements": { "acquire": acquire, "release": release, "renew": renew },
+        "sqlite_cycle_vs_floor": floor / rows[1].per_sec,
+    });
+    let out = std::env::var("BENCH_OUT").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/cycle.json").to_string()
+    });
+    if let Some(parent) = std::path::Path::new(&out).parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    println!("wrote {out}");
+}

@@ -346,9 +346,7 @@ impl Session {
         mark_lost(&self.inner, LostReason::Closed);
         let store = self.inner.store.clone();
         let key = self.inner.key.clone();
-        tokio::spawn(async move { store.close_session(&key).await })
-            .await
-            .map_err(|e| Error::backend("tenure", format!("close task failed: {e}")))?
+        finish(async move { store.close_session(&key).await }, |_| {}).await?
     }
 
     pub(crate) fn check_alive(&self) -> Result<()> {
@@ -369,28 +367,25 @@ impl Session {
         mode: JoinMode,
     ) -> Result<Option<(Hold, Joined)>> {
         self.check_alive()?;
-        let (tx, rx) = oneshot::channel::<Result<Option<Joined>>>();
         let store = self.inner.store.clone();
         let key = self.inner.key.clone();
         let task_name = name.clone();
-        tokio::spawn(async move {
-            let result = store.join(&key, &task_name, kind, &value, mode).await;
-            if let Err(Ok(Some(joined))) = tx.send(result) {
+        let undo = {
+            let (store, key, name) = (store.clone(), key.clone(), name.clone());
+            move |result: Result<Option<Joined>>| {
                 // The caller is gone: undo the join.
-                let _ = store.leave(&key, &task_name, joined.seq).await;
+                if let Ok(Some(joined)) = result {
+                    spawn_detached(async move {
+                        let _ = store.leave(&key, &name, joined.seq).await;
+                    });
+                }
             }
-        });
-        let mut receiving = Receiving {
-            rx: Some(rx),
-            session: self.clone(),
-            name: name.clone(),
         };
-        let result = match receiving.rx.as_mut() {
-            Some(rx) => rx.await,
-            None => return Err(Error::backend("tenure", "join channel missing")),
-        };
-        receiving.rx = None;
-        let joined = result.map_err(|_| Error::backend("tenure", "join task failed"))??;
+        let joined = finish(
+            async move { store.join(&key, &task_name, kind, &value, mode).await },
+            undo,
+        )
+        .await??;
         Ok(joined.map(|joined| {
             (
                 Hold {
@@ -471,24 +466,63 @@ impl Wait {
     }
 }
 
-/// The receiving side of a join; if dropped early it takes the result and
-/// leaves the queue, so a cancelled join leaves nothing behind.
-struct Receiving {
-    rx: Option<oneshot::Receiver<Result<Option<Joined>>>>,
-    session: Session,
-    name: Name,
+type Abandoned<T> = Arc<StdMutex<Option<Box<dyn FnOnce(T) + Send>>>>;
+
+/// Runs a store call to completion even if the caller stops waiting for it.
+///
+/// The call is polled here first: most finish without waiting, at no extra
+/// cost. Only a call that must wait moves to a spawned task; if the caller is
+/// gone by the time it finishes, its output goes to `abandoned` (to undo a
+/// join, say), so a cancelled call leaves nothing behind.
+pub(crate) async fn finish<T: Send + 'static>(
+    fut: impl Future<Output = T> + Send + 'static,
+    abandoned: impl FnOnce(T) + Send + 'static,
+) -> Result<T> {
+    let mut fut = Box::pin(fut);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(output) = first {
+        return Ok(output);
+    }
+    let abandoned: Abandoned<T> = Arc::new(StdMutex::new(Some(Box::new(abandoned))));
+    let (tx, rx) = oneshot::channel::<T>();
+    let in_task = abandoned.clone();
+    tokio::spawn(async move {
+        let output = fut.await;
+        if let Err(output) = tx.send(output) {
+            take_abandoned(&in_task, output);
+        }
+    });
+    let mut receiving = Receiving {
+        rx: Some(rx),
+        abandoned,
+    };
+    let output = match receiving.rx.as_mut() {
+        Some(rx) => rx.await,
+        None => return Err(Error::backend("tenure", "store call channel missing")),
+    };
+    receiving.rx = None;
+    output.map_err(|_| Error::backend("tenure", "a store call's task failed"))
 }
 
-impl Drop for Receiving {
+fn take_abandoned<T>(abandoned: &Abandoned<T>, output: T) {
+    let f = abandoned.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(f) = f {
+        f(output);
+    }
+}
+
+/// The waiting side of [`finish`]: dropped early, it hands an output that
+/// already arrived to the `abandoned` callback.
+struct Receiving<T> {
+    rx: Option<oneshot::Receiver<T>>,
+    abandoned: Abandoned<T>,
+}
+
+impl<T> Drop for Receiving<T> {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
-            if let Ok(Ok(Some(joined))) = rx.try_recv() {
-                drop(Hold {
-                    session: self.session.clone(),
-                    name: self.name.clone(),
-                    seq: joined.seq,
-                    armed: true,
-                });
+            if let Ok(output) = rx.try_recv() {
+                take_abandoned(&self.abandoned, output);
             }
         }
     }
@@ -512,9 +546,7 @@ impl Hold {
         let key = self.session.inner.key.clone();
         let name = self.name.clone();
         let seq = self.seq;
-        tokio::spawn(async move { store.leave(&key, &name, seq).await })
-            .await
-            .map_err(|e| Error::backend("tenure", format!("release task failed: {e}")))?
+        finish(async move { store.leave(&key, &name, seq).await }, |_| {}).await?
     }
 }
 
