@@ -29,3 +29,8 @@ pub use store::{
     builtin_backends, mask_password, open, Capabilities, Entry, EntryKind, JoinMode, Joined, Name,
     OpenedSession, Queue, Scheme, SessionKey, SessionSpec, Store, Wake, MAX_NAME_LEN,
 };
+
+/// The README's examples, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -521,10 +521,23 @@ fn settle_rows(
     let mut rows = read_rows(tx, name)?;
     let mut purged = 0;
     if rows.iter().any(|r| !r.live) {
+        // End the expired sessions themselves, not just their entries here:
+        // a session row that is gone cannot be renewed, so even a wall clock
+        // that jumps back cannot revive a lease that is being passed on.
+        // Their other names change too, so bump those versions first.
+        let expired = format!(
+            "SELECT e.session FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
+             WHERE e.name = ?1 AND s.expires_ms <= {NOW}"
+        );
+        tx.prepare_cached(&format!(
+            "UPDATE tenure_names SET version = version + 1 WHERE name IN
+               (SELECT name FROM tenure_entries WHERE session IN ({expired}))"
+        ))
+        .and_then(|mut s| s.execute([name.as_str()]))
+        .map_err(db_err)?;
         purged = tx
             .prepare_cached(&format!(
-                "DELETE FROM tenure_entries WHERE name = ?1 AND session IN
-                   (SELECT id FROM tenure_sessions WHERE expires_ms <= {NOW})"
+                "DELETE FROM tenure_sessions WHERE id IN ({expired}) AND expires_ms <= {NOW}"
             ))
             .and_then(|mut s| s.execute([name.as_str()]))
             .map_err(db_err)?;
