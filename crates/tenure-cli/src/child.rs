@@ -66,7 +66,8 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
 }
 
 /// Runs `command` in a process group of its own while `session` holds its
-/// lease. SIGTERM goes to the group when no renewal has been confirmed
+/// lease. When the command exits, anything it left running in its group is
+/// killed, so nothing of it outlives the lock. SIGTERM goes to the group when no renewal has been confirmed
 /// `grace` before the lease's local deadline, SIGKILL at the deadline (which
 /// comes before the store's expiry), and at once if the store says the lease
 /// is gone.
@@ -105,6 +106,9 @@ pub async fn run_while_held(
         let warn_at = deadline.checked_sub(grace).unwrap_or(deadline);
         tokio::select! {
             status = child.wait() => {
+                // Nothing the command started may outlive the lease: whatever
+                // is left in its process group goes before the release.
+                signal_group(pgid, libc::SIGKILL);
                 let status = status.map_err(|e| Failure::new(exit::SOFTWARE, format!("waiting for the command: {e}")))?;
                 return Ok(match terminating {
                     Some(why) => Outcome::LeaseLost(why),

@@ -372,7 +372,16 @@ async fn lock(store: std::sync::Arc<dyn Store>, args: LockArgs) -> Result<u8, Fa
         ("TENURE_LOCK", args.name.clone()),
         ("TENURE_FENCE", guard.token().to_string()),
     ];
-    let outcome = child::run_while_held(&args.command, &env, &session, grace, &mut signals).await?;
+    let outcome =
+        match child::run_while_held(&args.command, &env, &session, grace, &mut signals).await {
+            Ok(outcome) => outcome,
+            Err(f) => {
+                // Release now: a runtime shutting down would not run a drop's release.
+                let _ = guard.release().await;
+                let _ = session.close().await;
+                return Err(f);
+            }
+        };
     finish(outcome, guard.release().await, &session).await
 }
 
@@ -435,7 +444,15 @@ async fn elect(store: std::sync::Arc<dyn Store>, args: ElectArgs) -> Result<u8, 
         ("TENURE_FENCE", term.token().to_string()),
         ("TENURE_LEADER_VALUE", value),
     ];
-    let outcome = child::run_while_held(&args.command, &env, &session, grace, &mut signals).await?;
+    let outcome =
+        match child::run_while_held(&args.command, &env, &session, grace, &mut signals).await {
+            Ok(outcome) => outcome,
+            Err(f) => {
+                let _ = term.resign().await;
+                let _ = session.close().await;
+                return Err(f);
+            }
+        };
     finish(outcome, term.resign().await, &session).await
 }
 

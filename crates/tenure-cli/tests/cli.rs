@@ -383,3 +383,26 @@ fn backends_lists_the_capability_matrix() {
         "{names:?}"
     );
 }
+
+#[test]
+fn nothing_the_command_started_outlives_the_lock() {
+    let env = Env::new();
+    let out = env.run(&[
+        "lock",
+        "bg",
+        "--",
+        "sh",
+        "-c",
+        r#"sleep 300 & echo $! > "$D/bg"; echo "$!" > /dev/null"#,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let bg: i32 = wait_file(&env.path("bg")).parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dead(bg) {
+        assert!(
+            Instant::now() < deadline,
+            "a background job outlived the lock"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

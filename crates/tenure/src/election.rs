@@ -342,7 +342,6 @@ impl Elector {
                 }
                 Err(e) => return Err(e),
             };
-            backoff = Duration::from_millis(100);
             let election = Election {
                 session: session.clone(),
                 name: self.name.clone(),
@@ -355,9 +354,20 @@ impl Elector {
                 }
             };
             let term = match term {
-                Ok(t) => t,
-                Err(Error::SessionLost(_)) => continue,
-                Err(e) if e.is_temporary() => continue,
+                Ok(t) => {
+                    backoff = Duration::from_millis(100);
+                    t
+                }
+                Err(e) if e.is_temporary() || matches!(e, Error::SessionLost(_)) => {
+                    tracing::warn!(error = %e, "elector's campaign failed; retrying");
+                    let _ = session.close().await;
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = &mut shutdown => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(self.options_ttl());
+                    continue;
+                }
                 Err(e) => {
                     let _ = session.close().await;
                     return Err(e);

@@ -14,16 +14,23 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+mod clock;
 mod election;
 mod error;
+mod guard;
 mod mutex;
 pub mod queue;
+mod rwlock;
+mod semaphore;
 mod session;
 mod store;
 
 pub use election::{leader, Election, Elector, Leader, Observer, Term};
 pub use error::{BoxError, Error, Result};
-pub use mutex::{Mutex, MutexGuard};
+pub use guard::{Guard, MutexGuard};
+pub use mutex::Mutex;
+pub use rwlock::{RwLock, RwLockGuard};
+pub use semaphore::{Semaphore, SemaphorePermit};
 pub use session::{LostReason, Session, SessionOptions, DEFAULT_TTL};
 pub use store::{
     builtin_backends, mask_password, open, Capabilities, Entry, EntryKind, JoinMode, Joined, Name,

@@ -13,6 +13,10 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::store::{EntryKind, JoinMode, Joined, Name, SessionKey, SessionSpec, Store};
 
+/// The smallest clock-drift allowance: stores count expiry in whole
+/// milliseconds, so their deadline may round a millisecond or two earlier.
+pub const MIN_DRIFT: Duration = Duration::from_millis(2);
+
 /// The default session TTL.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 
@@ -120,7 +124,7 @@ struct Inner {
     ttl: Duration,
     drift: Duration,
     renew_every: Duration,
-    deadline: StdMutex<Instant>,
+    deadline: StdMutex<Deadline>,
     lost: watch::Sender<Option<LostReason>>,
     task: StdMutex<Option<JoinHandle<()>>>,
 }
@@ -219,10 +223,12 @@ impl Session {
             .drift
             .unwrap_or(ttl / 100 + Duration::from_millis(2));
         let renew_every = options.renew_every.unwrap_or(ttl / 3);
-        if drift >= ttl / 2 {
+        if drift < MIN_DRIFT || drift >= ttl / 2 {
             return Err(Error::InvalidArgument {
                 what: "clock drift allowance",
-                reason: format!("{drift:?} must be under half the TTL {ttl:?}"),
+                reason: format!(
+                    "{drift:?} must be at least {MIN_DRIFT:?} (stores count in milliseconds) and under half the TTL {ttl:?}"
+                ),
             });
         }
         if renew_every.is_zero() || renew_every >= ttl - drift {
@@ -235,6 +241,7 @@ impl Session {
             });
         }
         let label = options.label.unwrap_or_else(default_label);
+        let suspended_at_send = crate::clock::suspended();
         let sent = Instant::now();
         let opened = store.open_session(&SessionSpec { ttl, label }).await?;
         let inner = Arc::new(Inner {
@@ -244,7 +251,10 @@ impl Session {
             ttl,
             drift,
             renew_every,
-            deadline: StdMutex::new(sent + ttl - drift),
+            deadline: StdMutex::new(Deadline {
+                at: sent + ttl - drift,
+                suspended: suspended_at_send,
+            }),
             lost: watch::channel(None).0,
             task: StdMutex::new(None),
         });
@@ -283,11 +293,7 @@ impl Session {
     /// lost. Computed from when the last confirmed renewal was *sent*, minus the
     /// drift allowance, so it always comes before the store's own expiry.
     pub fn deadline(&self) -> Instant {
-        *self
-            .inner
-            .deadline
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        effective_deadline(&self.inner)
     }
 
     /// Why the session ended, or `None` while it lives.
@@ -462,7 +468,11 @@ pub(crate) enum Wait {
 
 impl Wait {
     pub(crate) fn timeout(d: Duration) -> Wait {
-        Wait::Until(Instant::now() + d, d)
+        // A timeout too long to represent is no timeout.
+        match Instant::now().checked_add(d) {
+            Some(at) => Wait::Until(at, d),
+            None => Wait::Forever,
+        }
     }
 }
 
@@ -521,6 +531,10 @@ struct Receiving<T> {
 impl<T> Drop for Receiving<T> {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
+            // Closing first makes the sender's `send` fail from now on, so an
+            // output either arrives before this look or goes to `abandoned`
+            // in the task: never lost in between.
+            rx.close();
             if let Ok(output) = rx.try_recv() {
                 take_abandoned(&self.abandoned, output);
             }
@@ -575,6 +589,22 @@ impl fmt::Debug for Hold {
     }
 }
 
+/// A local deadline on the monotonic clock, with how long the machine had
+/// been suspended when it was set.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    suspended: Duration,
+}
+
+/// The deadline, moved earlier by any suspend since it was set: the store's
+/// clock kept running while this process's monotonic clock stood still.
+fn effective_deadline(inner: &Inner) -> Instant {
+    let deadline = *inner.deadline.lock().unwrap_or_else(|e| e.into_inner());
+    let slept = crate::clock::suspended().saturating_sub(deadline.suspended);
+    deadline.at.checked_sub(slept).unwrap_or_else(Instant::now)
+}
+
 fn mark_lost(inner: &Inner, reason: LostReason) {
     let newly = inner.lost.send_if_modified(|slot| {
         if slot.is_none() {
@@ -603,13 +633,17 @@ async fn renew(inner: &Inner) -> Result<()> {
             _ => "the session's lease is lost",
         }));
     }
+    let suspended = crate::clock::suspended();
     let sent = Instant::now();
     match inner.store.keep_alive(&inner.key).await {
         Ok(()) => {
             let mut deadline = inner.deadline.lock().unwrap_or_else(|e| e.into_inner());
             let next = sent + inner.ttl - inner.drift;
-            if next > *deadline {
-                *deadline = next;
+            if next > deadline.at {
+                *deadline = Deadline {
+                    at: next,
+                    suspended,
+                };
             }
             Ok(())
         }
@@ -633,7 +667,7 @@ async fn keep_alive(weak: Weak<Inner>, auto_renew: bool) {
                 if inner.lost.borrow().is_some() {
                     return;
                 }
-                let deadline = *inner.deadline.lock().unwrap_or_else(|e| e.into_inner());
+                let deadline = effective_deadline(&inner);
                 if Instant::now() >= deadline {
                     mark_lost(&inner, LostReason::Unconfirmed);
                     return;

@@ -165,6 +165,10 @@ pub struct Joined {
     pub granted: bool,
     /// How many times the session now holds this entry (1 on a first join).
     pub holds: u32,
+    /// Whether this is the first entry the name has ever had, as far as the
+    /// store remembers: nobody held or waited on it before. A per-tick
+    /// schedule runs a tick only on such a claim.
+    pub first: bool,
 }
 
 /// One entry of a queue, as anyone may read it.

@@ -51,7 +51,7 @@ pub struct MemoryStore {
 struct Inner {
     state: Mutex<State>,
     reaper: Arc<Notify>,
-    reaper_started: std::sync::Once,
+    reaper_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     wakeups: AtomicU64,
 }
 
@@ -108,7 +108,7 @@ impl MemoryStore {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 reaper: Arc::new(Notify::new()),
-                reaper_started: std::sync::Once::new(),
+                reaper_task: Mutex::new(None),
                 wakeups: AtomicU64::new(0),
             }),
             caps: Arc::new(capabilities()),
@@ -162,7 +162,7 @@ impl MemoryStore {
                     if &e.session == key {
                         // Wake a waiter of the removed entry so it can report.
                         if !e.granted {
-                            e.wake.notify_one();
+                            e.wake.notify_waiters();
                             self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
                         }
                         false
@@ -183,20 +183,30 @@ impl MemoryStore {
             if granted && !entry.granted {
                 entry.granted = true;
                 entry.granted_at = Some(SystemTime::now());
-                entry.wake.notify_one();
+                // Every task waiting on this entry (a session's reentrant
+                // waiters share it) registered under the state lock.
+                entry.wake.notify_waiters();
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
             }
         }
         rec.version.send_modify(|v| *v += 1);
     }
 
+    /// Starts the reaper on the current runtime, again if the runtime that
+    /// ran it before is gone.
     fn start_reaper(&self) {
-        self.inner.reaper_started.call_once(|| {
-            let weak = Arc::downgrade(&self.inner);
-            let wake = self.inner.reaper.clone();
-            let caps = self.caps.clone();
-            tokio::spawn(reap(weak, wake, caps));
-        });
+        let mut task = self
+            .inner
+            .reaper_task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let wake = self.inner.reaper.clone();
+        let caps = self.caps.clone();
+        *task = Some(tokio::spawn(reap(weak, wake, caps)));
     }
 
     fn session<'a>(state: &'a State, key: &SessionKey) -> Result<&'a SessionRec> {
@@ -227,6 +237,13 @@ async fn reap(weak: Weak<Inner>, wake: Arc<Notify>, caps: Arc<Capabilities>) {
             None => wake.notified().await,
         }
     }
+}
+
+/// `at + d`, or a century from now if that overflows.
+fn far_add(at: Instant, d: Duration) -> Instant {
+    at.checked_add(d)
+        .or_else(|| at.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+        .unwrap_or(at)
 }
 
 fn entry_view(state: &State, e: &EntryRec, now: Instant) -> Entry {
@@ -269,7 +286,7 @@ impl Store for MemoryStore {
                 tag: tag.clone(),
                 label: spec.label.clone(),
                 ttl: spec.ttl,
-                expires: Instant::now() + spec.ttl,
+                expires: far_add(Instant::now(), spec.ttl),
             },
         );
         drop(state);
@@ -282,7 +299,7 @@ impl Store for MemoryStore {
         let rec = state.sessions.get_mut(session).ok_or(Error::SessionLost(
             "the session expired before the keep-alive arrived",
         ))?;
-        rec.expires = Instant::now() + rec.ttl;
+        rec.expires = far_add(Instant::now(), rec.ttl);
         Ok(())
     }
 
@@ -325,6 +342,7 @@ impl Store for MemoryStore {
                 seq: own.seq,
                 granted: own.granted,
                 holds: own.holds,
+                first: false,
             }));
         }
         queue::check_compatible(name, kind, rec.entries.iter().map(|e| e.kind))?;
@@ -351,6 +369,7 @@ impl Store for MemoryStore {
             seq,
             granted,
             holds: 1,
+            first: seq == 1,
         }))
     }
 
@@ -394,7 +413,29 @@ impl Store for MemoryStore {
                 }
                 entry.wake.clone()
             };
-            wake.notified().await;
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Look again now that this task is registered: a grant between the
+            // first look and `enable` would otherwise be missed.
+            {
+                let state = self.lock();
+                Self::session(&state, session)?;
+                let granted = state
+                    .names
+                    .get(name)
+                    .and_then(|rec| {
+                        rec.entries
+                            .iter()
+                            .find(|e| e.seq == seq && &e.session == session)
+                    })
+                    .ok_or(Error::NotHeld("this session has no such entry"))?
+                    .granted;
+                if granted {
+                    return Ok(());
+                }
+            }
+            notified.await;
         }
     }
 

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use rusqlite::functions::FunctionFlags;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::Notify;
 
@@ -33,8 +34,13 @@ const POLL_MIN: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// SQLite's clock, in milliseconds since the Unix epoch.
-const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+/// The store's clock for expiry: this machine's boot time in milliseconds
+/// (`CLOCK_BOOTTIME`, shared by every process, never set by anyone), through
+/// a function each connection registers.
+const NOW: &str = "tenure_now_ms()";
+
+/// The wall clock, only for showing when an entry was granted.
+const WALL_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 
@@ -56,7 +62,7 @@ pub fn capabilities() -> Capabilities {
             min: POLL_MIN,
             max: POLL_MAX,
         },
-        clock: "SQLite's julianday('now') (this machine's clock, shared by every process on it)",
+        clock: "this machine's CLOCK_BOOTTIME, shared by every process on it; sessions of an earlier boot are dropped",
         min_ttl: Duration::from_millis(100),
         max_ttl: Duration::from_secs(7 * 24 * 3600),
         round_trips: "no network; acquire: 1 transaction of 5 statements, release: 1 of 5 (6 when it grants a waiter), renew: 1 statement",
@@ -169,6 +175,10 @@ impl SqliteStore {
         conn.busy_timeout(BUSY_TIMEOUT).map_err(db_err)?;
         conn.set_prepared_statement_cache_capacity(64);
         conn.trace(Some(count_statement));
+        conn.create_scalar_function("tenure_now_ms", 0, FunctionFlags::SQLITE_UTF8, |_| {
+            Ok(i64::try_from(crate::clock::boot_time().as_millis()).unwrap_or(i64::MAX))
+        })
+        .map_err(open_error)?;
         // Several processes may set up a new file at once; switching to WAL can
         // report "locked" without waiting on the busy timeout, so retry.
         let started = std::time::Instant::now();
@@ -502,6 +512,28 @@ fn create_tables(conn: &mut Connection) -> rusqlite::Result<std::result::Result<
         }
         Some(_) => {}
     }
+    // Expiry times count from boot: sessions of an earlier boot are over.
+    let boot = crate::clock::boot_id();
+    let stored: Option<String> = tx
+        .query_row(
+            "SELECT value FROM tenure_meta WHERE key = 'boot_id'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if stored.as_deref() != Some(boot.as_str()) {
+        tx.execute(
+            "UPDATE tenure_names SET version = version + 1
+             WHERE name IN (SELECT name FROM tenure_entries)",
+            [],
+        )?;
+        tx.execute("DELETE FROM tenure_sessions", [])?;
+        tx.execute(
+            "INSERT INTO tenure_meta (key, value) VALUES ('boot_id', ?1)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            [&boot],
+        )?;
+    }
     tx.commit().map(Ok)
 }
 
@@ -548,7 +580,7 @@ fn settle_rows(
     for (row, granted) in rows.iter_mut().zip(queue::grants(&kinds)) {
         if granted && row.granted_ms.is_none() {
             tx.prepare_cached(&format!(
-                "UPDATE tenure_entries SET granted_ms = {NOW} WHERE name = ?1 AND seq = ?2"
+                "UPDATE tenure_entries SET granted_ms = {WALL_NOW} WHERE name = ?1 AND seq = ?2"
             ))
             .and_then(|mut s| s.execute(params![name.as_str(), row.seq as i64]))
             .map_err(db_err)?;
@@ -743,7 +775,11 @@ impl Store for SqliteStore {
                     let seq = own.seq;
                     tx.commit().map_err(db_err)?;
                     let holds = u32::try_from(holds).map_err(|e| Error::backend(BACKEND, e))?;
-                    return Ok((Some(Joined { seq, granted, holds }), name.clone(), newly_ahead));
+                    return Ok((
+                        Some(Joined { seq, granted, holds, first: false }),
+                        name.clone(),
+                        newly_ahead,
+                    ));
                 }
                 queue::check_compatible(&name, kind, rows.iter().filter(|r| r.live).map(|r| r.kind))?;
                 let mut kinds: Vec<EntryKind> = rows.iter().map(|r| r.kind).collect();
@@ -767,7 +803,7 @@ impl Store for SqliteStore {
                     .prepare_cached(&format!(
                         "INSERT INTO tenure_entries
                            (name, seq, session, kind, count, lim, holds, value, granted_ms)
-                         SELECT ?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, CASE WHEN ?8 THEN {NOW} END
+                         SELECT ?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, CASE WHEN ?8 THEN {WALL_NOW} END
                          WHERE EXISTS (SELECT 1 FROM tenure_sessions
                                        WHERE id = ?3 AND expires_ms > {NOW})"
                     ))
@@ -796,6 +832,9 @@ impl Store for SqliteStore {
                         seq: to_u64(seq)?,
                         granted,
                         holds: 1,
+                        // The counter row is never deleted, so 1 means no
+                        // entry ever came before.
+                        first: seq == 1,
                     }),
                     name.clone(),
                     newly_ahead,

@@ -184,6 +184,35 @@ pub async fn check_fifo(t: &Target) {
     assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
 }
 
+/// Two tasks of one session waiting on the same name share one entry; the
+/// grant must wake both.
+pub async fn check_reentrant_waiters(t: &Target) {
+    let name = unique("reentrant-waiters");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&b, &name).unwrap();
+    let (m1, m2) = (mb.clone(), mb.clone());
+    let w1 = tokio::spawn(async move { m1.lock().await });
+    let w2 = tokio::spawn(async move { m2.lock().await });
+    wait_queue_len(&t.store, &name, 2).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    held.release().await.unwrap();
+    let g1 = tokio::time::timeout(Duration::from_secs(5), w1)
+        .await
+        .expect("first waiter woken")
+        .unwrap()
+        .unwrap();
+    let g2 = tokio::time::timeout(Duration::from_secs(5), w2)
+        .await
+        .expect("second waiter woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(g1.token(), g2.token());
+    g1.release().await.unwrap();
+    g2.release().await.unwrap();
+    wait_queue_len(&t.store, &name, 0).await;
+}
+
 pub async fn check_reentrancy(t: &Target) {
     let name = unique("reentrant");
     let (a, b) = (session(&t.store).await, session(&t.store).await);
@@ -725,7 +754,7 @@ macro_rules! conformance_tests {
     ($target:expr) => {
         $crate::conformance_tests!(@each $target;
             check_exclusion, check_try_lock_while_held, check_timeout, check_fifo,
-            check_reentrancy, check_non_holder_cannot_act, check_close_releases_everything,
+            check_reentrancy, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
             check_crashed_holder_released, check_waiter_session_expiry,
             check_cancelled_wait_leaves_queue, check_fencing_monotonic,
             check_election_failover, check_observe_order, check_proclaim_only_by_leader,
