@@ -73,6 +73,10 @@ pub enum Error {
         reason: String,
     },
 
+    /// Another call is running the same idempotent job (see [`once`](crate::once)).
+    #[error("the job for key {0:?} is already running elsewhere")]
+    InProgress(String),
+
     /// The store could not be reached or did not answer; trying again later may
     /// succeed.
     #[error("{backend} store unavailable: {source}")]

@@ -19,8 +19,11 @@ mod election;
 mod error;
 mod guard;
 mod mutex;
+mod once;
 pub mod queue;
 mod rwlock;
+#[cfg(feature = "schedule")]
+mod schedule;
 mod semaphore;
 mod session;
 mod store;
@@ -29,7 +32,10 @@ pub use election::{leader, Election, Elector, Leader, Observer, Term};
 pub use error::{BoxError, Error, Result};
 pub use guard::{Guard, MutexGuard};
 pub use mutex::Mutex;
+pub use once::{once, JobError, OnceOutcome, WhileRunning};
 pub use rwlock::{RwLock, RwLockGuard};
+#[cfg(feature = "schedule")]
+pub use schedule::{parse_cron, Missed, Mode as ScheduleMode, PauseHandle, Schedule, Tick};
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use session::{LostReason, Session, SessionOptions, DEFAULT_TTL};
 pub use store::{

@@ -127,6 +127,8 @@ struct Inner {
     deadline: StdMutex<Deadline>,
     lost: watch::Sender<Option<LostReason>>,
     task: StdMutex<Option<JoinHandle<()>>>,
+    /// Left to expire in the store on drop instead of being closed.
+    detached: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Session {
@@ -147,7 +149,8 @@ impl Drop for Inner {
                 task.abort();
             }
         }
-        if self.lost.borrow().is_none() {
+        let detached = self.detached.load(std::sync::atomic::Ordering::Relaxed);
+        if self.lost.borrow().is_none() && !detached {
             let store = self.store.clone();
             let key = self.key.clone();
             spawn_detached(async move {
@@ -257,6 +260,7 @@ impl Session {
             }),
             lost: watch::channel(None).0,
             task: StdMutex::new(None),
+            detached: std::sync::atomic::AtomicBool::new(false),
         });
         let task = tokio::spawn(keep_alive(Arc::downgrade(&inner), options.auto_renew));
         if let Ok(mut slot) = inner.task.lock() {
@@ -353,6 +357,19 @@ impl Session {
         let store = self.inner.store.clone();
         let key = self.inner.key.clone();
         finish(async move { store.close_session(&key).await }, |_| {}).await?
+    }
+
+    /// Stops renewing and leaves the session to expire in the store: what it
+    /// holds stays held for about one TTL more, then goes (a record's life).
+    pub(crate) fn detach(&self) {
+        self.inner
+            .detached
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut task) = self.inner.task.lock() {
+            if let Some(task) = task.take() {
+                task.abort();
+            }
+        }
     }
 
     pub(crate) fn check_alive(&self) -> Result<()> {
@@ -552,6 +569,12 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
+    /// Keeps the entry when this hold is dropped: it then lives as long as
+    /// its session.
+    pub(crate) fn keep(mut self) {
+        self.armed = false;
+    }
+
     /// Leaves the queue once; runs to completion even if the caller's future
     /// is dropped.
     pub(crate) async fn release(mut self) -> Result<u32> {

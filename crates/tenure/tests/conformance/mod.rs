@@ -749,6 +749,316 @@ pub async fn check_bad_input(t: &Target) {
     g.release().await.unwrap();
 }
 
+pub async fn check_rwlock(t: &Target) {
+    use tenure::RwLock;
+    let name = unique("rw");
+    let (a, b, c, d) = (
+        session(&t.store).await,
+        session(&t.store).await,
+        session(&t.store).await,
+        session(&t.store).await,
+    );
+    let ra = RwLock::new(&a, &name).unwrap().read().await.unwrap();
+    let rb = RwLock::new(&b, &name).unwrap().read().await.unwrap();
+    assert!(RwLock::new(&c, &name)
+        .unwrap()
+        .try_write()
+        .await
+        .unwrap()
+        .is_none());
+    // A waiting writer holds back later readers: writers are not starved.
+    let wc = RwLock::new(&c, &name).unwrap();
+    let writer = tokio::spawn(async move { wc.write().await });
+    wait_queue_len(&t.store, &name, 3).await;
+    assert!(RwLock::new(&d, &name)
+        .unwrap()
+        .try_read()
+        .await
+        .unwrap()
+        .is_none());
+    let late_reader = RwLock::new(&d, &name).unwrap();
+    assert!(matches!(
+        late_reader.read_timeout(Duration::from_millis(50)).await,
+        Err(Error::Timeout(_))
+    ));
+    // An upgrade is a conflict, not a deadlock.
+    assert!(matches!(
+        RwLock::new(&a, &name).unwrap().try_write().await,
+        Err(Error::Conflict { .. })
+    ));
+    let max_reader = ra.token().max(rb.token());
+    ra.release().await.unwrap();
+    rb.release().await.unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(w.token() > max_reader);
+    assert_eq!(w.kind(), EntryKind::Exclusive);
+    let writer_token = w.token();
+    w.release().await.unwrap();
+    let r = late_reader.read().await.unwrap();
+    assert!(r.token() > writer_token);
+    assert_eq!(r.kind(), EntryKind::Shared);
+}
+
+pub async fn check_semaphore(t: &Target) {
+    use tenure::Semaphore;
+    const PERMITS: u32 = 3;
+    let name = unique("sem");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max_inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (store, name, inside, max_inside) = (
+            t.store.clone(),
+            name.clone(),
+            inside.clone(),
+            max_inside.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let s = session(&store).await;
+            let sem = Semaphore::new(&s, &name, PERMITS).unwrap();
+            for _ in 0..4 {
+                let p = sem.acquire().await.unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                max_inside.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                p.release().await.unwrap();
+            }
+            s.close().await.unwrap();
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let max = max_inside.load(Ordering::SeqCst);
+    assert!(
+        max <= PERMITS as usize,
+        "{max} holders of {PERMITS} permits"
+    );
+    assert!(max >= 2, "permits were never shared (max {max})");
+
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let two = Semaphore::new(&a, &name, PERMITS)
+        .unwrap()
+        .acquire_many(2)
+        .await
+        .unwrap();
+    let sb = Semaphore::new(&b, &name, PERMITS).unwrap();
+    assert!(sb.try_acquire_many(2).await.unwrap().is_none());
+    assert!(matches!(
+        Semaphore::new(&b, &name, PERMITS + 1)
+            .unwrap()
+            .try_acquire()
+            .await,
+        Err(Error::Conflict { .. })
+    ));
+    assert!(matches!(
+        Semaphore::new(&b, &name, 0),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        sb.acquire_many(4).await,
+        Err(Error::InvalidArgument { .. })
+    ));
+    // Permits belong to the session and vanish with it.
+    drop(two);
+    a.close().await.unwrap();
+    let both = tokio::time::timeout(Duration::from_secs(5), sb.acquire_many(3))
+        .await
+        .unwrap()
+        .unwrap();
+    both.release().await.unwrap();
+}
+
+pub async fn check_once(t: &Target) {
+    use tenure::{once, JobError, OnceOutcome, WhileRunning};
+    let key = unique("once");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let ttl = Duration::from_secs(10);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (store, key, runs) = (t.store.clone(), key.clone(), runs.clone());
+        tasks.push(tokio::spawn(async move {
+            once(
+                &store,
+                &key,
+                ttl,
+                WhileRunning::Wait(Duration::from_secs(10)),
+                || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok(b"result".to_vec())
+                },
+            )
+            .await
+            .unwrap()
+        }));
+    }
+    let mut ran = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            OnceOutcome::Ran(r) => {
+                ran += 1;
+                assert_eq!(r, b"result");
+            }
+            OnceOutcome::Recorded(r) => assert_eq!(r, b"result"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((ran, runs.load(Ordering::SeqCst)), (1, 1));
+
+    // A duplicate that will not wait is told the job is in progress.
+    let busy = unique("once-busy");
+    let (store, k) = (t.store.clone(), busy.clone());
+    let first = tokio::spawn(async move {
+        once(&store, &k, ttl, WhileRunning::Fail, || async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(vec![])
+        })
+        .await
+    });
+    wait_queue_len(&t.store, &format!("once/{busy}"), 1).await;
+    let dup = once(&t.store, &busy, ttl, WhileRunning::Fail, || async {
+        Ok(vec![])
+    })
+    .await;
+    assert!(matches!(dup, Err(Error::InProgress(_))), "{dup:?}");
+    assert_eq!(first.await.unwrap().unwrap(), OnceOutcome::Ran(vec![]));
+
+    // A retryable failure is not recorded; a final one is.
+    let k = unique("once-fail");
+    let r = once(&t.store, &k, ttl, WhileRunning::Fail, || async {
+        Err(JobError::Retryable("later".into()))
+    })
+    .await;
+    assert_eq!(r.unwrap(), OnceOutcome::Retry("later".into()));
+    let r = once(&t.store, &k, ttl, WhileRunning::Fail, || async {
+        Err(JobError::Final("no".into()))
+    })
+    .await;
+    assert_eq!(r.unwrap(), OnceOutcome::Failed("no".into()));
+    let r = once(&t.store, &k, ttl, WhileRunning::Fail, || async {
+        Ok(vec![1])
+    })
+    .await;
+    assert_eq!(r.unwrap(), OnceOutcome::Failed("no".into()));
+
+    // The record lives its TTL after the job, then the job may run again.
+    let k = unique("once-ttl");
+    let short = Duration::from_millis(300);
+    let r = once(&t.store, &k, short, WhileRunning::Fail, || async {
+        Ok(vec![1])
+    })
+    .await;
+    assert_eq!(r.unwrap(), OnceOutcome::Ran(vec![1]));
+    let r = once(&t.store, &k, short, WhileRunning::Fail, || async {
+        Ok(vec![2])
+    })
+    .await;
+    assert_eq!(r.unwrap(), OnceOutcome::Recorded(vec![1]));
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
+    let r = once(&t.store, &k, short, WhileRunning::Fail, || async {
+        Ok(vec![3])
+    })
+    .await;
+    assert_eq!(r.unwrap(), OnceOutcome::Ran(vec![3]));
+}
+
+/// Three instances on a one-second schedule: every tick runs exactly once.
+pub async fn check_schedule_per_tick(t: &Target) {
+    use tenure::{Schedule, ScheduleMode};
+    let name = unique("cron");
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for instance in 0..3 {
+        let schedule = Schedule::new(&t.store, &name, "* * * * * *")
+            .unwrap()
+            .mode(ScheduleMode::PerTick);
+        let runs = runs.clone();
+        tasks.push(tokio::spawn(schedule.run(
+            move |tick| {
+                let runs = runs.clone();
+                async move { runs.lock().unwrap().push((tick.at, instance)) }
+            },
+            tokio::time::sleep(Duration::from_millis(3500)),
+        )));
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let runs = runs.lock().unwrap().clone();
+    let mut ticks: Vec<_> = runs.iter().map(|r| r.0).collect();
+    ticks.sort();
+    let before = ticks.len();
+    ticks.dedup();
+    assert_eq!(ticks.len(), before, "a tick ran twice: {runs:?}");
+    assert!(ticks.len() >= 2, "too few ticks ran: {runs:?}");
+}
+
+/// Only the leader runs ticks; pausing it hands the schedule to another.
+pub async fn check_schedule_leader(t: &Target) {
+    use tenure::{Schedule, ScheduleMode};
+    let name = unique("cron-leader");
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    let mut tasks = Vec::new();
+    for instance in 0..2 {
+        let schedule = Schedule::new(&t.store, &name, "* * * * * *")
+            .unwrap()
+            .mode(ScheduleMode::Leader);
+        handles.push(schedule.pause_handle());
+        let runs = runs.clone();
+        tasks.push(tokio::spawn(schedule.run(
+            move |tick| {
+                let runs = runs.clone();
+                async move {
+                    runs.lock()
+                        .unwrap()
+                        .push((tick.at, instance, tick.leader_token))
+                }
+            },
+            tokio::time::sleep(Duration::from_millis(5000)),
+        )));
+    }
+    // Let one lead for a while, then pause whoever ran the first tick.
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let first = loop {
+        if let Some(r) = runs.lock().unwrap().first() {
+            break r.1;
+        }
+        assert!(Instant::now() < deadline, "no tick ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    handles[first].pause();
+    let paused_at = chrono::Utc::now();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let runs = runs.lock().unwrap().clone();
+    let mut ticks: Vec<_> = runs.iter().map(|r| r.0).collect();
+    ticks.dedup();
+    assert_eq!(ticks.len(), runs.len(), "a tick ran twice: {runs:?}");
+    // Before the pause only the first leader ran; after it only the other.
+    for (at, instance, token) in &runs {
+        assert!(token.is_some());
+        if *at < paused_at - chrono::Duration::milliseconds(1) {
+            assert_eq!(*instance, first, "a follower ran a tick: {runs:?}");
+        }
+    }
+    assert!(
+        runs.iter().any(|r| r.1 != first && r.0 > paused_at),
+        "nobody took over after the pause: {runs:?}"
+    );
+}
+
 #[macro_export]
 macro_rules! conformance_tests {
     ($target:expr) => {
@@ -758,7 +1068,9 @@ macro_rules! conformance_tests {
             check_crashed_holder_released, check_waiter_session_expiry,
             check_cancelled_wait_leaves_queue, check_fencing_monotonic,
             check_election_failover, check_observe_order, check_proclaim_only_by_leader,
-            check_elector_callbacks, check_shared_and_permits, check_bad_input);
+            check_elector_callbacks, check_shared_and_permits, check_bad_input,
+            check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
+            check_schedule_leader);
     };
     (@each $target:expr; $($check:ident),*) => {
         $(
