@@ -230,8 +230,7 @@ impl Schedule {
         let just_after = t + chrono::Duration::milliseconds(1);
         self.cron
             .after(&just_after)
-            .rev()
-            .next()
+            .next_back()
             .map(|d| d.with_timezone(&Utc))
     }
 
