@@ -136,3 +136,86 @@ pub async fn run_while_held(
         }
     }
 }
+
+/// The process group of the run in progress, if any, shared with the signal
+/// forwarder.
+#[derive(Clone, Default)]
+pub struct RunningGroup(std::sync::Arc<std::sync::Mutex<Option<i32>>>);
+
+impl RunningGroup {
+    fn set(&self, pgid: Option<i32>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = pgid;
+    }
+    fn get(&self) -> Option<i32> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Kills a process group when dropped: a run whose future is dropped (it ran
+/// too long, or the lease was lost) leaves nothing behind.
+struct KillOnDrop {
+    pgid: i32,
+    running: RunningGroup,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        signal_group(self.pgid, libc::SIGKILL);
+        self.running.set(None);
+    }
+}
+
+/// Passes SIGINT/SIGTERM/SIGHUP on to the run in progress and resolves (the
+/// schedule's shutdown) on the first one.
+pub fn forward_signals_then_stop(
+    running: RunningGroup,
+) -> Result<impl std::future::Future<Output = ()>, Failure> {
+    let mut signals = Signals::new()?;
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        loop {
+            let sig = signals.recv().await;
+            if let Some(pgid) = running.get() {
+                signal_group(pgid, sig);
+            }
+            tx.send_replace(true);
+        }
+    });
+    Ok(async move {
+        let _ = rx.wait_for(|stop| *stop).await.map(|_| ());
+    })
+}
+
+/// Runs one tick's command in its own process group and returns its exit code.
+/// Dropping the future kills the group.
+pub async fn run_tick(
+    command: &[String],
+    env: &[(&str, String)],
+    running: &RunningGroup,
+) -> Result<u8, Failure> {
+    let (program, rest) = command
+        .split_first()
+        .ok_or_else(|| Failure::new(exit::USAGE, "no command given after --"))?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(rest).process_group(0);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot run {program:?}: {e}")))?;
+    let pgid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .ok_or_else(|| Failure::new(exit::SOFTWARE, "the command has no process id"))?;
+    running.set(Some(pgid));
+    let _kill = KillOnDrop {
+        pgid,
+        running: running.clone(),
+    };
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| Failure::new(exit::SOFTWARE, format!("waiting for the command: {e}")))?;
+    Ok(exit_code(status))
+}

@@ -95,6 +95,18 @@ enum Command {
         holder learns of it only at its next renewal, so for a moment two holders may both\n\
         believe they hold the lock: safe only if the protected resource checks fencing tokens.")]
     Release(ReleaseArgs),
+    /// Run a command on a cron schedule across instances: once per tick, or only on the leader.
+    #[command(
+        after_help = "Examples:\n  tenure cron '0 */5 * * * *' cleanup -- ./cleanup.sh\n  \
+        tenure cron '30 2 * * *' nightly --mode leader --tz Europe/Berlin -- ./nightly.sh\n\n\
+        SCHEDULE has six fields (sec min hour day month weekday) or the classic five (at second 0).\n\
+        Each tick runs at most once across every instance sharing the store (per-tick mode), or\n\
+        only on the elected leader (leader mode). The command gets TENURE_JOB, TENURE_TICK (Unix\n\
+        seconds), TENURE_TICK_AT (RFC 3339) and, in leader mode, TENURE_FENCE. A run is killed\n\
+        (its whole process group) after --at-most, or when the lease is lost. SIGINT/SIGTERM stop\n\
+        the schedule; a run in progress gets the signal and is waited for."
+    )]
+    Cron(CronArgs),
     /// Show what each built-in backend can do.
     #[command(after_help = "Example:\n  tenure backends --json")]
     Backends(JsonArg),
@@ -139,6 +151,47 @@ struct ElectArgs {
     /// A command to run only while leader.
     #[arg(last = true, num_args = 0..)]
     command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct CronArgs {
+    /// The cron expression, such as '0 */5 * * * *'.
+    schedule: String,
+    /// The job's name.
+    name: String,
+    /// Who runs ticks.
+    #[arg(long, value_enum, default_value = "per-tick")]
+    mode: CronMode,
+    /// The time zone the schedule is read in.
+    #[arg(long, default_value = "UTC")]
+    tz: String,
+    /// What to do about ticks missed while no instance could run them.
+    #[arg(long, value_enum, default_value = "skip")]
+    missed: CronMissed,
+    /// Kill a run that lasts longer than this.
+    #[arg(long, value_parser = parse_duration)]
+    at_most: Option<Duration>,
+    /// Hold a tick's claim at least this long after it was due.
+    #[arg(long, value_parser = parse_duration)]
+    at_least: Option<Duration>,
+    /// Session TTL.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CronMode {
+    PerTick,
+    Leader,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CronMissed {
+    Skip,
+    RunOnce,
 }
 
 #[derive(Args, Debug)]
@@ -268,6 +321,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Leader(args) => leader(store, args).await,
         Command::Status(args) => status(store, args).await,
         Command::Release(args) => release(store, args).await,
+        Command::Cron(args) => cron(store, args).await,
         Command::Backends(_) => Ok(0),
     }
 }
@@ -454,6 +508,56 @@ async fn elect(store: std::sync::Arc<dyn Store>, args: ElectArgs) -> Result<u8, 
             }
         };
     finish(outcome, term.resign().await, &session).await
+}
+
+async fn cron(store: std::sync::Arc<dyn Store>, args: CronArgs) -> Result<u8, Failure> {
+    let mut schedule = tenure::Schedule::new(&store, &args.name, &args.schedule)?
+        .time_zone(&args.tz)?
+        .mode(match args.mode {
+            CronMode::PerTick => tenure::ScheduleMode::PerTick,
+            CronMode::Leader => tenure::ScheduleMode::Leader,
+        })
+        .missed(match args.missed {
+            CronMissed::Skip => tenure::Missed::Skip,
+            CronMissed::RunOnce => tenure::Missed::RunOnce,
+        })
+        .session_options(SessionOptions::new().ttl(args.ttl));
+    if let Some(d) = args.at_most {
+        schedule = schedule.lock_at_most_for(d);
+    }
+    if let Some(d) = args.at_least {
+        schedule = schedule.lock_at_least_for(d);
+    }
+    let running = child::RunningGroup::default();
+    let stop = child::forward_signals_then_stop(running.clone())?;
+    let name = args.name.clone();
+    let command = args.command.clone();
+    schedule
+        .run(
+            move |tick| {
+                let mut env = vec![
+                    ("TENURE_JOB", name.clone()),
+                    ("TENURE_TICK", tick.at.timestamp().to_string()),
+                    ("TENURE_TICK_AT", tick.at.to_rfc3339()),
+                ];
+                if let Some(token) = tick.leader_token {
+                    env.push(("TENURE_FENCE", token.to_string()));
+                }
+                let (command, running) = (command.clone(), running.clone());
+                async move {
+                    match child::run_tick(&command, &env, &running).await {
+                        Ok(code) if code != 0 => {
+                            tracing::warn!(code, at = %tick.at, "the run failed")
+                        }
+                        Ok(_) => {}
+                        Err(f) => tracing::error!(at = %tick.at, "{}", f.message),
+                    }
+                }
+            },
+            stop,
+        )
+        .await?;
+    Ok(0)
 }
 
 fn unix_ms(t: Option<SystemTime>) -> Option<u128> {

@@ -406,3 +406,128 @@ fn nothing_the_command_started_outlives_the_lock() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Three `tenure cron` instances on one store: each tick runs exactly once.
+fn cron_instances_run_each_tick_once(mode: &str) {
+    let env = Env::new();
+    let script = r#"echo "$TENURE_TICK $TENURE_FENCE" >> "$D/runs""#;
+    let mut instances: Vec<Child> = (0..3)
+        .map(|_| {
+            env.cmd(&[
+                "cron",
+                "* * * * * *",
+                "tick-job",
+                "--mode",
+                mode,
+                "--ttl",
+                "2s",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(4500));
+    for i in &instances {
+        signal(i.id(), libc::SIGTERM);
+    }
+    for i in instances.iter_mut() {
+        let status = wait_exit(i, Duration::from_secs(10));
+        assert!(status.success(), "{status}");
+    }
+    let runs = std::fs::read_to_string(env.path("runs")).unwrap();
+    let mut ticks: Vec<u64> = runs
+        .lines()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    let count = ticks.len();
+    ticks.sort();
+    ticks.dedup();
+    assert_eq!(ticks.len(), count, "a tick ran twice:\n{runs}");
+    assert!(count >= 3, "too few runs in 4.5 s:\n{runs}");
+    if mode == "leader" {
+        // One leader ran them all, with one fencing token.
+        let fences: std::collections::BTreeSet<&str> =
+            runs.lines().map(|l| l.split(' ').nth(1).unwrap()).collect();
+        assert_eq!(fences.len(), 1, "{runs}");
+    }
+}
+
+#[test]
+fn cron_per_tick_runs_each_tick_once_across_three_instances() {
+    cron_instances_run_each_tick_once("per-tick");
+}
+
+#[test]
+fn cron_leader_mode_runs_each_tick_once_on_the_leader() {
+    cron_instances_run_each_tick_once("leader");
+}
+
+#[test]
+fn cron_rejects_bad_schedules_and_zones() {
+    let env = Env::new();
+    for args in [
+        vec!["cron", "every tuesday", "j", "--", "true"],
+        vec![
+            "cron",
+            "* * * * * *",
+            "j",
+            "--tz",
+            "Mars/Olympus",
+            "--",
+            "true",
+        ],
+        vec![
+            "cron",
+            "* * * * * *",
+            "j",
+            "--mode",
+            "sometimes",
+            "--",
+            "true",
+        ],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn cron_at_most_kills_a_long_run_with_its_group() {
+    let env = Env::new();
+    let script = r#"sleep 300 & echo $! >> "$D/pids"; wait"#;
+    let mut cron = env
+        .cmd(&[
+            "cron",
+            "* * * * * *",
+            "slow",
+            "--at-most",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2600));
+    signal(cron.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut cron, Duration::from_secs(10)).success());
+    let pids: Vec<i32> = std::fs::read_to_string(env.path("pids"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert!(pids.len() >= 2, "{pids:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pids.iter().all(|p| dead(*p)) {
+        assert!(
+            Instant::now() < deadline,
+            "a run outlived --at-most: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
