@@ -217,6 +217,13 @@ pub enum Wake {
         /// Largest poll interval.
         max: Duration,
     },
+    /// A release wakes the next waiter only, through a notification the store
+    /// sends; a holder that expires silently is noticed by polling, at most
+    /// every `fallback_poll` and no later than the expiry.
+    PubSub {
+        /// Largest poll interval.
+        fallback_poll: Duration,
+    },
 }
 
 /// What a backend can do: plain data, shown by `tenure backends` and used to
@@ -462,6 +469,11 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
             backend: "mysql",
             feature: "mysql",
         }),
+        #[cfg(feature = "redis")]
+        Scheme::Redis => Ok(Arc::new(
+            crate::backend::redis::RedisStore::open_url(url).await?,
+        )),
+        #[cfg(not(feature = "redis"))]
         Scheme::Redis => Err(Error::BackendDisabled {
             backend: "redis",
             feature: "redis",
@@ -487,6 +499,8 @@ pub fn builtin_backends() -> Vec<Capabilities> {
     let mut all = vec![crate::backend::memory::capabilities()];
     #[cfg(feature = "sqlite")]
     all.push(crate::backend::sqlite::capabilities());
+    #[cfg(feature = "redis")]
+    all.push(crate::backend::redis::capabilities());
     all
 }
 

@@ -2,7 +2,7 @@
 
 mod conformance;
 
-conformance_tests!(conformance::Target::new("memory://".into()));
+conformance_tests!(conformance::Target::some("memory://".into()));
 
 /// A release wakes the next waiter only, never the whole queue.
 #[tokio::test]

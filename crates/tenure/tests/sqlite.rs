@@ -11,7 +11,7 @@ fn url() -> String {
     format!("sqlite://{}", dir.path().join("conformance.db").display())
 }
 
-conformance_tests!(conformance::Target::new(url()));
+conformance_tests!(conformance::Target::some(url()));
 
 /// Expiry counts from boot, so sessions of an earlier boot are dropped when
 /// a store opens the file after a reboot (played here by changing the

@@ -1,5 +1,7 @@
 //! One module per backend, each behind its cargo feature.
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

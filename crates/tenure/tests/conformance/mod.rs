@@ -26,6 +26,11 @@ impl Target {
         let store = tenure::open(&url).await.expect("open store");
         Target { url, store }
     }
+
+    /// For backends that may be skipped (a server that is not installed).
+    pub async fn some(url: String) -> Option<Target> {
+        Some(Self::new(url).await)
+    }
 }
 
 /// A fresh name per check so checks sharing a store do not meet.
@@ -1076,7 +1081,8 @@ macro_rules! conformance_tests {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
-                let target = $target.await;
+                // `None`: the server is missing and this is not CI (said on stderr).
+                let Some(target) = $target.await else { return };
                 conformance::$check(&target).await;
             }
         )*

@@ -1,0 +1,359 @@
+-- tenure's Redis store: every operation is one call of this script, so each
+-- is atomic and judged by Redis's own clock (TIME).
+--
+-- All keys start with the prefix P, a hash tag such as "{tenure}", so they
+-- share one cluster slot and one script may touch sessions and queues.
+--   P:sessions          zset  secret -> expiry (ms, Redis clock)
+--   P:sinfo             hash  secret -> "tag\tttl_ms\tlabel"
+--   P:names             set   names that have entries
+--   P:se:<secret>       set   names where the session has an entry
+--   P:c:<name>          fencing counter (kept for ever; seeded from TIME in
+--                       microseconds when missing, so it never goes back)
+--   P:ver:<name>        change version
+--   P:q:<name>          zset  seq -> seq (queue order)
+--   P:e:<name>          hash  seq -> "secret\tkind\tcount\tlimit\tholds\tgranted_ms"
+--   P:v:<name>          hash  seq -> value
+--   P:o:<name>          hash  secret -> seq
+-- Wake-ups: PUBLISH P:w:<name>:<seq> when an entry is granted (only its
+-- waiter listens), PUBLISH P:ch:<name> on any change (observers).
+--
+-- KEYS[1] = P:sessions (routes the call); ARGV[1] = P; ARGV[2] = operation.
+
+local P = ARGV[1]
+local op = ARGV[2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local SESS = P .. ':sessions'
+local SINFO = P .. ':sinfo'
+local NAMES = P .. ':names'
+
+local function k(kind, name) return P .. ':' .. kind .. ':' .. name end
+local function fmt(n) return string.format('%.0f', n) end
+
+local function split(s)
+  local out = {}
+  local start = 1
+  while true do
+    local i = string.find(s, '\t', start, true)
+    if not i then
+      out[#out + 1] = string.sub(s, start)
+      return out
+    end
+    out[#out + 1] = string.sub(s, start, i - 1)
+    start = i + 1
+  end
+end
+
+local function expiry(secret)
+  local e = redis.call('ZSCORE', SESS, secret)
+  if e then return tonumber(e) end
+  return nil
+end
+
+local function alive(secret)
+  local e = expiry(secret)
+  return e ~= nil and e > now
+end
+
+local function record(r)
+  return table.concat({r.secret, r.kind, fmt(r.count), fmt(r.limit), fmt(r.holds), r.granted}, '\t')
+end
+
+-- The name's entries in queue order.
+local function rows(name)
+  local out = {}
+  local seqs = redis.call('ZRANGE', k('q', name), 0, -1)
+  for _, seq in ipairs(seqs) do
+    local rec = redis.call('HGET', k('e', name), seq)
+    if rec then
+      local f = split(rec)
+      local e = expiry(f[1])
+      out[#out + 1] = {
+        seq = seq, secret = f[1], kind = f[2], count = tonumber(f[3]),
+        limit = tonumber(f[4]), holds = tonumber(f[5]), granted = f[6],
+        live = e ~= nil and e > now, exp = e or 0,
+      }
+    end
+  end
+  return out
+end
+
+-- The same rule as tenure::queue::grants.
+local function grants(rs)
+  local g = {}
+  local all_shared = true
+  local permits = 0
+  for i, r in ipairs(rs) do
+    if i > 1 and not g[i - 1] then
+      g[i] = false
+    else
+      local ok
+      if r.kind == 'X' then ok = (i == 1)
+      elseif r.kind == 'S' then ok = all_shared
+      else ok = (permits + r.count <= r.limit) end
+      if ok then
+        if r.kind ~= 'S' then all_shared = false end
+        if r.kind == 'P' then permits = permits + r.count end
+      end
+      g[i] = ok
+    end
+  end
+  return g
+end
+
+local function remove_entry(name, seq, secret)
+  redis.call('HDEL', k('e', name), seq)
+  redis.call('HDEL', k('v', name), seq)
+  redis.call('ZREM', k('q', name), seq)
+  redis.call('HDEL', k('o', name), secret)
+  redis.call('SREM', k('se', secret), name)
+end
+
+-- Ends a session and drops all its entries; returns the names it was in.
+local function end_session(secret)
+  local names = redis.call('SMEMBERS', k('se', secret))
+  for _, name in ipairs(names) do
+    local seq = redis.call('HGET', k('o', name), secret)
+    if seq then remove_entry(name, seq, secret) end
+  end
+  redis.call('DEL', k('se', secret))
+  redis.call('ZREM', SESS, secret)
+  redis.call('HDEL', SINFO, secret)
+  return names
+end
+
+-- Drops entries of expired sessions (ending those sessions everywhere),
+-- stamps and wakes newly granted entries, bumps versions. `names` maps
+-- name -> true for names known to have changed.
+local function settle(first_name, changed)
+  local work = {first_name}
+  local touched = {}
+  touched[first_name] = changed or false
+  local i = 1
+  while i <= #work do
+    local name = work[i]
+    i = i + 1
+    for _, r in ipairs(rows(name)) do
+      if not r.live then
+        for _, other in ipairs(end_session(r.secret)) do
+          if touched[other] == nil then work[#work + 1] = other end
+          touched[other] = true
+        end
+      end
+    end
+  end
+  for _, name in ipairs(work) do
+    local rs = rows(name)
+    local g = grants(rs)
+    for j, r in ipairs(rs) do
+      if g[j] and r.granted == '' then
+        r.granted = fmt(now)
+        redis.call('HSET', k('e', name), r.seq, record(r))
+        redis.call('PUBLISH', k('w', name) .. ':' .. r.seq, 'granted')
+        touched[name] = true
+      end
+    end
+    if #rs == 0 then
+      redis.call('SREM', NAMES, name)
+      redis.call('DEL', k('q', name), k('e', name), k('v', name), k('o', name))
+    end
+    if touched[name] then
+      redis.call('INCR', k('ver', name))
+      redis.call('PUBLISH', k('ch', name), 'changed')
+    end
+  end
+end
+
+-- Ends a few long-expired sessions, so the tables stay small.
+local function collect()
+  local dead = redis.call('ZRANGEBYSCORE', SESS, '-inf', fmt(now), 'LIMIT', 0, 16)
+  for _, secret in ipairs(dead) do
+    for _, name in ipairs(end_session(secret)) do settle(name, true) end
+  end
+end
+
+local function own(secret, name)
+  local seq = redis.call('HGET', k('o', name), secret)
+  if not seq then return nil end
+  local rec = redis.call('HGET', k('e', name), seq)
+  if not rec then return nil end
+  local f = split(rec)
+  return {seq = seq, secret = f[1], kind = f[2], count = tonumber(f[3]),
+          limit = tonumber(f[4]), holds = tonumber(f[5]), granted = f[6]}
+end
+
+if op == 'open' then
+  -- ARGV: secret, tag, ttl_ms, label
+  collect()
+  local ttl = tonumber(ARGV[5])
+  redis.call('ZADD', SESS, fmt(now + ttl), ARGV[3])
+  redis.call('HSET', SINFO, ARGV[3], ARGV[4] .. '\t' .. ARGV[5] .. '\t' .. ARGV[6])
+  return {'ok'}
+
+elseif op == 'keepalive' then
+  -- ARGV: secret
+  local secret = ARGV[3]
+  if not alive(secret) then return {'lost'} end
+  local info = redis.call('HGET', SINFO, secret)
+  if not info then return {'lost'} end
+  local ttl = tonumber(split(info)[2])
+  redis.call('ZADD', SESS, 'XX', fmt(now + ttl), secret)
+  return {'ok'}
+
+elseif op == 'close' then
+  local names = end_session(ARGV[3])
+  for _, name in ipairs(names) do settle(name, true) end
+  return {'ok'}
+
+elseif op == 'join' then
+  -- ARGV: secret, name, kind, count, limit, value, mode ('wait' | 'ifgranted')
+  local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
+  local count, limit, value, mode = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
+  if not alive(secret) then return {'lost'} end
+  settle(name, false)
+  local mine = own(secret, name)
+  if mine then
+    if mine.kind ~= kind or mine.count ~= count or mine.limit ~= limit then
+      return {'conflict', 'this session already has another kind of entry here'}
+    end
+    local granted = mine.granted ~= ''
+    if mode == 'ifgranted' and not granted then return {'none'} end
+    mine.holds = mine.holds + 1
+    redis.call('HSET', k('e', name), mine.seq, record(mine))
+    return {'ok', mine.seq, granted and 1 or 0, mine.holds, 0}
+  end
+  local rs = rows(name)
+  for _, r in ipairs(rs) do
+    local permits_a, permits_b = kind == 'P', r.kind == 'P'
+    if permits_a ~= permits_b then
+      return {'conflict', 'locks and semaphores cannot share a name'}
+    end
+    if permits_a and r.limit ~= limit then
+      return {'conflict', 'semaphore limit ' .. fmt(limit) .. ' disagrees with the limit ' .. fmt(r.limit) .. ' already in use'}
+    end
+  end
+  local entry = {secret = secret, kind = kind, count = count, limit = limit, holds = 1, granted = ''}
+  rs[#rs + 1] = entry
+  local g = grants(rs)
+  local granted = g[#rs]
+  if mode == 'ifgranted' and not granted then return {'none'} end
+  local ckey = k('c', name)
+  local first = 0
+  local seq
+  if redis.call('EXISTS', ckey) == 0 then
+    first = 1
+    seq = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', ckey, fmt(seq))
+  else
+    seq = redis.call('INCR', ckey)
+  end
+  seq = fmt(seq)
+  if granted then entry.granted = fmt(now) end
+  redis.call('HSET', k('e', name), seq, record(entry))
+  redis.call('HSET', k('v', name), seq, value)
+  redis.call('ZADD', k('q', name), seq, seq)
+  redis.call('HSET', k('o', name), secret, seq)
+  redis.call('SADD', NAMES, name)
+  redis.call('SADD', k('se', secret), name)
+  redis.call('INCR', k('ver', name))
+  redis.call('PUBLISH', k('ch', name), 'changed')
+  return {'ok', seq, granted and 1 or 0, 1, first}
+
+elseif op == 'leave' then
+  -- ARGV: secret, name, seq
+  local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
+  if not alive(secret) then return {'lost'} end
+  local mine = own(secret, name)
+  if not mine or mine.seq ~= seq then return {'notheld'} end
+  mine.holds = mine.holds - 1
+  if mine.holds > 0 then
+    redis.call('HSET', k('e', name), seq, record(mine))
+    return {'ok', mine.holds}
+  end
+  remove_entry(name, seq, secret)
+  settle(name, true)
+  return {'ok', 0}
+
+elseif op == 'look' then
+  -- ARGV: secret, name, seq. Settles (a grant by expiry needs it), then says
+  -- whether the entry is granted, or how long until the next expiry ahead.
+  local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
+  if not alive(secret) then return {'lost'} end
+  local mine = own(secret, name)
+  if not mine or mine.seq ~= seq then return {'notheld'} end
+  if mine.granted ~= '' then return {'granted'} end
+  settle(name, false)
+  mine = own(secret, name)
+  if not mine then return {'notheld'} end
+  if mine.granted ~= '' then return {'granted'} end
+  local next_exp = -1
+  for _, r in ipairs(rows(name)) do
+    if r.seq == seq then break end
+    if next_exp < 0 or r.exp < next_exp then next_exp = r.exp end
+  end
+  if next_exp >= 0 then next_exp = next_exp - now end
+  return {'wait', fmt(next_exp)}
+
+elseif op == 'setvalue' then
+  -- ARGV: secret, name, seq, value
+  local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
+  if not alive(secret) then return {'lost'} end
+  settle(name, false)
+  local mine = own(secret, name)
+  if not mine or mine.seq ~= seq or mine.granted == '' then return {'notheld'} end
+  redis.call('HSET', k('v', name), seq, ARGV[6])
+  redis.call('INCR', k('ver', name))
+  redis.call('PUBLISH', k('ch', name), 'changed')
+  return {'ok'}
+
+elseif op == 'queue' then
+  -- ARGV: name. Returns version, then 10 fields per entry.
+  local name = ARGV[3]
+  settle(name, false)
+  local out = {'ok', fmt(tonumber(redis.call('GET', k('ver', name)) or '0'))}
+  for _, r in ipairs(rows(name)) do
+    local info = split(redis.call('HGET', SINFO, r.secret) or '\t0\t')
+    local label = info[3] or ''
+    for j = 4, #info do label = label .. '\t' .. info[j] end
+    out[#out + 1] = r.seq
+    out[#out + 1] = r.kind
+    out[#out + 1] = fmt(r.count)
+    out[#out + 1] = fmt(r.limit)
+    out[#out + 1] = info[1]
+    out[#out + 1] = label
+    out[#out + 1] = redis.call('HGET', k('v', name), r.seq) or ''
+    out[#out + 1] = r.granted
+    out[#out + 1] = fmt(r.exp - now)
+    out[#out + 1] = fmt(r.holds)
+  end
+  return out
+
+elseif op == 'version' then
+  return {'ok', fmt(tonumber(redis.call('GET', k('ver', ARGV[3])) or '0'))}
+
+elseif op == 'names' then
+  local out = {'ok'}
+  for _, name in ipairs(redis.call('SMEMBERS', NAMES)) do
+    if string.sub(name, 1, #ARGV[3]) == ARGV[3] then
+      for _, r in ipairs(rows(name)) do
+        if r.live then out[#out + 1] = name break end
+      end
+    end
+  end
+  return out
+
+elseif op == 'evict' then
+  local name = ARGV[3]
+  settle(name, false)
+  local ended = 0
+  for _, r in ipairs(rows(name)) do
+    if r.granted ~= '' then
+      for _, other in ipairs(end_session(r.secret)) do settle(other, true) end
+      ended = ended + 1
+    end
+  end
+  settle(name, true)
+  return {'ok', ended}
+end
+
+return redis.error_reply('tenure: unknown operation ' .. tostring(op))

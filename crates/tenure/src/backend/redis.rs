@@ -1,0 +1,582 @@
+//! `redis://[:password@]host:port/db[?prefix=NAME]`: one Lua script per
+//! operation (`EVALSHA`), so every operation is atomic, one round trip, and
+//! judged by Redis's own clock.
+//!
+//! All keys share the hash tag `{NAME}` (default `{tenure}`): one cluster slot,
+//! so a script may touch sessions and queues together. Waiters are woken by
+//! pub/sub on a channel of their own entry (a release wakes only the next
+//! waiter); a holder that expires silently is noticed by polling no later
+//! than its expiry. Fencing counters are seeded from Redis's `TIME` in
+//! microseconds when missing, so they do not go back even if Redis loses its
+//! data (as long as fewer than a million grants per second were made on a name).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Value;
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
+use crate::store::{
+    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
+};
+
+const BACKEND: &str = "redis";
+const SCRIPT: &str = include_str!("redis.lua");
+const POLL_MIN: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(100);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The Redis backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        backend: BACKEND,
+        fencing: true,
+        durable: true,
+        multi_process: true,
+        fifo: true,
+        shared: true,
+        permits: true,
+        wake: Wake::PubSub {
+            fallback_poll: POLL_MAX,
+        },
+        clock: "Redis's TIME, inside each script",
+        min_ttl: Duration::from_millis(100),
+        max_ttl: Duration::from_secs(7 * 24 * 3600),
+        round_trips: "acquire: 1 (EVALSHA), release: 1, renew: 1",
+    }
+}
+
+/// A store on one Redis server.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    client: redis::Client,
+    script: redis::Script,
+    prefix: String,
+    sessions_key: String,
+    url: String,
+    caps: Capabilities,
+    wakeups: Wakeups,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.url)
+            .field("prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+fn redis_err(e: redis::RedisError) -> Error {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || e.code().is_some_and(|c| c == "WRONGPASS" || c == "NOAUTH")
+    {
+        return Error::Auth {
+            backend: BACKEND,
+            reason: e.to_string(),
+        };
+    }
+    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal() {
+        return Error::unavailable(BACKEND, e);
+    }
+    Error::backend(BACKEND, e)
+}
+
+fn bad_reply(what: &str) -> Error {
+    Error::backend(BACKEND, format!("unexpected reply from the script: {what}"))
+}
+
+fn text(v: &Value) -> Result<String> {
+    match v {
+        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Ok(s.clone()),
+        Value::Int(i) => Ok(i.to_string()),
+        Value::Okay => Ok("OK".into()),
+        Value::Nil => Ok(String::new()),
+        other => Err(bad_reply(&format!("{other:?}"))),
+    }
+}
+
+fn bytes(v: &Value) -> Result<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Ok(b.clone()),
+        Value::Nil => Ok(Vec::new()),
+        other => text(other).map(String::into_bytes),
+    }
+}
+
+fn number(v: &Value) -> Result<i64> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        other => text(other)?
+            .parse()
+            .map_err(|_| bad_reply(&format!("{other:?} is not a number"))),
+    }
+}
+
+fn unsigned(v: &Value) -> Result<u64> {
+    u64::try_from(number(v)?).map_err(|_| bad_reply("negative number"))
+}
+
+/// Splits `redis://…?prefix=NAME` into the URL for the client and the prefix.
+fn parse_url(url: &str) -> Result<(String, String)> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: mask_password(url),
+        reason,
+    };
+    if url.starts_with("rediss://") {
+        return Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "TLS (rediss://) in this build",
+        });
+    }
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (url, ""),
+    };
+    let mut prefix = "tenure".to_string();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("prefix", v)) if !v.is_empty() && !v.contains(['{', '}']) => {
+                prefix = v.to_string()
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "unknown or bad option {pair:?}; known: prefix=NAME (no braces)"
+                )))
+            }
+        }
+    }
+    Ok((base.to_string(), format!("{{{prefix}}}")))
+}
+
+impl RedisStore {
+    pub(crate) async fn open_url(url: &str) -> Result<Self> {
+        let (base, prefix) = parse_url(url)?;
+        let client = redis::Client::open(base.as_str()).map_err(|e| Error::InvalidUrl {
+            url: mask_password(url),
+            reason: e.to_string().replace(&base, &mask_password(&base)),
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(1);
+        let conn = tokio::time::timeout(
+            CONNECT_TIMEOUT + Duration::from_secs(1),
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
+        .map_err(redis_err)?;
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                client,
+                script: redis::Script::new(SCRIPT),
+                sessions_key: format!("{prefix}:sessions"),
+                prefix,
+                url: mask_password(url),
+                caps: capabilities(),
+                wakeups: Wakeups::default(),
+            }),
+        };
+        // Fail now, not at the first lock, if the server refuses us.
+        store.call("version", &[b"-"]).await?;
+        Ok(store)
+    }
+
+    /// Runs one operation of the script: one round trip. Errors the script
+    /// reports (`lost`, `notheld`, `conflict`) become typed errors.
+    async fn call(&self, op: &str, args: &[&[u8]]) -> Result<Vec<Value>> {
+        let mut invocation = self.inner.script.key(&self.inner.sessions_key);
+        invocation.arg(&self.inner.prefix).arg(op);
+        for a in args {
+            invocation.arg(*a);
+        }
+        let mut conn = self.inner.conn.clone();
+        let reply: Vec<Value> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_err)?;
+        match reply.first().map(text).transpose()?.as_deref() {
+            Some("ok") | Some("none") | Some("granted") | Some("wait") => Ok(reply),
+            Some("lost") => Err(Error::SessionLost(
+                "the store has no such session (expired or closed)",
+            )),
+            Some("notheld") => Err(Error::NotHeld("this session holds no such entry")),
+            Some("conflict") => Err(Error::Conflict {
+                name: args
+                    .get(1)
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .unwrap_or_default(),
+                reason: reply.get(1).map(text).transpose()?.unwrap_or_default(),
+            }),
+            _ => Err(bad_reply(&format!("{reply:?}"))),
+        }
+    }
+
+    fn channel(&self, kind: &str, name: &Name) -> String {
+        format!("{}:{kind}:{name}", self.inner.prefix)
+    }
+}
+
+/// Channel -> (its waiters' notifier, how many registrations).
+type Waiting = Arc<Mutex<HashMap<String, (Arc<Notify>, usize)>>>;
+
+/// Routes pub/sub messages to the tasks waiting on their channels, over one
+/// dedicated connection that is opened on first use.
+#[derive(Default)]
+struct Wakeups {
+    sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
+    waiting: Waiting,
+}
+
+/// A registration on a channel; unsubscribes when the last one goes.
+struct Listening {
+    store: RedisStore,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let last = {
+            let mut waiting = self
+                .store
+                .inner
+                .wakeups
+                .waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match waiting.get_mut(&self.channel) {
+                Some((_, n)) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                _ => {
+                    waiting.remove(&self.channel);
+                    true
+                }
+            }
+        };
+        if last {
+            let store = self.store.clone();
+            let channel = std::mem::take(&mut self.channel);
+            crate::session::spawn_detached(async move {
+                let mut sink = store.inner.wakeups.sink.lock().await;
+                if let Some(sink) = sink.as_mut() {
+                    let _ = sink.unsubscribe(&channel).await;
+                }
+            });
+        }
+    }
+}
+
+impl RedisStore {
+    /// Listens on `channel`. If pub/sub is down, waiters still poll.
+    async fn listen(&self, channel: String) -> Listening {
+        let (notify, first) = {
+            let mut waiting = self
+                .inner
+                .wakeups
+                .waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let slot = waiting
+                .entry(channel.clone())
+                .or_insert_with(|| (Arc::new(Notify::new()), 0));
+            slot.1 += 1;
+            (slot.0.clone(), slot.1 == 1)
+        };
+        if first {
+            let mut sink = self.inner.wakeups.sink.lock().await;
+            if sink.is_none() {
+                match self.inner.client.get_async_pubsub().await {
+                    Ok(pubsub) => {
+                        let (new_sink, mut stream) = pubsub.split();
+                        let waiting = self.inner.wakeups.waiting.clone();
+                        tokio::spawn(async move {
+                            while let Some(msg) = stream.next().await {
+                                let channel = msg.get_channel_name().to_string();
+                                let waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
+                                if let Some((n, _)) = waiting.get(&channel) {
+                                    n.notify_waiters();
+                                }
+                            }
+                        });
+                        *sink = Some(new_sink);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "no pub/sub connection; waiters poll"),
+                }
+            }
+            if let Some(s) = sink.as_mut() {
+                if let Err(e) = s.subscribe(&channel).await {
+                    tracing::debug!(error = %e, "subscribe failed; waiters poll");
+                    *sink = None;
+                }
+            }
+        }
+        Listening {
+            store: self.clone(),
+            channel,
+            notify,
+        }
+    }
+}
+
+fn kind_args(kind: EntryKind) -> (&'static str, String, String) {
+    match kind {
+        EntryKind::Exclusive => ("X", "0".into(), "0".into()),
+        EntryKind::Shared => ("S", "0".into(), "0".into()),
+        EntryKind::Permits { count, limit } => ("P", count.to_string(), limit.to_string()),
+    }
+}
+
+fn kind_from(kind: &str, count: i64, limit: i64) -> Result<EntryKind> {
+    Ok(match kind {
+        "X" => EntryKind::Exclusive,
+        "S" => EntryKind::Shared,
+        "P" => EntryKind::Permits {
+            count: u32::try_from(count).map_err(|_| bad_reply("permit count"))?,
+            limit: u32::try_from(limit).map_err(|_| bad_reply("permit limit"))?,
+        },
+        other => return Err(bad_reply(&format!("entry kind {other:?}"))),
+    })
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let secret = crate::session::random_hex(16)?;
+        let tag = crate::session::random_hex(6)?;
+        let ttl = spec.ttl.as_millis().to_string();
+        // Tabs and newlines separate fields in the script's records.
+        let label: String = spec
+            .label
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        self.call(
+            "open",
+            &[
+                secret.as_bytes(),
+                tag.as_bytes(),
+                ttl.as_bytes(),
+                label.as_bytes(),
+            ],
+        )
+        .await?;
+        Ok(OpenedSession {
+            key: SessionKey::new(secret),
+            tag,
+        })
+    }
+
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+        self.call("keepalive", &[session.secret().as_bytes()])
+            .await
+            .map(|_| ())
+    }
+
+    async fn close_session(&self, session: &SessionKey) -> Result<()> {
+        self.call("close", &[session.secret().as_bytes()])
+            .await
+            .map(|_| ())
+    }
+
+    async fn join(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>> {
+        crate::queue::check_compatible(name, kind, [])?;
+        let (k, count, limit) = kind_args(kind);
+        let mode = match mode {
+            JoinMode::Wait => "wait",
+            JoinMode::IfGranted => "ifgranted",
+        };
+        let reply = self
+            .call(
+                "join",
+                &[
+                    session.secret().as_bytes(),
+                    name.as_str().as_bytes(),
+                    k.as_bytes(),
+                    count.as_bytes(),
+                    limit.as_bytes(),
+                    value,
+                    mode.as_bytes(),
+                ],
+            )
+            .await?;
+        if reply.first().map(text).transpose()?.as_deref() == Some("none") {
+            return Ok(None);
+        }
+        let field = |i: usize| reply.get(i).ok_or_else(|| bad_reply("short join reply"));
+        Ok(Some(Joined {
+            seq: unsigned(field(1)?)?,
+            granted: number(field(2)?)? == 1,
+            holds: u32::try_from(number(field(3)?)?).map_err(|_| bad_reply("holds"))?,
+            first: number(field(4)?)? == 1,
+        }))
+    }
+
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let reply = self
+            .call(
+                "leave",
+                &[
+                    session.secret().as_bytes(),
+                    name.as_str().as_bytes(),
+                    seq.to_string().as_bytes(),
+                ],
+            )
+            .await?;
+        let holds = reply.get(1).ok_or_else(|| bad_reply("short leave reply"))?;
+        u32::try_from(number(holds)?).map_err(|_| bad_reply("holds"))
+    }
+
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        let listening = self
+            .listen(format!("{}:{seq}", self.channel("w", name)))
+            .await;
+        let seq = seq.to_string();
+        let mut backoff = POLL_MIN;
+        loop {
+            let notified = listening.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let reply = self
+                .call(
+                    "look",
+                    &[
+                        session.secret().as_bytes(),
+                        name.as_str().as_bytes(),
+                        seq.as_bytes(),
+                    ],
+                )
+                .await?;
+            match reply.first().map(text).transpose()?.as_deref() {
+                Some("granted") => return Ok(()),
+                Some("wait") => {
+                    let next_expiry = reply.get(1).map(number).transpose()?.unwrap_or(-1);
+                    let mut sleep = backoff;
+                    if next_expiry >= 0 {
+                        let until =
+                            Duration::from_millis(u64::try_from(next_expiry).unwrap_or(0) + 1);
+                        sleep = sleep.min(until);
+                    }
+                    tokio::select! {
+                        () = notified => backoff = POLL_MIN,
+                        () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(POLL_MAX),
+                    }
+                }
+                _ => return Err(bad_reply(&format!("{reply:?}"))),
+            }
+        }
+    }
+
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()> {
+        let seq = seq.to_string();
+        self.call(
+            "setvalue",
+            &[
+                session.secret().as_bytes(),
+                name.as_str().as_bytes(),
+                seq.as_bytes(),
+                value,
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        let reply = self.call("queue", &[name.as_str().as_bytes()]).await?;
+        let version = unsigned(reply.get(1).ok_or_else(|| bad_reply("short queue reply"))?)?;
+        let mut entries = Vec::new();
+        for f in reply[2..].chunks(10) {
+            if f.len() < 10 {
+                return Err(bad_reply("truncated queue entry"));
+            }
+            let granted_ms = text(&f[7])?;
+            let left = number(&f[8])?;
+            entries.push(Entry {
+                seq: unsigned(&f[0])?,
+                kind: kind_from(&text(&f[1])?, number(&f[2])?, number(&f[3])?)?,
+                session_tag: text(&f[4])?,
+                label: text(&f[5])?,
+                value: bytes(&f[6])?,
+                granted: !granted_ms.is_empty(),
+                // Redis's clock is its wall clock: shown as-is.
+                granted_at: granted_ms
+                    .parse::<u64>()
+                    .ok()
+                    .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                expires_in: Duration::from_millis(u64::try_from(left.max(0)).unwrap_or(0)),
+                holds: u32::try_from(number(&f[9])?).map_err(|_| bad_reply("holds"))?,
+            });
+        }
+        Ok(Queue { version, entries })
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        let listening = self.listen(self.channel("ch", name)).await;
+        let mut backoff = POLL_MIN;
+        loop {
+            let notified = listening.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // `queue` settles expired entries, which bumps the version.
+            let now = self.queue(name).await?.version;
+            if now != version {
+                return Ok(now);
+            }
+            tokio::select! {
+                () = notified => backoff = POLL_MIN,
+                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
+            }
+        }
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let reply = self.call("names", &[prefix.as_bytes()]).await?;
+        let mut names = reply[1..]
+            .iter()
+            .map(|v| text(v).and_then(Name::new))
+            .collect::<Result<Vec<_>>>()?;
+        names.sort();
+        Ok(names)
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        let reply = self.call("evict", &[name.as_str().as_bytes()]).await?;
+        let n = number(reply.get(1).ok_or_else(|| bad_reply("short evict reply"))?)?;
+        usize::try_from(n).map_err(|_| bad_reply("count"))
+    }
+}
