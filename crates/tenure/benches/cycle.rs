@@ -133,6 +133,44 @@ fn sqlite_floor(path: &std::path::Path, cycles: usize) -> Stats {
     )
 }
 
+/// The Redis floor: `SET key me NX PX 30000` to take, a compare-and-delete Lua
+/// script (EVALSHA) to release — the seeds' minimal Redis lock.
+#[cfg(feature = "redis")]
+async fn redis_floor(url: &str, cycles: usize) -> Stats {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let release = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
+    );
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let ok: Option<String> = redis::cmd("SET")
+            .arg("floor")
+            .arg("me")
+            .arg("NX")
+            .arg("PX")
+            .arg(30000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ok.is_some());
+        let _: i64 = release
+            .key("floor")
+            .arg("me")
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        samples.push(t.elapsed());
+    }
+    stats(
+        "redis raw floor (SET NX PX + Lua compare-and-delete)",
+        samples,
+        start.elapsed(),
+    )
+}
+
 fn main() {
     let cycles: usize = std::env::var("BENCH_CYCLES")
         .ok()
@@ -145,7 +183,7 @@ fn main() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let sqlite_url = format!("sqlite://{}", dir.path().join("bench.db").display());
-    let results = rt.block_on(async {
+    let (rows, (acquire, release, renew)) = rt.block_on(async {
         let memory = tenure::open("memory://").await.unwrap();
         let sqlite = tenure::open(&sqlite_url).await.unwrap();
 
@@ -164,25 +202,52 @@ fn main() {
         let renew = SqliteStore::statements_executed() - before;
         session.close().await.unwrap();
 
-        let m = uncontended(&memory, cycles).await;
-        let s = uncontended(&sqlite, cycles).await;
-        let floor =
-            tokio::task::block_in_place(|| sqlite_floor(&dir.path().join("floor.db"), cycles));
-        let mc = contended(&memory, 16, (cycles / 16).max(10)).await;
-        let sc = contended(&sqlite, 16, (cycles / 64).max(5)).await;
-        (vec![m, s, floor, mc, sc], (acquire, release, renew))
+        let mut rows = vec![uncontended(&memory, cycles).await];
+        rows.push(uncontended(&sqlite, cycles).await);
+        rows.push(tokio::task::block_in_place(|| {
+            sqlite_floor(&dir.path().join("floor.db"), cycles)
+        }));
+        #[cfg(feature = "redis")]
+        let server = tenure_testkit::RedisServer::start();
+        #[cfg(feature = "redis")]
+        match &server {
+            Some(server) => {
+                let redis = tenure::open(&server.url()).await.unwrap();
+                rows.push(uncontended(&redis, cycles).await);
+                rows.push(redis_floor(&server.url(), cycles).await);
+            }
+            None => eprintln!("redis-server is not installed: no Redis rows"),
+        }
+        rows.push(contended(&memory, 16, (cycles / 16).max(10)).await);
+        rows.push(contended(&sqlite, 16, (cycles / 64).max(5)).await);
+        #[cfg(feature = "redis")]
+        if let Some(server) = &server {
+            let redis = tenure::open(&server.url()).await.unwrap();
+            rows.push(contended(&redis, 16, (cycles / 64).max(5)).await);
+        }
+        (rows, (acquire, release, renew))
     });
-    let (rows, (acquire, release, renew)) = results;
-    let floor = rows[2].per_sec;
+    // Each backend's uncontended cycle is compared with its own floor.
+    let floor_of = |backend: &str| {
+        rows.iter()
+            .find(|r| r.label.starts_with(backend) && r.label.contains("floor"))
+            .map(|r| r.per_sec)
+    };
     println!(
         "{:<58} {:>10} {:>12} {:>10} {:>10} {:>9}",
         "run", "cycles", "cycles/s", "p50 µs", "p99 µs", "vs floor"
     );
+    let mut ratios = serde_json::Map::new();
     for r in &rows {
-        let ratio = if r.label.starts_with("sqlite") {
-            format!("{:.2}×", floor / r.per_sec)
-        } else {
-            "-".into()
+        let backend = r.label.split(' ').next().unwrap_or("");
+        let ratio = match floor_of(backend) {
+            Some(floor) if !r.label.contains("contenders") => {
+                if !r.label.contains("floor") {
+                    ratios.insert(backend.to_string(), serde_json::json!(floor / r.per_sec));
+                }
+                format!("{:.2}×", floor / r.per_sec)
+            }
+            _ => "-".into(),
         };
         println!(
             "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1} {:>9}",
@@ -199,7 +264,7 @@ fn main() {
             "p50_us": r.p50_us, "p99_us": r.p99_us,
         })).collect::<Vec<_>>(),
         "sqlite_statements": { "acquire": acquire, "release": release, "renew": renew },
-        "sqlite_cycle_vs_floor": floor / rows[1].per_sec,
+        "uncontended_cycle_vs_floor": ratios,
     });
     let out = std::env::var("BENCH_OUT").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/cycle.json").to_string()

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -493,68 +493,58 @@ impl Wait {
     }
 }
 
-type Abandoned<T> = Arc<StdMutex<Option<Box<dyn FnOnce(T) + Send>>>>;
-
 /// Runs a store call to completion even if the caller stops waiting for it.
 ///
-/// The call is polled here first: most finish without waiting, at no extra
-/// cost. Only a call that must wait moves to a spawned task; if the caller is
-/// gone by the time it finishes, its output goes to `abandoned` (to undo a
-/// join, say), so a cancelled call leaves nothing behind.
+/// The call is polled right here, so the common path costs nothing extra. If
+/// the caller drops this future before the call finished, the rest of the
+/// call moves to a spawned task, and its output goes to `abandoned` (to undo
+/// a join, say): a cancelled call leaves nothing behind.
 pub(crate) async fn finish<T: Send + 'static>(
     fut: impl Future<Output = T> + Send + 'static,
     abandoned: impl FnOnce(T) + Send + 'static,
 ) -> Result<T> {
-    let mut fut = Box::pin(fut);
-    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await;
-    if let std::task::Poll::Ready(output) = first {
-        return Ok(output);
+    Ok(Finishing {
+        fut: Some(Box::pin(fut)),
+        abandoned: Some(Box::new(abandoned)),
     }
-    let abandoned: Abandoned<T> = Arc::new(StdMutex::new(Some(Box::new(abandoned))));
-    let (tx, rx) = oneshot::channel::<T>();
-    let in_task = abandoned.clone();
-    tokio::spawn(async move {
-        let output = fut.await;
-        if let Err(output) = tx.send(output) {
-            take_abandoned(&in_task, output);
-        }
-    });
-    let mut receiving = Receiving {
-        rx: Some(rx),
-        abandoned,
-    };
-    let output = match receiving.rx.as_mut() {
-        Some(rx) => rx.await,
-        None => return Err(Error::backend("tenure", "store call channel missing")),
-    };
-    receiving.rx = None;
-    output.map_err(|_| Error::backend("tenure", "a store call's task failed"))
+    .await)
 }
 
-fn take_abandoned<T>(abandoned: &Abandoned<T>, output: T) {
-    let f = abandoned.lock().unwrap_or_else(|e| e.into_inner()).take();
-    if let Some(f) = f {
-        f(output);
-    }
+type BoxedCall<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// See [`finish`].
+struct Finishing<T: Send + 'static> {
+    fut: Option<BoxedCall<T>>,
+    abandoned: Option<Box<dyn FnOnce(T) + Send>>,
 }
 
-/// The waiting side of [`finish`]: dropped early, it hands an output that
-/// already arrived to the `abandoned` callback.
-struct Receiving<T> {
-    rx: Option<oneshot::Receiver<T>>,
-    abandoned: Abandoned<T>,
-}
+impl<T: Send + 'static> Future for Finishing<T> {
+    type Output = T;
 
-impl<T> Drop for Receiving<T> {
-    fn drop(&mut self) {
-        if let Some(mut rx) = self.rx.take() {
-            // Closing first makes the sender's `send` fail from now on, so an
-            // output either arrives before this look or goes to `abandoned`
-            // in the task: never lost in between.
-            rx.close();
-            if let Ok(output) = rx.try_recv() {
-                take_abandoned(&self.abandoned, output);
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        let Some(fut) = self.fut.as_mut() else {
+            // Polled after completion: never happens through `finish`.
+            return std::task::Poll::Pending;
+        };
+        match fut.as_mut().poll(cx) {
+            std::task::Poll::Ready(output) => {
+                self.fut = None;
+                std::task::Poll::Ready(output)
             }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for Finishing<T> {
+    fn drop(&mut self) {
+        if let (Some(fut), Some(abandoned)) = (self.fut.take(), self.abandoned.take()) {
+            spawn_detached(async move {
+                abandoned(fut.await);
+            });
         }
     }
 }

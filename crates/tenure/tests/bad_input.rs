@@ -62,6 +62,13 @@ async fn disabled_backends_name_their_feature_and_hide_passwords() {
         "etcd://bob:hunter2@h:2379",
         "zk://h:2181/chroot",
     ] {
+        let scheme = tenure::Scheme::from_url(url).unwrap();
+        if tenure::builtin_backends()
+            .iter()
+            .any(|c| c.backend == scheme.name())
+        {
+            continue; // built in: its own tests cover bad credentials
+        }
         let e = open_err(url).await;
         assert!(matches!(e, Error::BackendDisabled { .. }), "{url}: {e:?}");
         assert!(!e.to_string().contains("hunter2"));

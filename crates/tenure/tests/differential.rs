@@ -45,26 +45,55 @@ fn outcome<T: std::fmt::Debug>(r: &tenure::Result<T>) -> String {
 struct Side {
     store: Arc<dyn Store>,
     keys: Vec<Option<(SessionKey, String)>>,
+    /// Tokens differ between backends (Redis seeds them from its clock), so
+    /// each (name, token) is compared by the order it was first seen in.
+    seen: std::collections::HashMap<(String, u64), usize>,
+}
+
+impl Side {
+    fn norm(&mut self, name: &Name, seq: u64) -> usize {
+        let next = self.seen.len();
+        *self.seen.entry((name.to_string(), seq)).or_insert(next)
+    }
 }
 
 impl Side {
     /// The queue with session tags replaced by slot numbers.
-    async fn view(&self, name: &Name) -> Vec<(u64, EntryKind, Option<usize>, bool, u32, Vec<u8>)> {
+    async fn view(
+        &mut self,
+        name: &Name,
+    ) -> Vec<(usize, EntryKind, Option<usize>, bool, u32, Vec<u8>)> {
         let q = self.store.queue(name).await.unwrap();
+        let mut out = Vec::new();
+        for e in q.entries {
+            let slot = self
+                .keys
+                .iter()
+                .position(|k| k.as_ref().is_some_and(|(_, tag)| *tag == e.session_tag));
+            out.push((
+                self.norm(name, e.seq),
+                e.kind,
+                slot,
+                e.granted,
+                e.holds,
+                e.value,
+            ));
+        }
+        out
+    }
+
+    /// The raw token of this slot's entry on `name`, if any.
+    async fn own_seq(&mut self, name: &Name, slot: usize) -> Option<u64> {
+        let q = self.store.queue(name).await.unwrap();
+        let tag = self.keys[slot].as_ref().map(|(_, t)| t.clone())?;
         q.entries
-            .into_iter()
-            .map(|e| {
-                let slot = self
-                    .keys
-                    .iter()
-                    .position(|k| k.as_ref().is_some_and(|(_, tag)| *tag == e.session_tag));
-                (e.seq, e.kind, slot, e.granted, e.holds, e.value)
-            })
-            .collect()
+            .iter()
+            .find(|e| e.session_tag == tag)
+            .map(|e| e.seq)
     }
 }
 
-async fn run(seed: u64, steps: usize, sqlite_url: &str) {
+async fn run(seed: u64, steps: usize, other_url: &str) {
     let spec = SessionSpec {
         ttl: Duration::from_secs(60),
         label: "diff".into(),
@@ -73,10 +102,12 @@ async fn run(seed: u64, steps: usize, sqlite_url: &str) {
         Side {
             store: tenure::open("memory://").await.unwrap(),
             keys: vec![None; SLOTS],
+            seen: Default::default(),
         },
         Side {
-            store: tenure::open(sqlite_url).await.unwrap(),
+            store: tenure::open(other_url).await.unwrap(),
             keys: vec![None; SLOTS],
+            seen: Default::default(),
         },
     ];
     let mut rng = Rng(seed | 1);
@@ -91,41 +122,40 @@ async fn run(seed: u64, steps: usize, sqlite_url: &str) {
         let kind = KINDS[rng.below(KINDS.len() as u64) as usize];
         let mut answers = Vec::new();
         for side in sides.iter_mut() {
-            let answer = match (&side.keys[slot], op) {
+            let key = side.keys[slot].as_ref().map(|(k, _)| k.clone());
+            let answer = match (key, op) {
                 (None, _) => {
                     let opened = side.store.open_session(&spec).await.unwrap();
                     side.keys[slot] = Some((opened.key, opened.tag));
                     "opened".to_string()
                 }
-                (Some((key, _)), 0..=3) => {
+                (Some(key), 0..=3) => {
                     let mode = if op == 0 {
                         JoinMode::IfGranted
                     } else {
                         JoinMode::Wait
                     };
-                    outcome(&side.store.join(key, name, kind, &[slot as u8], mode).await)
+                    match side.store.join(&key, name, kind, &[slot as u8], mode).await {
+                        Ok(Some(j)) => format!(
+                            "joined #{} granted={} holds={} first={}",
+                            side.norm(name, j.seq),
+                            j.granted,
+                            j.holds,
+                            j.first
+                        ),
+                        other => outcome(&other),
+                    }
                 }
-                (Some((key, _)), 4..=6) => {
-                    // Leave this slot's entry, whatever its seq, or a bogus one.
-                    let view = side.view(name).await;
-                    let seq = view
-                        .iter()
-                        .find(|e| e.2 == Some(slot))
-                        .map(|e| e.0)
-                        .unwrap_or(9_999);
-                    outcome(&side.store.leave(key, name, seq).await)
+                (Some(key), 4..=6) => {
+                    // Leave this slot's entry, whatever its token, or a bogus one.
+                    let seq = side.own_seq(name, slot).await.unwrap_or(9_999);
+                    outcome(&side.store.leave(&key, name, seq).await)
                 }
-                (Some((key, _)), 7) => {
-                    let view = side.view(name).await;
-                    let seq = view
-                        .iter()
-                        .find(|e| e.2 == Some(slot))
-                        .map(|e| e.0)
-                        .unwrap_or(1);
-                    outcome(&side.store.set_value(key, name, seq, &[step as u8]).await)
+                (Some(key), 7) => {
+                    let seq = side.own_seq(name, slot).await.unwrap_or(1);
+                    outcome(&side.store.set_value(&key, name, seq, &[step as u8]).await)
                 }
-                (Some((key, _)), _) => {
-                    let key = key.clone();
+                (Some(key), _) => {
                     side.keys[slot] = None;
                     outcome(&side.store.close_session(&key).await)
                 }
@@ -140,7 +170,8 @@ async fn run(seed: u64, steps: usize, sqlite_url: &str) {
             "seed {seed} step {step}: answers differ"
         );
         for name in &names {
-            let (m, s) = (sides[0].view(name).await, sides[1].view(name).await);
+            let m = sides[0].view(name).await;
+            let s = sides[1].view(name).await;
             assert_eq!(m, s, "seed {seed} step {step}: queues of {name} differ");
         }
     }
@@ -152,5 +183,16 @@ async fn memory_and_sqlite_agree() {
     let url = format!("sqlite://{}", dir.path().join("diff.db").display());
     for seed in 1..=12u64 {
         run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &url).await;
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_agree() {
+    let Some(server) = tenure_testkit::RedisServer::start_or_skip() else {
+        return;
+    };
+    for seed in 1..=12u64 {
+        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
     }
 }
