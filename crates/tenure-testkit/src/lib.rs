@@ -201,3 +201,176 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// Looks up a system user's uid and gid (such as `postgres`).
+fn system_user(name: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.first() == Some(&name) && f.len() > 3)
+            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+            .flatten()
+    })
+}
+
+/// A temporary directory the server's own user can use (a plain temp dir is
+/// 0700 and root's).
+fn server_dir(uid: u32, gid: u32) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("tenure-testkit-")
+        .tempdir()
+        .expect("temp dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown");
+    dir
+}
+
+fn postgres_bin(name: &str) -> Option<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin").join(name)))
+        .filter(|p| p.is_file())
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+/// A PostgreSQL server of its own (`initdb` + `postgres`, run as the
+/// `postgres` user, since both refuse root), with password authentication
+/// over TCP for the user `postgres`.
+pub struct PostgresServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    user: (u32, u32),
+    child: Option<Child>,
+}
+
+/// The password of the kit's PostgreSQL and MariaDB servers.
+pub const PASSWORD: &str = "tenure-test";
+
+impl PostgresServer {
+    /// Starts one, or `None` (after [`missing`]) without the binaries.
+    pub fn start_or_skip() -> Option<PostgresServer> {
+        let found = postgres_bin("initdb")
+            .zip(postgres_bin("postgres"))
+            .zip(system_user("postgres"));
+        let Some(((initdb, _), user)) = found else {
+            missing("PostgreSQL (initdb, postgres)", "postgresql");
+            return None;
+        };
+        let dir = server_dir(user.0, user.1);
+        let pwfile = dir.path().join("pw");
+        std::fs::write(&pwfile, PASSWORD).expect("password file");
+        std::os::unix::fs::chown(&pwfile, Some(user.0), Some(user.1)).expect("chown");
+        use std::os::unix::process::CommandExt;
+        let status = Command::new(initdb)
+            .arg("-D")
+            .arg(dir.path().join("data"))
+            .args([
+                "-U",
+                "postgres",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "-E",
+                "UTF8",
+            ])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .uid(user.0)
+            .gid(user.1)
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run initdb");
+        assert!(status.success(), "initdb failed");
+        let mut server = PostgresServer {
+            port: free_port(),
+            dir,
+            user,
+            child: None,
+        };
+        server.launch();
+        Some(server)
+    }
+
+    fn launch(&mut self) {
+        use std::os::unix::process::CommandExt;
+        let Some(postgres) = postgres_bin("postgres") else {
+            panic!("postgres binary vanished");
+        };
+        let mut cmd = Command::new(postgres);
+        cmd.arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+            ])
+            .arg("-c")
+            .arg(format!(
+                "unix_socket_directories={}",
+                self.dir.path().display()
+            ))
+            .args(["-c", "fsync=off", "-c", "max_connections=200"])
+            .uid(self.user.0)
+            .gid(self.user.1)
+            .current_dir(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.child = Some(spawn_tied(cmd).expect("spawn postgres"));
+        assert!(
+            wait_for_port(self.port, Duration::from_secs(20)),
+            "postgres did not start"
+        );
+        // The port opens a moment before the server accepts logins.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A `postgres://` URL with the right password.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres",
+            self.port
+        )
+    }
+
+    /// SIGKILLs the postmaster (its backends exit when they notice).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            // Backends of a killed postmaster linger briefly and hold the
+            // shared memory; wait for the port to close.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Starts it again on the same data and port.
+    pub fn restart(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(self.dir.path().join("data/postmaster.pid"));
+        self.launch();
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // SIGQUIT: immediate shutdown of the postmaster and its backends.
+            unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
+        }
+        self.kill();
+    }
+}

@@ -171,6 +171,43 @@ async fn redis_floor(url: &str, cycles: usize) -> Stats {
     )
 }
 
+/// The PostgreSQL floor: one INSERT of a row with an expiry to take, one
+/// DELETE to release, prepared, autocommit.
+#[cfg(feature = "postgres")]
+async fn postgres_floor(url: &str, cycles: usize) -> Stats {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS floor_locks (name text PRIMARY KEY, owner text NOT NULL, expires timestamptz NOT NULL)",
+        )
+        .await
+        .unwrap();
+    let take = client
+        .prepare("INSERT INTO floor_locks VALUES ($1, $2, now() + interval '30 seconds')")
+        .await
+        .unwrap();
+    let drop = client
+        .prepare("DELETE FROM floor_locks WHERE name = $1 AND owner = $2")
+        .await
+        .unwrap();
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        client.execute(&take, &[&"floor", &"me"]).await.unwrap();
+        client.execute(&drop, &[&"floor", &"me"]).await.unwrap();
+        samples.push(t.elapsed());
+    }
+    stats(
+        "postgres raw floor (INSERT + DELETE)",
+        samples,
+        start.elapsed(),
+    )
+}
+
 fn main() {
     let cycles: usize = std::env::var("BENCH_CYCLES")
         .ok()
@@ -218,12 +255,25 @@ fn main() {
             }
             None => eprintln!("redis-server is not installed: no Redis rows"),
         }
+        #[cfg(feature = "postgres")]
+        let pg = tenure_testkit::PostgresServer::start_or_skip();
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &pg {
+            let store = tenure::open(&pg.url()).await.unwrap();
+            rows.push(uncontended(&store, cycles).await);
+            rows.push(postgres_floor(&pg.url(), cycles).await);
+        }
         rows.push(contended(&memory, 16, (cycles / 16).max(10)).await);
         rows.push(contended(&sqlite, 16, (cycles / 64).max(5)).await);
         #[cfg(feature = "redis")]
         if let Some(server) = &server {
             let redis = tenure::open(&server.url()).await.unwrap();
             rows.push(contended(&redis, 16, (cycles / 64).max(5)).await);
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &pg {
+            let store = tenure::open(&pg.url()).await.unwrap();
+            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
         }
         (rows, (acquire, release, renew))
     });

@@ -461,6 +461,11 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
             backend: "sqlite",
             feature: "sqlite",
         }),
+        #[cfg(feature = "postgres")]
+        Scheme::Postgres => Ok(Arc::new(
+            crate::backend::postgres::PostgresStore::open_url(url).await?,
+        )),
+        #[cfg(not(feature = "postgres"))]
         Scheme::Postgres => Err(Error::BackendDisabled {
             backend: "postgres",
             feature: "postgres",
@@ -501,6 +506,8 @@ pub fn builtin_backends() -> Vec<Capabilities> {
     all.push(crate::backend::sqlite::capabilities());
     #[cfg(feature = "redis")]
     all.push(crate::backend::redis::capabilities());
+    #[cfg(feature = "postgres")]
+    all.push(crate::backend::postgres::capabilities());
     all
 }
 

@@ -1,6 +1,8 @@
 //! One module per backend, each behind its cargo feature.
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "sqlite")]

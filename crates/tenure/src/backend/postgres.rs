@@ -1,0 +1,739 @@
+//! `postgres://user:password@host:port/db[?schema=NAME]`: one PL/pgSQL
+//! function call per operation (one round trip, one transaction), expiry by
+//! the database's clock, waiters woken by LISTEN/NOTIFY.
+//!
+//! The tables and functions live in their own schema (default `tenure`),
+//! created on first use under an advisory lock, idempotently, and versioned
+//! in `SCHEMA.meta`. Every statement is parameterized.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+
+use crate::error::{Error, Result};
+use crate::store::{
+    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
+};
+
+const BACKEND: &str = "postgres";
+const SCHEMA_SQL: &str = include_str!("postgres.sql");
+const SCHEMA_VERSION: &str = "1";
+const POLL_MIN: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(100);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Deadlocks and serialization failures are retried this many times.
+const RETRIES: usize = 5;
+
+/// The PostgreSQL backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        backend: BACKEND,
+        fencing: true,
+        durable: true,
+        multi_process: true,
+        fifo: true,
+        shared: true,
+        permits: true,
+        wake: Wake::PubSub {
+            fallback_poll: POLL_MAX,
+        },
+        clock: "the database's clock_timestamp()",
+        min_ttl: Duration::from_millis(100),
+        max_ttl: Duration::from_secs(7 * 24 * 3600),
+        round_trips: "acquire: 1 (a function call), release: 1, renew: 1",
+    }
+}
+
+/// A store in one PostgreSQL database.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: tokio_postgres::Config,
+    schema: String,
+    url: String,
+    caps: Capabilities,
+    conn: tokio::sync::Mutex<Option<Connected>>,
+    waiting: Waiting,
+    listener: tokio::sync::Mutex<bool>,
+}
+
+type Waiting = Arc<Mutex<HashMap<String, (Arc<Notify>, usize)>>>;
+
+/// A live connection with its prepared statements.
+#[derive(Clone)]
+struct Connected {
+    client: Arc<Client>,
+    stmts: Arc<Statements>,
+}
+
+struct Statements {
+    open: Statement,
+    keep_alive: Statement,
+    close: Statement,
+    join: Statement,
+    leave: Statement,
+    look: Statement,
+    set_value: Statement,
+    version: Statement,
+    rows: Statement,
+    refresh: Statement,
+    names: Statement,
+    evict: Statement,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.inner.url)
+            .field("schema", &self.inner.schema)
+            .finish()
+    }
+}
+
+fn pg_err(e: tokio_postgres::Error) -> Error {
+    use tokio_postgres::error::SqlState;
+    if let Some(code) = e.code() {
+        if *code == SqlState::INVALID_PASSWORD
+            || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+        {
+            return Error::Auth {
+                backend: BACKEND,
+                reason: e
+                    .as_db_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_default(),
+            };
+        }
+        if *code == SqlState::T_R_DEADLOCK_DETECTED
+            || *code == SqlState::T_R_SERIALIZATION_FAILURE
+            || *code == SqlState::ADMIN_SHUTDOWN
+            || *code == SqlState::CANNOT_CONNECT_NOW
+            || *code == SqlState::TOO_MANY_CONNECTIONS
+        {
+            return Error::unavailable(BACKEND, e);
+        }
+        return Error::backend(BACKEND, e);
+    }
+    // No SQLSTATE: the connection itself failed.
+    Error::unavailable(BACKEND, e)
+}
+
+fn is_retryable(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
+    })
+}
+
+/// Splits off our `schema` option and parses the rest as libpq does.
+fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String)> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: mask_password(url),
+        reason,
+    };
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (url, ""),
+    };
+    let mut schema = "tenure".to_string();
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("schema", v)) => {
+                let ok = !v.is_empty()
+                    && v.len() <= 40
+                    && v.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                    && !v.starts_with(|c: char| c.is_ascii_digit());
+                if !ok {
+                    return Err(invalid(format!(
+                        "schema must be 1-40 of a-z, 0-9 and _ (not starting with a digit), not {v:?}"
+                    )));
+                }
+                schema = v.to_string();
+            }
+            Some(("sslmode", v)) if v != "disable" && v != "prefer" => {
+                return Err(Error::Unsupported {
+                    backend: BACKEND,
+                    what: "TLS (sslmode=require and stricter) in this build",
+                })
+            }
+            _ => rest.push(pair),
+        }
+    }
+    let cleaned = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let mut config =
+        tokio_postgres::Config::from_str(&cleaned).map_err(|e| invalid(e.to_string()))?;
+    config.connect_timeout(CONNECT_TIMEOUT);
+    if config.get_application_name().is_none() {
+        config.application_name("tenure");
+    }
+    Ok((config, schema))
+}
+
+fn kind_args(kind: EntryKind) -> (i16, i32, i32) {
+    match kind {
+        EntryKind::Exclusive => (0, 0, 0),
+        EntryKind::Shared => (1, 0, 0),
+        EntryKind::Permits { count, limit } => (
+            2,
+            i32::try_from(count).unwrap_or(i32::MAX),
+            i32::try_from(limit).unwrap_or(i32::MAX),
+        ),
+    }
+}
+
+fn kind_from(kind: i16, count: i32, limit: i32) -> Result<EntryKind> {
+    Ok(match kind {
+        0 => EntryKind::Exclusive,
+        1 => EntryKind::Shared,
+        2 => EntryKind::Permits {
+            count: u32::try_from(count).map_err(|e| Error::backend(BACKEND, e))?,
+            limit: u32::try_from(limit).map_err(|e| Error::backend(BACKEND, e))?,
+        },
+        other => {
+            return Err(Error::backend(
+                BACKEND,
+                format!("unknown entry kind {other}"),
+            ))
+        }
+    })
+}
+
+fn to_u64(v: i64) -> Result<u64> {
+    u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
+}
+
+fn status_error(status: &str, name: &Name) -> Error {
+    match status {
+        "lost" => Error::SessionLost("the store has no such session (expired or closed)"),
+        "notheld" => Error::NotHeld("this session holds no such entry"),
+        s => match s.strip_prefix("conflict:") {
+            Some(reason) => Error::Conflict {
+                name: name.to_string(),
+                reason: reason.to_string(),
+            },
+            None => Error::backend(BACKEND, format!("unexpected status {s:?}")),
+        },
+    }
+}
+
+impl PostgresStore {
+    pub(crate) async fn open_url(url: &str) -> Result<Self> {
+        let (config, schema) = parse_url(url)?;
+        let store = PostgresStore {
+            inner: Arc::new(Inner {
+                config,
+                url: mask_password(url),
+                caps: capabilities(),
+                conn: tokio::sync::Mutex::new(None),
+                waiting: Arc::default(),
+                listener: tokio::sync::Mutex::new(false),
+                schema,
+            }),
+        };
+        store.connected().await?;
+        Ok(store)
+    }
+
+    async fn connect_raw(
+        &self,
+    ) -> Result<(
+        Client,
+        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+    )> {
+        tokio::time::timeout(
+            CONNECT_TIMEOUT + Duration::from_secs(1),
+            self.inner.config.connect(NoTls),
+        )
+        .await
+        .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
+        .map_err(pg_err)
+    }
+
+    /// The live connection, reconnecting (and preparing) if it was lost.
+    async fn connected(&self) -> Result<Connected> {
+        let mut slot = self.inner.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            if !c.client.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let (client, connection) = self.connect_raw().await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "postgres connection ended");
+            }
+        });
+        self.create_schema(&client).await?;
+        let s = &self.inner.schema;
+        let prep = |sql: String| {
+            let client = &client;
+            async move { client.prepare(&sql).await.map_err(pg_err) }
+        };
+        let stmts = Statements {
+            open: prep(format!(
+                "INSERT INTO {s}.sessions (id, tag, label, ttl_ms, expires_ms) VALUES ($1, $2, $3, $4, {s}.now_ms() + $4)"
+            ))
+            .await?,
+            keep_alive: prep(format!(
+                "UPDATE {s}.sessions SET expires_ms = {s}.now_ms() + ttl_ms WHERE id = $1 AND expires_ms > {s}.now_ms()"
+            ))
+            .await?,
+            close: prep(format!("SELECT {s}.close($1)")).await?,
+            join: prep(format!("SELECT * FROM {s}.join($1, $2, $3, $4, $5, $6, $7)")).await?,
+            leave: prep(format!("SELECT * FROM {s}.leave($1, $2, $3)")).await?,
+            look: prep(format!("SELECT * FROM {s}.look($1, $2, $3)")).await?,
+            set_value: prep(format!("SELECT {s}.set_value($1, $2, $3, $4)")).await?,
+            version: prep(format!("SELECT coalesce((SELECT version FROM {s}.names WHERE name = $1), 0)")).await?,
+            rows: prep(format!(
+                "SELECT e.seq, e.kind, e.count, e.lim, s.tag, s.label, e.value, e.granted_ms,
+                        s.expires_ms - {s}.now_ms(), e.holds,
+                        (SELECT version FROM {s}.names WHERE name = $1)
+                   FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
+                  WHERE e.name = $1 ORDER BY e.seq"
+            ))
+            .await?,
+            refresh: prep(format!("SELECT {s}.refresh($1)")).await?,
+            names: prep(format!(
+                "SELECT DISTINCT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
+                  WHERE s.expires_ms > {s}.now_ms() AND left(e.name, length($1)) = $1 ORDER BY 1"
+            ))
+            .await?,
+            evict: prep(format!("SELECT {s}.evict($1)")).await?,
+        };
+        let connected = Connected {
+            client: Arc::new(client),
+            stmts: Arc::new(stmts),
+        };
+        *slot = Some(connected.clone());
+        Ok(connected)
+    }
+
+    /// Creates the schema once per database, under an advisory lock so that
+    /// concurrent first users do not race.
+    async fn create_schema(&self, client: &Client) -> Result<()> {
+        let s = &self.inner.schema;
+        let done = client
+            .query_opt(
+                &format!("SELECT value FROM {s}.meta WHERE key = 'schema'"),
+                &[],
+            )
+            .await;
+        if let Ok(Some(row)) = &done {
+            let v: String = row.get(0);
+            return self.check_version(&v);
+        }
+        let ddl = SCHEMA_SQL.replace("@s", s);
+        let script = format!(
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('tenure schema {s}'));
+             CREATE SCHEMA IF NOT EXISTS {s};
+             {ddl}
+             INSERT INTO {s}.meta (key, value) VALUES ('schema', '{SCHEMA_VERSION}') ON CONFLICT (key) DO NOTHING;
+             COMMIT;"
+        );
+        client.batch_execute(&script).await.map_err(pg_err)?;
+        let row = client
+            .query_one(
+                &format!("SELECT value FROM {s}.meta WHERE key = 'schema'"),
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        let v: String = row.get(0);
+        self.check_version(&v)
+    }
+
+    fn check_version(&self, v: &str) -> Result<()> {
+        if v != SCHEMA_VERSION {
+            return Err(Error::InvalidUrl {
+                url: self.inner.url.clone(),
+                reason: format!(
+                    "schema {} has tenure schema version {v}; this build knows {SCHEMA_VERSION}",
+                    self.inner.schema
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs one statement, retrying deadlocks; one round trip normally.
+    async fn query(
+        &self,
+        pick: fn(&Statements) -> &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        let mut attempt = 0;
+        loop {
+            let c = self.connected().await?;
+            match c.client.query(pick(&c.stmts), params).await {
+                Ok(rows) => return Ok(rows),
+                Err(e) if is_retryable(&e) && attempt < RETRIES => attempt += 1,
+                Err(e) => return Err(pg_err(e)),
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        pick: fn(&Statements) -> &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64> {
+        let c = self.connected().await?;
+        c.client
+            .execute(pick(&c.stmts), params)
+            .await
+            .map_err(pg_err)
+    }
+
+    /// Listens for this schema's notifications on a connection of its own,
+    /// started on first use and restarted if it drops.
+    async fn ensure_listener(&self) {
+        let mut started = self.inner.listener.lock().await;
+        if *started {
+            return;
+        }
+        let (client, mut connection) = match self.connect_raw().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "no LISTEN connection; waiters poll");
+                return;
+            }
+        };
+        let waiting = self.inner.waiting.clone();
+        let store = Arc::downgrade(&self.inner);
+        let wake = format!("{}_wake", self.inner.schema);
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                let Ok(AsyncMessage::Notification(n)) = message else {
+                    if message.is_err() {
+                        break;
+                    }
+                    continue;
+                };
+                let key = if n.channel() == wake {
+                    format!("w:{}", n.payload())
+                } else {
+                    format!("ch:{}", n.payload())
+                };
+                let waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some((notify, _)) = waiting.get(&key) {
+                    notify.notify_waiters();
+                }
+            }
+            // The connection dropped: let the next waiter start a new one.
+            if let Some(inner) = store.upgrade() {
+                *inner.listener.lock().await = false;
+            }
+        });
+        let s = &self.inner.schema;
+        match client
+            .batch_execute(&format!("LISTEN {s}_wake; LISTEN {s}_change;"))
+            .await
+        {
+            Ok(()) => {
+                // Keep the client alive as long as the listening task runs.
+                tokio::spawn(async move {
+                    let client = client;
+                    while !client.is_closed() {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                });
+                *started = true;
+            }
+            Err(e) => tracing::debug!(error = %e, "LISTEN failed; waiters poll"),
+        }
+    }
+
+    fn listen(&self, key: String) -> Listening {
+        let notify = {
+            let mut waiting = self.inner.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = waiting
+                .entry(key.clone())
+                .or_insert_with(|| (Arc::new(Notify::new()), 0));
+            slot.1 += 1;
+            slot.0.clone()
+        };
+        Listening {
+            waiting: self.inner.waiting.clone(),
+            key,
+            notify,
+        }
+    }
+}
+
+struct Listening {
+    waiting: Waiting,
+    key: String,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, n)) = waiting.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let secret = crate::session::random_hex(16)?;
+        let tag = crate::session::random_hex(6)?;
+        let ttl = i64::try_from(spec.ttl.as_millis()).unwrap_or(i64::MAX);
+        self.execute(|s| &s.open, &[&secret, &tag, &spec.label, &ttl])
+            .await?;
+        Ok(OpenedSession {
+            key: SessionKey::new(secret),
+            tag,
+        })
+    }
+
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+        let n = self
+            .execute(|s| &s.keep_alive, &[&session.secret()])
+            .await?;
+        if n == 0 {
+            return Err(Error::SessionLost(
+                "the session expired before the keep-alive arrived",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn close_session(&self, session: &SessionKey) -> Result<()> {
+        self.query(|s| &s.close, &[&session.secret()])
+            .await
+            .map(|_| ())
+    }
+
+    async fn join(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>> {
+        crate::queue::check_compatible(name, kind, [])?;
+        let (k, count, limit) = kind_args(kind);
+        let if_granted = mode == JoinMode::IfGranted;
+        let rows = self
+            .query(
+                |s| &s.join,
+                &[
+                    &session.secret(),
+                    &name.as_str(),
+                    &k,
+                    &count,
+                    &limit,
+                    &value,
+                    &if_granted,
+                ],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::backend(BACKEND, "join returned no row"))?;
+        let status: String = row.get(0);
+        match status.as_str() {
+            "ok" => Ok(Some(Joined {
+                seq: to_u64(row.get(1))?,
+                granted: row.get(2),
+                holds: u32::try_from(row.get::<_, i32>(3))
+                    .map_err(|e| Error::backend(BACKEND, e))?,
+                first: row.get(4),
+            })),
+            "none" => Ok(None),
+            s => Err(status_error(s, name)),
+        }
+    }
+
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        let rows = self
+            .query(|s| &s.leave, &[&session.secret(), &name.as_str(), &seq])
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::backend(BACKEND, "leave returned no row"))?;
+        let status: String = row.get(0);
+        if status != "ok" {
+            return Err(status_error(&status, name));
+        }
+        u32::try_from(row.get::<_, i32>(1)).map_err(|e| Error::backend(BACKEND, e))
+    }
+
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        self.ensure_listener().await;
+        let listening = self.listen(format!("w:{name}\t{seq}"));
+        let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        let mut backoff = POLL_MIN;
+        loop {
+            let notified = listening.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let rows = self
+                .query(|s| &s.look, &[&session.secret(), &name.as_str(), &seq])
+                .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| Error::backend(BACKEND, "look returned no row"))?;
+            let status: String = row.get(0);
+            match status.as_str() {
+                "granted" => return Ok(()),
+                "wait" => {
+                    let next: Option<i64> = row.get(1);
+                    let mut sleep = backoff;
+                    if let Some(ms) = next.filter(|ms| *ms >= 0) {
+                        sleep = sleep.min(Duration::from_millis(to_u64(ms)? + 1));
+                    }
+                    tokio::select! {
+                        () = notified => backoff = POLL_MIN,
+                        () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(POLL_MAX),
+                    }
+                }
+                s => return Err(status_error(s, name)),
+            }
+        }
+    }
+
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()> {
+        let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        let rows = self
+            .query(
+                |s| &s.set_value,
+                &[&session.secret(), &name.as_str(), &seq, &value],
+            )
+            .await?;
+        let status: String = rows
+            .first()
+            .ok_or_else(|| Error::backend(BACKEND, "set_value returned no row"))?
+            .get(0);
+        if status == "ok" {
+            Ok(())
+        } else {
+            Err(status_error(&status, name))
+        }
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        loop {
+            let rows = self.query(|s| &s.rows, &[&name.as_str()]).await?;
+            let mut entries = Vec::with_capacity(rows.len());
+            let mut stale = false;
+            let mut version = None;
+            for row in &rows {
+                version = row.get::<_, Option<i64>>(10);
+                let left: i64 = row.get(8);
+                if left <= 0 {
+                    stale = true;
+                    continue;
+                }
+                let granted_ms: Option<i64> = row.get(7);
+                entries.push(Entry {
+                    seq: to_u64(row.get(0))?,
+                    kind: kind_from(row.get(1), row.get(2), row.get(3))?,
+                    session_tag: row.get(4),
+                    label: row.get(5),
+                    value: row.get(6),
+                    granted: granted_ms.is_some(),
+                    granted_at: granted_ms
+                        .and_then(|ms| u64::try_from(ms).ok())
+                        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                    expires_in: Duration::from_millis(to_u64(left)?),
+                    holds: u32::try_from(row.get::<_, i32>(9))
+                        .map_err(|e| Error::backend(BACKEND, e))?,
+                });
+            }
+            let kinds: Vec<EntryKind> = entries.iter().map(|e| e.kind).collect();
+            let unstamped = crate::queue::grants(&kinds)
+                .iter()
+                .zip(&entries)
+                .any(|(g, e)| *g && !e.granted);
+            if stale || unstamped {
+                self.query(|s| &s.refresh, &[&name.as_str()]).await?;
+                continue;
+            }
+            let version = match version {
+                Some(v) => v,
+                None => self
+                    .query(|s| &s.version, &[&name.as_str()])
+                    .await?
+                    .first()
+                    .map(|r| r.get::<_, i64>(0))
+                    .unwrap_or(0),
+            };
+            return Ok(Queue {
+                version: to_u64(version)?,
+                entries,
+            });
+        }
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        self.ensure_listener().await;
+        let listening = self.listen(format!("ch:{name}"));
+        let mut backoff = POLL_MIN;
+        loop {
+            let notified = listening.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = self.queue(name).await?.version;
+            if now != version {
+                return Ok(now);
+            }
+            tokio::select! {
+                () = notified => backoff = POLL_MIN,
+                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
+            }
+        }
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let rows = self.query(|s| &s.names, &[&prefix]).await?;
+        rows.iter()
+            .map(|r| Name::new(r.get::<_, String>(0)))
+            .collect()
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        let rows = self.query(|s| &s.evict, &[&name.as_str()]).await?;
+        let n: i32 = rows
+            .first()
+            .ok_or_else(|| Error::backend(BACKEND, "evict returned no row"))?
+            .get(0);
+        usize::try_from(n).map_err(|e| Error::backend(BACKEND, e))
+    }
+}

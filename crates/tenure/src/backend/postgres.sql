@@ -1,0 +1,241 @@
+-- tenure's PostgreSQL store, schema version 1. "@s" is the schema's name.
+-- Every operation is one call of one of these functions: one round trip,
+-- one transaction, judged by the database's clock (clock_timestamp()).
+-- A name's row in @s.names is locked FOR UPDATE by every change to its
+-- queue, so changes to one name are serialized.
+
+CREATE TABLE IF NOT EXISTS @s.meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE IF NOT EXISTS @s.sessions (
+    id text PRIMARY KEY,
+    tag text NOT NULL,
+    label text NOT NULL,
+    ttl_ms bigint NOT NULL,
+    expires_ms bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS @s.names (
+    name text PRIMARY KEY,
+    last_seq bigint NOT NULL,
+    version bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS @s.entries (
+    name text NOT NULL,
+    seq bigint NOT NULL,
+    session text NOT NULL REFERENCES @s.sessions(id) ON DELETE CASCADE,
+    kind smallint NOT NULL,
+    count integer NOT NULL,
+    lim integer NOT NULL,
+    holds integer NOT NULL,
+    value bytea NOT NULL,
+    granted_ms bigint,
+    PRIMARY KEY (name, seq));
+CREATE INDEX IF NOT EXISTS entries_session ON @s.entries(session);
+
+CREATE OR REPLACE FUNCTION @s.now_ms() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+$$;
+
+-- Drops the name's entries of expired sessions (and makes those sessions
+-- unrenewable for good), stamps and announces newly granted entries, and
+-- bumps the version if anything changed. The caller holds the name's lock.
+CREATE OR REPLACE FUNCTION @s.settle(p_name text, p_changed boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms bigint := @s.now_ms();
+    dead text[];
+    r record;
+    idx integer := 0;
+    all_shared boolean := true;
+    permits bigint := 0;
+    ok boolean;
+    changed boolean := p_changed;
+BEGIN
+    SELECT array_agg(DISTINCT e.session) INTO dead
+      FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+     WHERE e.name = p_name AND s.expires_ms <= now_ms;
+    IF dead IS NOT NULL THEN
+        UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(dead);
+        DELETE FROM @s.entries WHERE name = p_name AND session = ANY(dead);
+        changed := true;
+    END IF;
+    FOR r IN SELECT e.seq, e.kind, e.count, e.lim, e.granted_ms
+               FROM @s.entries e WHERE e.name = p_name ORDER BY e.seq LOOP
+        idx := idx + 1;
+        IF r.kind = 0 THEN ok := idx = 1;
+        ELSIF r.kind = 1 THEN ok := all_shared;
+        ELSE ok := permits + r.count <= r.lim;
+        END IF;
+        EXIT WHEN NOT ok;
+        IF r.kind <> 1 THEN all_shared := false; END IF;
+        IF r.kind = 2 THEN permits := permits + r.count; END IF;
+        IF r.granted_ms IS NULL THEN
+            UPDATE @s.entries SET granted_ms = now_ms WHERE name = p_name AND seq = r.seq;
+            PERFORM pg_notify('@s_wake', p_name || E'\t' || r.seq);
+            changed := true;
+        END IF;
+    END LOOP;
+    IF changed THEN
+        UPDATE @s.names SET version = version + 1 WHERE name = p_name;
+        PERFORM pg_notify('@s_change', p_name);
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION @s.lock_name(p_name text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO @s.names (name, last_seq, version) VALUES (p_name, 0, 0)
+        ON CONFLICT (name) DO NOTHING;
+    PERFORM 1 FROM @s.names WHERE name = p_name FOR UPDATE;
+END $$;
+
+CREATE OR REPLACE FUNCTION @s.alive(p_secret text) RETURNS boolean LANGUAGE sql AS $$
+    SELECT EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > @s.now_ms())
+$$;
+
+CREATE OR REPLACE FUNCTION @s.join(p_secret text, p_name text, p_kind smallint, p_count integer,
+    p_lim integer, p_value bytea, p_if_granted boolean,
+    OUT status text, OUT seq bigint, OUT granted boolean, OUT holds integer, OUT first boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    mine @s.entries%ROWTYPE;
+    r record;
+    idx integer := 0;
+    all_granted boolean := true;
+    all_shared boolean := true;
+    permits bigint := 0;
+BEGIN
+    IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
+    PERFORM @s.lock_name(p_name);
+    PERFORM @s.settle(p_name, false);
+    SELECT * INTO mine FROM @s.entries e WHERE e.name = p_name AND e.session = p_secret;
+    IF FOUND THEN
+        IF mine.kind <> p_kind OR mine.count <> p_count OR mine.lim <> p_lim THEN
+            status := 'conflict:this session already has another kind of entry here'; RETURN;
+        END IF;
+        IF p_if_granted AND mine.granted_ms IS NULL THEN status := 'none'; RETURN; END IF;
+        UPDATE @s.entries e SET holds = e.holds + 1
+         WHERE e.name = p_name AND e.seq = mine.seq RETURNING e.holds INTO holds;
+        status := 'ok'; seq := mine.seq; granted := mine.granted_ms IS NOT NULL; first := false;
+        RETURN;
+    END IF;
+    FOR r IN SELECT e.kind, e.count, e.lim, e.granted_ms
+               FROM @s.entries e WHERE e.name = p_name ORDER BY e.seq LOOP
+        IF (r.kind = 2) <> (p_kind = 2) THEN
+            status := 'conflict:locks and semaphores cannot share a name'; RETURN;
+        END IF;
+        IF r.kind = 2 AND r.lim <> p_lim THEN
+            status := 'conflict:semaphore limit ' || p_lim || ' disagrees with the limit '
+                      || r.lim || ' already in use';
+            RETURN;
+        END IF;
+        idx := idx + 1;
+        IF r.granted_ms IS NULL THEN all_granted := false; END IF;
+        IF all_granted THEN
+            IF r.kind <> 1 THEN all_shared := false; END IF;
+            IF r.kind = 2 THEN permits := permits + r.count; END IF;
+        END IF;
+    END LOOP;
+    IF NOT all_granted THEN granted := false;
+    ELSIF p_kind = 0 THEN granted := idx = 0;
+    ELSIF p_kind = 1 THEN granted := all_shared;
+    ELSE granted := permits + p_count <= p_lim;
+    END IF;
+    IF p_if_granted AND NOT granted THEN status := 'none'; RETURN; END IF;
+    UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1
+     WHERE n.name = p_name RETURNING n.last_seq INTO seq;
+    first := seq = 1;
+    INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+    VALUES (p_name, seq, p_secret, p_kind, p_count, p_lim, 1, p_value,
+            CASE WHEN granted THEN @s.now_ms() END);
+    holds := 1;
+    status := 'ok';
+    PERFORM pg_notify('@s_change', p_name);
+END $$;
+
+CREATE OR REPLACE FUNCTION @s.leave(p_secret text, p_name text, p_seq bigint,
+    OUT status text, OUT holds integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
+    PERFORM @s.lock_name(p_name);
+    UPDATE @s.entries e SET holds = e.holds - 1
+     WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret
+    RETURNING e.holds INTO holds;
+    IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
+    IF holds <= 0 THEN
+        DELETE FROM @s.entries WHERE name = p_name AND seq = p_seq;
+        PERFORM @s.settle(p_name, true);
+        holds := 0;
+    END IF;
+    status := 'ok';
+END $$;
+
+-- Whether the entry is granted; if not, ms until the next expiry ahead (-1: none).
+CREATE OR REPLACE FUNCTION @s.look(p_secret text, p_name text, p_seq bigint,
+    OUT status text, OUT next_expiry_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    stamped bigint;
+BEGIN
+    IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
+    SELECT e.granted_ms INTO stamped FROM @s.entries e
+     WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
+    IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
+    IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
+    PERFORM @s.lock_name(p_name);
+    PERFORM @s.settle(p_name, false);
+    SELECT e.granted_ms INTO stamped FROM @s.entries e
+     WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
+    IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
+    IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
+    SELECT coalesce(min(s.expires_ms) - @s.now_ms(), -1) INTO next_expiry_ms
+      FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+     WHERE e.name = p_name AND e.seq < p_seq;
+    status := 'wait';
+END $$;
+
+CREATE OR REPLACE FUNCTION @s.set_value(p_secret text, p_name text, p_seq bigint, p_value bytea)
+RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT @s.alive(p_secret) THEN RETURN 'lost'; END IF;
+    PERFORM @s.lock_name(p_name);
+    PERFORM @s.settle(p_name, false);
+    UPDATE @s.entries SET value = p_value
+     WHERE name = p_name AND seq = p_seq AND session = p_secret AND granted_ms IS NOT NULL;
+    IF NOT FOUND THEN RETURN 'notheld'; END IF;
+    UPDATE @s.names SET version = version + 1 WHERE name = p_name;
+    PERFORM pg_notify('@s_change', p_name);
+    RETURN 'ok';
+END $$;
+
+CREATE OR REPLACE FUNCTION @s.close(p_secret text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    n text;
+BEGIN
+    FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = p_secret ORDER BY name LOOP
+        PERFORM @s.lock_name(n);
+    END LOOP;
+    FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = p_secret ORDER BY name LOOP
+        DELETE FROM @s.entries WHERE name = n AND session = p_secret;
+        PERFORM @s.settle(n, true);
+    END LOOP;
+    DELETE FROM @s.sessions WHERE id = p_secret;
+END $$;
+
+-- Settles a name whose queue a reader found stale (expired or unstamped).
+CREATE OR REPLACE FUNCTION @s.refresh(p_name text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM @s.lock_name(p_name);
+    PERFORM @s.settle(p_name, false);
+END $$;
+
+CREATE OR REPLACE FUNCTION @s.evict(p_name text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    holders text[];
+BEGIN
+    PERFORM @s.lock_name(p_name);
+    PERFORM @s.settle(p_name, false);
+    SELECT array_agg(DISTINCT session) INTO holders FROM @s.entries
+     WHERE name = p_name AND granted_ms IS NOT NULL;
+    IF holders IS NULL THEN RETURN 0; END IF;
+    -- Their sessions end for good; their entries elsewhere go as those names settle.
+    UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(holders);
+    PERFORM @s.settle(p_name, true);
+    RETURN cardinality(holders);
+END $$;
