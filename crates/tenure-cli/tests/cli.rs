@@ -339,7 +339,7 @@ fn usage_errors_exit_64_without_secrets() {
         assert!(!out.stderr.is_empty());
     }
     let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
-        .args(["--store", "mysql://bob:hunter2@db/app", "status"])
+        .args(["--store", "etcd://bob:hunter2@db:2379", "status"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64));

@@ -374,3 +374,116 @@ impl Drop for PostgresServer {
         self.kill();
     }
 }
+
+/// A MariaDB server of its own (`mariadb-install-db` + `mariadbd
+/// --user=mysql`), with a user `tenure` (password [`PASSWORD`]) and a
+/// database `tenure`.
+pub struct MariaDbServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl MariaDbServer {
+    /// Starts one, or `None` (after [`missing`]) without the binaries.
+    pub fn start_or_skip() -> Option<MariaDbServer> {
+        let install = find("mariadb-install-db", &["/usr/bin/mariadb-install-db"]);
+        let server = find("mariadbd", &["/usr/sbin/mariadbd"]);
+        let client = find("mariadb", &["/usr/bin/mariadb"]);
+        let user = system_user("mysql");
+        let (Some(install), Some(_), Some(client), Some(user)) = (install, server, client, user)
+        else {
+            missing(
+                "MariaDB (mariadb-install-db, mariadbd, mariadb)",
+                "mariadb-server",
+            );
+            return None;
+        };
+        let dir = server_dir(user.0, user.1);
+        let status = Command::new(install)
+            .args([
+                "--user=mysql",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ])
+            .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run mariadb-install-db");
+        assert!(status.success(), "mariadb-install-db failed");
+        let mut server = MariaDbServer {
+            port: free_port(),
+            dir,
+            child: None,
+        };
+        server.launch();
+        let setup = format!(
+            "CREATE USER 'tenure'@'%' IDENTIFIED BY '{PASSWORD}'; \
+             GRANT ALL ON *.* TO 'tenure'@'%'; CREATE DATABASE tenure;"
+        );
+        let status = Command::new(client)
+            .arg(format!("--socket={}", server.socket().display()))
+            .args(["-uroot", "-e", &setup])
+            .status()
+            .expect("run mariadb");
+        assert!(status.success(), "creating the test user failed");
+        Some(server)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("sock")
+    }
+
+    fn launch(&mut self) {
+        let mut cmd = Command::new("mariadbd");
+        cmd.args(["--user=mysql", "--bind-address=127.0.0.1", "--skip-log-bin"])
+            .args([
+                "--innodb-flush-log-at-trx-commit=2",
+                "--max-connections=300",
+            ])
+            .arg(format!(
+                "--datadir={}",
+                self.dir.path().join("data").display()
+            ))
+            .arg(format!("--port={}", self.port))
+            .arg(format!("--socket={}", self.socket().display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.child = Some(spawn_tied(cmd).expect("spawn mariadbd"));
+        assert!(
+            wait_for_port(self.port, Duration::from_secs(20)),
+            "mariadbd did not start"
+        );
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A `mysql://` URL with the right password.
+    pub fn url(&self) -> String {
+        format!("mysql://tenure:{PASSWORD}@127.0.0.1:{}/tenure", self.port)
+    }
+
+    /// SIGKILLs the server.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same data and port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+}
+
+impl Drop for MariaDbServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -208,6 +208,43 @@ async fn postgres_floor(url: &str, cycles: usize) -> Stats {
     )
 }
 
+/// The MySQL floor: one INSERT of a row with an expiry to take, one DELETE to
+/// release, prepared, autocommit.
+#[cfg(feature = "mysql")]
+async fn mysql_floor(url: &str, cycles: usize) -> Stats {
+    use mysql_async::prelude::Queryable;
+    let pool = mysql_async::Pool::new(mysql_async::Opts::from_url(url).unwrap());
+    let mut conn = pool.get_conn().await.unwrap();
+    conn.query_drop(
+        "CREATE TABLE IF NOT EXISTS floor_locks (name VARCHAR(64) PRIMARY KEY, owner VARCHAR(64) NOT NULL, expires DATETIME(3) NOT NULL) ENGINE=InnoDB",
+    )
+    .await
+    .unwrap();
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        conn.exec_drop(
+            "INSERT INTO floor_locks VALUES (?, ?, NOW(3) + INTERVAL 30 SECOND)",
+            ("floor", "me"),
+        )
+        .await
+        .unwrap();
+        conn.exec_drop(
+            "DELETE FROM floor_locks WHERE name = ? AND owner = ?",
+            ("floor", "me"),
+        )
+        .await
+        .unwrap();
+        samples.push(t.elapsed());
+    }
+    stats(
+        "mysql raw floor (INSERT + DELETE)",
+        samples,
+        start.elapsed(),
+    )
+}
+
 fn main() {
     let cycles: usize = std::env::var("BENCH_CYCLES")
         .ok()
@@ -263,6 +300,14 @@ fn main() {
             rows.push(uncontended(&store, cycles).await);
             rows.push(postgres_floor(&pg.url(), cycles).await);
         }
+        #[cfg(feature = "mysql")]
+        let my = tenure_testkit::MariaDbServer::start_or_skip();
+        #[cfg(feature = "mysql")]
+        if let Some(my) = &my {
+            let store = tenure::open(&my.url()).await.unwrap();
+            rows.push(uncontended(&store, cycles).await);
+            rows.push(mysql_floor(&my.url(), cycles).await);
+        }
         rows.push(contended(&memory, 16, (cycles / 16).max(10)).await);
         rows.push(contended(&sqlite, 16, (cycles / 64).max(5)).await);
         #[cfg(feature = "redis")]
@@ -273,6 +318,11 @@ fn main() {
         #[cfg(feature = "postgres")]
         if let Some(pg) = &pg {
             let store = tenure::open(&pg.url()).await.unwrap();
+            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+        }
+        #[cfg(feature = "mysql")]
+        if let Some(my) = &my {
+            let store = tenure::open(&my.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
         }
         (rows, (acquire, release, renew))

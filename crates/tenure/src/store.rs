@@ -470,6 +470,11 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
             backend: "postgres",
             feature: "postgres",
         }),
+        #[cfg(feature = "mysql")]
+        Scheme::Mysql => Ok(Arc::new(
+            crate::backend::mysql::MysqlStore::open_url(url).await?,
+        )),
+        #[cfg(not(feature = "mysql"))]
         Scheme::Mysql => Err(Error::BackendDisabled {
             backend: "mysql",
             feature: "mysql",
@@ -508,6 +513,8 @@ pub fn builtin_backends() -> Vec<Capabilities> {
     all.push(crate::backend::redis::capabilities());
     #[cfg(feature = "postgres")]
     all.push(crate::backend::postgres::capabilities());
+    #[cfg(feature = "mysql")]
+    all.push(crate::backend::mysql::capabilities());
     all
 }
 

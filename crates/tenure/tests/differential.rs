@@ -207,3 +207,14 @@ async fn memory_and_postgres_agree() {
         run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
     }
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_mysql_agree() {
+    let Some(server) = tenure_testkit::MariaDbServer::start_or_skip() else {
+        return;
+    };
+    for seed in 1..=8u64 {
+        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
+    }
+}

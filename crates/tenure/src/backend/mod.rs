@@ -1,6 +1,8 @@
 //! One module per backend, each behind its cargo feature.
 
 pub mod memory;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

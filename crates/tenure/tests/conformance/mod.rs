@@ -121,6 +121,35 @@ pub async fn check_exclusion(t: &Target) {
     );
 }
 
+/// Many sessions try a fresh name at the same moment: exactly one wins.
+pub async fn check_concurrent_first_use(t: &Target) {
+    const TASKS: usize = 8;
+    for _ in 0..4 {
+        let name = unique("first-use");
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let mut tasks = Vec::new();
+        for _ in 0..TASKS {
+            let (store, name, barrier) = (t.store.clone(), name.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                let s = session(&store).await;
+                let m = Mutex::new(&s, &name).unwrap();
+                barrier.wait().await;
+                let won = m.try_lock().await.unwrap();
+                // Hold until everyone has tried.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let won = won.is_some();
+                s.close().await.unwrap();
+                won
+            }));
+        }
+        let mut winners = 0;
+        for task in tasks {
+            winners += usize::from(task.await.unwrap());
+        }
+        assert_eq!(winners, 1, "{winners} sessions won {name} at once");
+    }
+}
+
 pub async fn check_try_lock_while_held(t: &Target) {
     let name = unique("try");
     let (a, b) = (session(&t.store).await, session(&t.store).await);
@@ -1068,7 +1097,7 @@ pub async fn check_schedule_leader(t: &Target) {
 macro_rules! conformance_tests {
     ($target:expr) => {
         $crate::conformance_tests!(@each $target;
-            check_exclusion, check_try_lock_while_held, check_timeout, check_fifo,
+            check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_timeout, check_fifo,
             check_reentrancy, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
             check_crashed_holder_released, check_waiter_session_expiry,
             check_cancelled_wait_leaves_queue, check_fencing_monotonic,

@@ -1,0 +1,649 @@
+//! `mysql://user:password@host:port/db[?prefix=NAME_]` (also `mariadb://`):
+//! one stored-procedure CALL per operation (one round trip, one
+//! transaction), expiry by the server's clock (`SYSDATE(3)`). Nothing can
+//! notify a waiter, so waiters poll with a backoff (never past the next
+//! expiry ahead of them); in this process a release wakes its next waiter
+//! directly.
+//!
+//! Tables and procedures carry a prefix (default `tenure_`), are created on
+//! first use under `GET_LOCK`, idempotently, and versioned in `PREFIXmeta`.
+//! Fencing counters are plain columns, not `AUTO_INCREMENT` (which InnoDB may
+//! reuse after a restart), so tokens never go back.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Pool, Row, Value};
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
+use crate::store::{
+    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
+};
+
+const BACKEND: &str = "mysql";
+const SCHEMA_SQL: &str = include_str!("mysql.sql");
+const SCHEMA_VERSION: &str = "1";
+const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
+const POLL_MIN: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(100);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const RETRIES: usize = 5;
+
+/// The MySQL/MariaDB backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        backend: BACKEND,
+        fencing: true,
+        durable: true,
+        multi_process: true,
+        fifo: true,
+        shared: true,
+        permits: true,
+        wake: Wake::LocalOrPoll {
+            min: POLL_MIN,
+            max: POLL_MAX,
+        },
+        clock: "the server's SYSDATE(3)",
+        min_ttl: Duration::from_millis(100),
+        max_ttl: Duration::from_secs(7 * 24 * 3600),
+        round_trips: "acquire: 1 (a CALL), release: 1, renew: 1",
+    }
+}
+
+/// A store in one MySQL or MariaDB database.
+#[derive(Clone)]
+pub struct MysqlStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    prefix: String,
+    url: String,
+    caps: Capabilities,
+    /// This process's waiters, woken when a release made here grants them.
+    waiters: Mutex<HashMap<(Name, u64), Arc<Notify>>>,
+    changes: Mutex<HashMap<Name, Arc<Notify>>>,
+}
+
+impl std::fmt::Debug for MysqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlStore")
+            .field("url", &self.inner.url)
+            .field("prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+fn my_err(e: mysql_async::Error) -> Error {
+    match &e {
+        mysql_async::Error::Server(s) if s.code == 1045 || s.code == 1044 => Error::Auth {
+            backend: BACKEND,
+            reason: s.message.clone(),
+        },
+        mysql_async::Error::Server(s) if matches!(s.code, 1205 | 1213 | 1040 | 1053) => {
+            Error::unavailable(BACKEND, e)
+        }
+        mysql_async::Error::Io(_) | mysql_async::Error::Driver(_) => Error::unavailable(BACKEND, e),
+        _ => Error::backend(BACKEND, e),
+    }
+}
+
+fn is_retryable(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == 1213 || s.code == 1205)
+}
+
+fn parse_url(url: &str) -> Result<(mysql_async::Opts, String)> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: mask_password(url),
+        reason,
+    };
+    let url_mysql = match url.split_once("://") {
+        Some((_, rest)) => format!("mysql://{rest}"),
+        None => {
+            return Err(invalid(
+                "expected mysql://user:password@host:port/db".into(),
+            ))
+        }
+    };
+    let (base, query) = match url_mysql.split_once('?') {
+        Some((b, q)) => (b.to_string(), q.to_string()),
+        None => (url_mysql.clone(), String::new()),
+    };
+    let mut prefix = "tenure_".to_string();
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("prefix", v)) => {
+                let ok = !v.is_empty()
+                    && v.len() <= 32
+                    && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !ok {
+                    return Err(invalid(format!(
+                        "prefix must be 1-32 of A-Z, a-z, 0-9 and _, not {v:?}"
+                    )));
+                }
+                prefix = v.to_string();
+            }
+            _ => rest.push(pair),
+        }
+    }
+    let cleaned = if rest.is_empty() {
+        base
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let opts = mysql_async::Opts::from_url(&cleaned).map_err(|e| invalid(e.to_string()))?;
+    if opts.db_name().is_none() {
+        return Err(invalid(
+            "no database: use mysql://user:password@host:port/DATABASE".into(),
+        ));
+    }
+    Ok((opts, prefix))
+}
+
+fn kind_args(kind: EntryKind) -> (i16, i64, i64) {
+    match kind {
+        EntryKind::Exclusive => (0, 0, 0),
+        EntryKind::Shared => (1, 0, 0),
+        EntryKind::Permits { count, limit } => (2, count.into(), limit.into()),
+    }
+}
+
+fn kind_from(kind: i64, count: i64, limit: i64) -> Result<EntryKind> {
+    Ok(match kind {
+        0 => EntryKind::Exclusive,
+        1 => EntryKind::Shared,
+        2 => EntryKind::Permits {
+            count: u32::try_from(count).map_err(|e| Error::backend(BACKEND, e))?,
+            limit: u32::try_from(limit).map_err(|e| Error::backend(BACKEND, e))?,
+        },
+        other => {
+            return Err(Error::backend(
+                BACKEND,
+                format!("unknown entry kind {other}"),
+            ))
+        }
+    })
+}
+
+/// Reads column `i` of a row, with a typed error instead of a panic.
+fn col<T: mysql_async::prelude::FromValue>(row: &Row, i: usize) -> Result<T> {
+    let value: Value = row
+        .as_ref(i)
+        .cloned()
+        .ok_or_else(|| Error::backend(BACKEND, format!("reply has no column {i}")))?;
+    mysql_async::from_value_opt(value)
+        .map_err(|e| Error::backend(BACKEND, format!("column {i}: {e}")))
+}
+
+fn to_u64(v: i64) -> Result<u64> {
+    u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
+}
+
+fn status_error(status: &str, name: &Name) -> Error {
+    match status {
+        "lost" => Error::SessionLost("the store has no such session (expired or closed)"),
+        "notheld" => Error::NotHeld("this session holds no such entry"),
+        s => match s.strip_prefix("conflict:") {
+            Some(reason) => Error::Conflict {
+                name: name.to_string(),
+                reason: reason.to_string(),
+            },
+            None => Error::backend(BACKEND, format!("unexpected status {s:?}")),
+        },
+    }
+}
+
+impl MysqlStore {
+    pub(crate) async fn open_url(url: &str) -> Result<Self> {
+        let (opts, prefix) = parse_url(url)?;
+        let store = MysqlStore {
+            inner: Arc::new(Inner {
+                pool: Pool::new(opts),
+                prefix,
+                url: mask_password(url),
+                caps: capabilities(),
+                waiters: Mutex::new(HashMap::new()),
+                changes: Mutex::new(HashMap::new()),
+            }),
+        };
+        store.create_schema().await?;
+        Ok(store)
+    }
+
+    async fn conn(&self) -> Result<mysql_async::Conn> {
+        tokio::time::timeout(CONNECT_TIMEOUT, self.inner.pool.get_conn())
+            .await
+            .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
+            .map_err(my_err)
+    }
+
+    async fn create_schema(&self) -> Result<()> {
+        let p = &self.inner.prefix;
+        let mut conn = self.conn().await?;
+        let version: Option<String> = conn
+            .query_first(format!("SELECT v FROM {p}meta WHERE k = 'schema'"))
+            .await
+            .unwrap_or(None);
+        if let Some(v) = version {
+            return self.check_version(&v);
+        }
+        let _: Option<i64> = conn
+            .exec_first("SELECT GET_LOCK(?, 30)", (format!("tenure schema {p}"),))
+            .await
+            .map_err(my_err)?;
+        let result = async {
+            for statement in SCHEMA_SQL.split("\n;;\n") {
+                let sql = statement.replace("@pnow_ms()", NOW_MS).replace("@p", p);
+                let sql = sql.trim();
+                if sql
+                    .lines()
+                    .all(|l| l.trim().is_empty() || l.trim_start().starts_with("--"))
+                {
+                    continue;
+                }
+                conn.query_drop(sql).await.map_err(my_err)?;
+            }
+            conn.exec_drop(
+                format!("INSERT IGNORE INTO {p}meta (k, v) VALUES ('schema', ?)"),
+                (SCHEMA_VERSION,),
+            )
+            .await
+            .map_err(my_err)
+        }
+        .await;
+        let _ = conn
+            .exec_drop("DO RELEASE_LOCK(?)", (format!("tenure schema {p}"),))
+            .await;
+        result?;
+        let v: Option<String> = conn
+            .query_first(format!("SELECT v FROM {p}meta WHERE k = 'schema'"))
+            .await
+            .map_err(my_err)?;
+        self.check_version(v.as_deref().unwrap_or(""))
+    }
+
+    fn check_version(&self, v: &str) -> Result<()> {
+        if v != SCHEMA_VERSION {
+            return Err(Error::InvalidUrl {
+                url: self.inner.url.clone(),
+                reason: format!(
+                    "tables {}* have schema version {v:?}; this build knows {SCHEMA_VERSION}",
+                    self.inner.prefix
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// One CALL (one round trip): its first row. Deadlocks are retried.
+    async fn call(&self, procedure: &str, params: Vec<Value>) -> Result<Row> {
+        let placeholders = vec!["?"; params.len()].join(", ");
+        let sql = format!("CALL {}{procedure}({placeholders})", self.inner.prefix);
+        let mut attempt = 0;
+        loop {
+            let mut conn = self.conn().await?;
+            match conn.exec_first::<Row, _, _>(&sql, params.clone()).await {
+                Ok(Some(row)) => return Ok(row),
+                Ok(None) => {
+                    return Err(Error::backend(
+                        BACKEND,
+                        format!("{procedure} returned no row"),
+                    ))
+                }
+                Err(e) if is_retryable(&e) && attempt < RETRIES => attempt += 1,
+                Err(e) => return Err(my_err(e)),
+            }
+        }
+    }
+
+    fn notify(&self, name: &Name, granted_seq: Option<u64>) {
+        if let Some(seq) = granted_seq {
+            let waiters = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = waiters.get(&(name.clone(), seq)) {
+                n.notify_waiters();
+            }
+        }
+        let changes = self.inner.changes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = changes.get(name) {
+            n.notify_waiters();
+        }
+    }
+
+    /// Wakes local waiters of `name` after a change made here; they look again.
+    fn wake_all(&self, name: &Name) {
+        let waiters = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        for ((n, _), notify) in waiters.iter() {
+            if n == name {
+                notify.notify_waiters();
+            }
+        }
+        drop(waiters);
+        self.notify(name, None);
+    }
+}
+
+#[async_trait]
+impl Store for MysqlStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let secret = crate::session::random_hex(16)?;
+        let tag = crate::session::random_hex(6)?;
+        let ttl = i64::try_from(spec.ttl.as_millis()).unwrap_or(i64::MAX);
+        let label: String = spec.label.chars().take(255).collect();
+        let p = &self.inner.prefix;
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!("INSERT INTO {p}sessions (id, tag, label, ttl_ms, expires_ms) VALUES (?, ?, ?, ?, {NOW_MS} + ?)"),
+            (&secret, &tag, label, ttl, ttl),
+        )
+        .await
+        .map_err(my_err)?;
+        Ok(OpenedSession {
+            key: SessionKey::new(secret),
+            tag,
+        })
+    }
+
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+        let p = &self.inner.prefix;
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!("UPDATE {p}sessions SET expires_ms = {NOW_MS} + ttl_ms WHERE id = ? AND expires_ms > {NOW_MS}"),
+            (session.secret(),),
+        )
+        .await
+        .map_err(my_err)?;
+        if conn.affected_rows() == 0 {
+            return Err(Error::SessionLost(
+                "the session expired before the keep-alive arrived",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn close_session(&self, session: &SessionKey) -> Result<()> {
+        let p = &self.inner.prefix;
+        let names: Vec<String> = {
+            let mut conn = self.conn().await?;
+            conn.exec(
+                format!("SELECT DISTINCT name FROM {p}entries WHERE session = ?"),
+                (session.secret(),),
+            )
+            .await
+            .map_err(my_err)?
+        };
+        self.call("close", vec![session.secret().into()]).await?;
+        for name in names {
+            if let Ok(name) = Name::new(name) {
+                self.wake_all(&name);
+            }
+        }
+        Ok(())
+    }
+
+    async fn join(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>> {
+        crate::queue::check_compatible(name, kind, [])?;
+        let (k, count, limit) = kind_args(kind);
+        let row = self
+            .call(
+                "join",
+                vec![
+                    session.secret().into(),
+                    name.as_str().into(),
+                    k.into(),
+                    count.into(),
+                    limit.into(),
+                    value.to_vec().into(),
+                    (mode == JoinMode::IfGranted).into(),
+                ],
+            )
+            .await?;
+        let status: String = col(&row, 0)?;
+        match status.as_str() {
+            "ok" => {
+                let joined = Joined {
+                    seq: to_u64(col(&row, 1)?)?,
+                    granted: col::<i64>(&row, 2)? != 0,
+                    holds: u32::try_from(col::<i64>(&row, 3)?)
+                        .map_err(|e| Error::backend(BACKEND, e))?,
+                    first: col::<i64>(&row, 4)? != 0,
+                };
+                self.notify(name, None);
+                Ok(Some(joined))
+            }
+            "none" => Ok(None),
+            s => Err(status_error(s, name)),
+        }
+    }
+
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let seq_i = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        let row = self
+            .call(
+                "leave",
+                vec![session.secret().into(), name.as_str().into(), seq_i.into()],
+            )
+            .await?;
+        let status: String = col(&row, 0)?;
+        if status != "ok" {
+            return Err(status_error(&status, name));
+        }
+        let holds = u32::try_from(col::<i64>(&row, 1)?).map_err(|e| Error::backend(BACKEND, e))?;
+        if holds == 0 {
+            // Whoever is next may be waiting in this process.
+            self.wake_all(name);
+        }
+        Ok(holds)
+    }
+
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        let wake = self
+            .inner
+            .waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((name.clone(), seq))
+            .or_default()
+            .clone();
+        struct Unregister<'a>(&'a MysqlStore, Name, u64);
+        impl Drop for Unregister<'_> {
+            fn drop(&mut self) {
+                self.0
+                    .inner
+                    .waiters
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&(self.1.clone(), self.2));
+            }
+        }
+        let _unregister = Unregister(self, name.clone(), seq);
+        let seq_i = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        let mut backoff = POLL_MIN;
+        loop {
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let row = self
+                .call(
+                    "look",
+                    vec![session.secret().into(), name.as_str().into(), seq_i.into()],
+                )
+                .await?;
+            let status: String = col(&row, 0)?;
+            match status.as_str() {
+                "granted" => return Ok(()),
+                "wait" => {
+                    let next: Option<i64> = col(&row, 1)?;
+                    let mut sleep = backoff;
+                    if let Some(ms) = next.filter(|ms| *ms >= 0) {
+                        sleep = sleep.min(Duration::from_millis(to_u64(ms)? + 1));
+                    }
+                    tokio::select! {
+                        () = notified => backoff = POLL_MIN,
+                        () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(POLL_MAX),
+                    }
+                }
+                s => return Err(status_error(s, name)),
+            }
+        }
+    }
+
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()> {
+        let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        let row = self
+            .call(
+                "set_value",
+                vec![
+                    session.secret().into(),
+                    name.as_str().into(),
+                    seq.into(),
+                    value.to_vec().into(),
+                ],
+            )
+            .await?;
+        let status: String = col(&row, 0)?;
+        if status != "ok" {
+            return Err(status_error(&status, name));
+        }
+        self.notify(name, None);
+        Ok(())
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        let p = self.inner.prefix.clone();
+        loop {
+            let (rows, version) = {
+                let mut conn = self.conn().await?;
+                let rows: Vec<Row> = conn
+                    .exec(
+                        format!(
+                            "SELECT e.seq, e.kind, e.count, e.lim, s.tag, s.label, e.value, e.granted_ms,
+                                    s.expires_ms - {NOW_MS}, e.holds
+                               FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
+                              WHERE e.name = ? ORDER BY e.seq"
+                        ),
+                        (name.as_str(),),
+                    )
+                    .await
+                    .map_err(my_err)?;
+                let version: Option<i64> = conn
+                    .exec_first(
+                        format!("SELECT version FROM {p}names WHERE name = ?"),
+                        (name.as_str(),),
+                    )
+                    .await
+                    .map_err(my_err)?;
+                (rows, version.unwrap_or(0))
+            };
+            let mut entries = Vec::with_capacity(rows.len());
+            let mut stale = false;
+            for row in &rows {
+                let left: i64 = col(row, 8)?;
+                if left <= 0 {
+                    stale = true;
+                    continue;
+                }
+                let granted_ms: Option<i64> = col(row, 7)?;
+                entries.push(Entry {
+                    seq: to_u64(col(row, 0)?)?,
+                    kind: kind_from(col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
+                    session_tag: col(row, 4)?,
+                    label: col(row, 5)?,
+                    value: col(row, 6)?,
+                    granted: granted_ms.is_some(),
+                    granted_at: granted_ms
+                        .and_then(|ms| u64::try_from(ms).ok())
+                        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                    expires_in: Duration::from_millis(to_u64(left)?),
+                    holds: u32::try_from(col::<i64>(row, 9)?)
+                        .map_err(|e| Error::backend(BACKEND, e))?,
+                });
+            }
+            let kinds: Vec<EntryKind> = entries.iter().map(|e| e.kind).collect();
+            let unstamped = crate::queue::grants(&kinds)
+                .iter()
+                .zip(&entries)
+                .any(|(g, e)| *g && !e.granted);
+            if stale || unstamped {
+                self.call("refresh", vec![name.as_str().into()]).await?;
+                self.wake_all(name);
+                continue;
+            }
+            return Ok(Queue {
+                version: to_u64(version)?,
+                entries,
+            });
+        }
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        let notify = self
+            .inner
+            .changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.clone())
+            .or_default()
+            .clone();
+        let mut backoff = POLL_MIN;
+        loop {
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = self.queue(name).await?.version;
+            if now != version {
+                return Ok(now);
+            }
+            tokio::select! {
+                () = notified => backoff = POLL_MIN,
+                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
+            }
+        }
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let p = &self.inner.prefix;
+        let mut conn = self.conn().await?;
+        let names: Vec<String> = conn
+            .exec(
+                format!(
+                    "SELECT DISTINCT e.name FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
+                      WHERE s.expires_ms > {NOW_MS} AND LEFT(e.name, CHAR_LENGTH(?)) = ? ORDER BY e.name"
+                ),
+                (prefix, prefix),
+            )
+            .await
+            .map_err(my_err)?;
+        names.into_iter().map(Name::new).collect()
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        let row = self.call("evict", vec![name.as_str().into()]).await?;
+        let n: i64 = col(&row, 1)?;
+        self.wake_all(name);
+        usize::try_from(n).map_err(|e| Error::backend(BACKEND, e))
+    }
+}

@@ -1,0 +1,355 @@
+-- tenure's MySQL/MariaDB store, schema version 1. "@p" is the table prefix.
+-- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
+-- server's clock in milliseconds (replaced when loaded, so no stored
+-- function needs SUPER under binary logging). Every operation is one CALL (one
+-- round trip, one transaction), judged by the server's clock. A name's row in
+-- @pnames is locked FOR UPDATE by every change to its queue. Fencing counters
+-- are plain columns, not AUTO_INCREMENT, so they never go back on restart.
+CREATE TABLE IF NOT EXISTS @pmeta (
+    k VARCHAR(64) NOT NULL PRIMARY KEY,
+    v VARCHAR(255) NOT NULL
+) ENGINE=InnoDB
+;;
+CREATE TABLE IF NOT EXISTS @psessions (
+    id CHAR(32) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+    tag VARCHAR(32) NOT NULL,
+    label VARCHAR(255) NOT NULL,
+    ttl_ms BIGINT NOT NULL,
+    expires_ms BIGINT NOT NULL
+) ENGINE=InnoDB
+;;
+CREATE TABLE IF NOT EXISTS @pnames (
+    name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    last_seq BIGINT NOT NULL,
+    version BIGINT NOT NULL
+) ENGINE=InnoDB
+;;
+CREATE TABLE IF NOT EXISTS @pentries (
+    name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    seq BIGINT NOT NULL,
+    session CHAR(32) CHARACTER SET ascii NOT NULL,
+    kind SMALLINT NOT NULL,
+    count INT NOT NULL,
+    lim INT NOT NULL,
+    holds INT NOT NULL,
+    value LONGBLOB NOT NULL,
+    granted_ms BIGINT NULL,
+    PRIMARY KEY (name, seq),
+    KEY by_session (session),
+    CONSTRAINT @pentries_session FOREIGN KEY (session) REFERENCES @psessions(id) ON DELETE CASCADE
+) ENGINE=InnoDB
+;;
+DROP PROCEDURE IF EXISTS @psettle
+;;
+-- Drops the name's entries of expired sessions (those sessions can never be
+-- renewed again), stamps newly granted entries, bumps the version. The caller
+-- holds the name's lock inside its transaction.
+CREATE PROCEDURE @psettle(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_changed BOOLEAN)
+BEGIN
+    DECLARE v_now BIGINT DEFAULT @pnow_ms();
+    DECLARE v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_seq BIGINT;
+    DECLARE v_kind SMALLINT;
+    DECLARE v_count INT;
+    DECLARE v_lim INT;
+    DECLARE v_granted BIGINT;
+    DECLARE v_idx INT DEFAULT 0;
+    DECLARE v_shared BOOLEAN DEFAULT TRUE;
+    DECLARE v_permits BIGINT DEFAULT 0;
+    DECLARE v_ok BOOLEAN;
+    DECLARE v_changed BOOLEAN DEFAULT p_changed;
+    DECLARE cur CURSOR FOR
+        SELECT seq, kind, count, lim, granted_ms FROM @pentries WHERE name = p_name ORDER BY seq;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    UPDATE @psessions s JOIN @pentries e ON e.session = s.id
+       SET s.expires_ms = 0
+     WHERE e.name = p_name AND s.expires_ms <= v_now AND s.expires_ms <> 0;
+    DELETE e FROM @pentries e JOIN @psessions s ON s.id = e.session
+     WHERE e.name = p_name AND s.expires_ms <= v_now;
+    IF ROW_COUNT() > 0 THEN
+        SET v_changed = TRUE;
+    END IF;
+    OPEN cur;
+    grant_loop: LOOP
+        FETCH cur INTO v_seq, v_kind, v_count, v_lim, v_granted;
+        IF v_done THEN LEAVE grant_loop; END IF;
+        SET v_idx = v_idx + 1;
+        IF v_kind = 0 THEN SET v_ok = (v_idx = 1);
+        ELSEIF v_kind = 1 THEN SET v_ok = v_shared;
+        ELSE SET v_ok = (v_permits + v_count <= v_lim);
+        END IF;
+        IF NOT v_ok THEN LEAVE grant_loop; END IF;
+        IF v_kind <> 1 THEN SET v_shared = FALSE; END IF;
+        IF v_kind = 2 THEN SET v_permits = v_permits + v_count; END IF;
+        IF v_granted IS NULL THEN
+            UPDATE @pentries SET granted_ms = v_now WHERE name = p_name AND seq = v_seq;
+            SET v_changed = TRUE;
+        END IF;
+    END LOOP;
+    CLOSE cur;
+    IF v_changed THEN
+        UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+    END IF;
+END
+;;
+DROP PROCEDURE IF EXISTS @plock_name
+;;
+CREATE PROCEDURE @plock_name(IN p_name VARCHAR(255) CHARACTER SET utf8mb4)
+BEGIN
+    DECLARE v_found INT DEFAULT 0;
+    SELECT COUNT(*) INTO v_found FROM @pnames WHERE name = p_name FOR UPDATE;
+    IF v_found = 0 THEN
+        INSERT IGNORE INTO @pnames (name, last_seq, version) VALUES (p_name, 0, 0);
+        SELECT COUNT(*) INTO v_found FROM @pnames WHERE name = p_name FOR UPDATE;
+    END IF;
+END
+;;
+DROP PROCEDURE IF EXISTS @pjoin
+;;
+CREATE PROCEDURE @pjoin(IN p_secret CHAR(32), IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
+    IN p_kind SMALLINT, IN p_count INT, IN p_lim INT, IN p_value LONGBLOB, IN p_if_granted BOOLEAN)
+proc: BEGIN
+    DECLARE v_now BIGINT DEFAULT @pnow_ms();
+    DECLARE v_alive INT DEFAULT 0;
+    DECLARE v_mine_seq BIGINT DEFAULT NULL;
+    DECLARE v_mine_kind SMALLINT;
+    DECLARE v_mine_count INT;
+    DECLARE v_mine_lim INT;
+    DECLARE v_mine_granted BIGINT;
+    DECLARE v_holds INT;
+    DECLARE v_rows INT DEFAULT 0;
+    DECLARE v_ungranted INT DEFAULT 0;
+    DECLARE v_nonshared INT DEFAULT 0;
+    DECLARE v_permits BIGINT DEFAULT 0;
+    DECLARE v_other_sem INT DEFAULT 0;
+    DECLARE v_other_lock INT DEFAULT 0;
+    DECLARE v_bad_limit INT DEFAULT NULL;
+    DECLARE v_granted BOOLEAN;
+    DECLARE v_seq BIGINT;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > v_now;
+    IF v_alive = 0 THEN
+        ROLLBACK;
+        SELECT 'lost', NULL, NULL, NULL, NULL;
+        LEAVE proc;
+    END IF;
+    CALL @plock_name(p_name);
+    CALL @psettle(p_name, FALSE);
+    SELECT seq, kind, count, lim, granted_ms, holds
+      INTO v_mine_seq, v_mine_kind, v_mine_count, v_mine_lim, v_mine_granted, v_holds
+      FROM @pentries WHERE name = p_name AND session = p_secret LIMIT 1;
+    IF v_mine_seq IS NOT NULL THEN
+        IF v_mine_kind <> p_kind OR v_mine_count <> p_count OR v_mine_lim <> p_lim THEN
+            COMMIT;
+            SELECT 'conflict:this session already has another kind of entry here', NULL, NULL, NULL, NULL;
+            LEAVE proc;
+        END IF;
+        IF p_if_granted AND v_mine_granted IS NULL THEN
+            COMMIT;
+            SELECT 'none', NULL, NULL, NULL, NULL;
+            LEAVE proc;
+        END IF;
+        UPDATE @pentries SET holds = holds + 1 WHERE name = p_name AND seq = v_mine_seq;
+        COMMIT;
+        SELECT 'ok', v_mine_seq, v_mine_granted IS NOT NULL, v_holds + 1, FALSE;
+        LEAVE proc;
+    END IF;
+    SELECT COUNT(*), COALESCE(SUM(granted_ms IS NULL), 0),
+           COALESCE(SUM(kind <> 1 AND granted_ms IS NOT NULL), 0),
+           COALESCE(SUM(CASE WHEN kind = 2 AND granted_ms IS NOT NULL THEN count ELSE 0 END), 0),
+           COALESCE(SUM(kind = 2), 0), COALESCE(SUM(kind <> 2), 0),
+           MAX(CASE WHEN kind = 2 AND lim <> p_lim THEN lim END)
+      INTO v_rows, v_ungranted, v_nonshared, v_permits, v_other_sem, v_other_lock, v_bad_limit
+      FROM @pentries WHERE name = p_name;
+    IF (p_kind = 2 AND v_other_lock > 0) OR (p_kind <> 2 AND v_other_sem > 0) THEN
+        COMMIT;
+        SELECT 'conflict:locks and semaphores cannot share a name', NULL, NULL, NULL, NULL;
+        LEAVE proc;
+    END IF;
+    IF p_kind = 2 AND v_bad_limit IS NOT NULL THEN
+        COMMIT;
+        SELECT CONCAT('conflict:semaphore limit ', p_lim, ' disagrees with the limit ', v_bad_limit, ' already in use'),
+               NULL, NULL, NULL, NULL;
+        LEAVE proc;
+    END IF;
+    IF v_ungranted > 0 THEN SET v_granted = FALSE;
+    ELSEIF p_kind = 0 THEN SET v_granted = (v_rows = 0);
+    ELSEIF p_kind = 1 THEN SET v_granted = (v_nonshared = 0);
+    ELSE SET v_granted = (v_permits + p_count <= p_lim);
+    END IF;
+    IF p_if_granted AND NOT v_granted THEN
+        COMMIT;
+        SELECT 'none', NULL, NULL, NULL, NULL;
+        LEAVE proc;
+    END IF;
+    UPDATE @pnames SET last_seq = last_seq + 1, version = version + 1 WHERE name = p_name;
+    SELECT last_seq INTO v_seq FROM @pnames WHERE name = p_name;
+    INSERT INTO @pentries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+    VALUES (p_name, v_seq, p_secret, p_kind, p_count, p_lim, 1, p_value,
+            IF(v_granted, v_now, NULL));
+    COMMIT;
+    SELECT 'ok', v_seq, v_granted, 1, v_seq = 1;
+END
+;;
+DROP PROCEDURE IF EXISTS @pleave
+;;
+CREATE PROCEDURE @pleave(IN p_secret CHAR(32), IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
+proc: BEGIN
+    DECLARE v_alive INT DEFAULT 0;
+    DECLARE v_holds INT DEFAULT NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > @pnow_ms();
+    IF v_alive = 0 THEN
+        ROLLBACK;
+        SELECT 'lost', NULL;
+        LEAVE proc;
+    END IF;
+    CALL @plock_name(p_name);
+    SELECT holds INTO v_holds FROM @pentries
+     WHERE name = p_name AND seq = p_seq AND session = p_secret;
+    IF v_holds IS NULL THEN
+        COMMIT;
+        SELECT 'notheld', NULL;
+        LEAVE proc;
+    END IF;
+    IF v_holds > 1 THEN
+        UPDATE @pentries SET holds = holds - 1 WHERE name = p_name AND seq = p_seq;
+        COMMIT;
+        SELECT 'ok', v_holds - 1;
+        LEAVE proc;
+    END IF;
+    DELETE FROM @pentries WHERE name = p_name AND seq = p_seq;
+    CALL @psettle(p_name, TRUE);
+    COMMIT;
+    SELECT 'ok', 0;
+END
+;;
+DROP PROCEDURE IF EXISTS @plook
+;;
+CREATE PROCEDURE @plook(IN p_secret CHAR(32), IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
+proc: BEGIN
+    DECLARE v_alive INT DEFAULT 0;
+    DECLARE v_found INT DEFAULT 0;
+    DECLARE v_stamped BIGINT DEFAULT NULL;
+    DECLARE v_next BIGINT DEFAULT NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > @pnow_ms();
+    IF v_alive = 0 THEN SELECT 'lost', NULL; LEAVE proc; END IF;
+    SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
+     WHERE name = p_name AND seq = p_seq AND session = p_secret;
+    IF v_found = 0 THEN SELECT 'notheld', NULL; LEAVE proc; END IF;
+    IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL; LEAVE proc; END IF;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    CALL @plock_name(p_name);
+    CALL @psettle(p_name, FALSE);
+    SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
+     WHERE name = p_name AND seq = p_seq AND session = p_secret;
+    SELECT MIN(s.expires_ms) - @pnow_ms() INTO v_next
+      FROM @pentries e JOIN @psessions s ON s.id = e.session
+     WHERE e.name = p_name AND e.seq < p_seq;
+    COMMIT;
+    IF v_found = 0 THEN SELECT 'notheld', NULL; LEAVE proc; END IF;
+    IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL; LEAVE proc; END IF;
+    SELECT 'wait', COALESCE(v_next, -1);
+END
+;;
+DROP PROCEDURE IF EXISTS @pset_value
+;;
+CREATE PROCEDURE @pset_value(IN p_secret CHAR(32), IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
+    IN p_seq BIGINT, IN p_value LONGBLOB)
+proc: BEGIN
+    DECLARE v_alive INT DEFAULT 0;
+    DECLARE v_n INT DEFAULT 0;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > @pnow_ms();
+    IF v_alive = 0 THEN ROLLBACK; SELECT 'lost'; LEAVE proc; END IF;
+    CALL @plock_name(p_name);
+    CALL @psettle(p_name, FALSE);
+    SELECT COUNT(*) INTO v_n FROM @pentries
+     WHERE name = p_name AND seq = p_seq AND session = p_secret AND granted_ms IS NOT NULL;
+    IF v_n = 0 THEN COMMIT; SELECT 'notheld'; LEAVE proc; END IF;
+    UPDATE @pentries SET value = p_value WHERE name = p_name AND seq = p_seq;
+    UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+    COMMIT;
+    SELECT 'ok';
+END
+;;
+DROP PROCEDURE IF EXISTS @pclose
+;;
+CREATE PROCEDURE @pclose(IN p_secret CHAR(32))
+BEGIN
+    DECLARE v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_name VARCHAR(255) CHARACTER SET utf8mb4;
+    DECLARE cur CURSOR FOR
+        SELECT DISTINCT name FROM @pentries WHERE session = p_secret ORDER BY name;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    OPEN cur;
+    close_loop: LOOP
+        FETCH cur INTO v_name;
+        IF v_done THEN LEAVE close_loop; END IF;
+        CALL @plock_name(v_name);
+        DELETE FROM @pentries WHERE name = v_name AND session = p_secret;
+        CALL @psettle(v_name, TRUE);
+    END LOOP;
+    CLOSE cur;
+    DELETE FROM @psessions WHERE id = p_secret;
+    COMMIT;
+    SELECT 'ok';
+END
+;;
+DROP PROCEDURE IF EXISTS @prefresh
+;;
+CREATE PROCEDURE @prefresh(IN p_name VARCHAR(255) CHARACTER SET utf8mb4)
+BEGIN
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    CALL @plock_name(p_name);
+    CALL @psettle(p_name, FALSE);
+    COMMIT;
+    SELECT 'ok';
+END
+;;
+DROP PROCEDURE IF EXISTS @pevict
+;;
+CREATE PROCEDURE @pevict(IN p_name VARCHAR(255) CHARACTER SET utf8mb4)
+BEGIN
+    DECLARE v_n INT DEFAULT 0;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    CALL @plock_name(p_name);
+    CALL @psettle(p_name, FALSE);
+    SELECT COUNT(DISTINCT session) INTO v_n FROM @pentries
+     WHERE name = p_name AND granted_ms IS NOT NULL;
+    UPDATE @psessions s JOIN @pentries e ON e.session = s.id
+       SET s.expires_ms = 0
+     WHERE e.name = p_name AND e.granted_ms IS NOT NULL;
+    CALL @psettle(p_name, TRUE);
+    COMMIT;
+    SELECT 'ok', v_n;
+END
