@@ -316,15 +316,21 @@ impl MysqlStore {
         }
     }
 
-    /// Wakes local waiters of `name` after a change made here; they look again.
-    fn wake_all(&self, name: &Name) {
+    /// Wakes the first local waiter of `name` in queue order after a change
+    /// made here: in FIFO order it is the one a release may have granted.
+    /// Waiters behind it (several readers or permits granted at once) find out
+    /// by polling; a herd of lookups would cost more than it saves.
+    fn wake_next(&self, name: &Name) {
         let waiters = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
-        for ((n, _), notify) in waiters.iter() {
-            if n == name {
-                notify.notify_waiters();
-            }
-        }
+        let next = waiters
+            .iter()
+            .filter(|((n, _), _)| n == name)
+            .min_by_key(|((_, seq), _)| *seq)
+            .map(|(_, notify)| notify.clone());
         drop(waiters);
+        if let Some(notify) = next {
+            notify.notify_waiters();
+        }
         self.notify(name, None);
     }
 }
@@ -385,7 +391,7 @@ impl Store for MysqlStore {
         self.call("close", vec![session.secret().into()]).await?;
         for name in names {
             if let Ok(name) = Name::new(name) {
-                self.wake_all(&name);
+                self.wake_next(&name);
             }
         }
         Ok(())
@@ -448,7 +454,7 @@ impl Store for MysqlStore {
         let holds = u32::try_from(col::<i64>(&row, 1)?).map_err(|e| Error::backend(BACKEND, e))?;
         if holds == 0 {
             // Whoever is next may be waiting in this process.
-            self.wake_all(name);
+            self.wake_next(name);
         }
         Ok(holds)
     }
@@ -589,7 +595,7 @@ impl Store for MysqlStore {
                 .any(|(g, e)| *g && !e.granted);
             if stale || unstamped {
                 self.call("refresh", vec![name.as_str().into()]).await?;
-                self.wake_all(name);
+                self.wake_next(name);
                 continue;
             }
             return Ok(Queue {
@@ -643,7 +649,7 @@ impl Store for MysqlStore {
     async fn evict(&self, name: &Name) -> Result<usize> {
         let row = self.call("evict", vec![name.as_str().into()]).await?;
         let n: i64 = col(&row, 1)?;
-        self.wake_all(name);
+        self.wake_next(name);
         usize::try_from(n).map_err(|e| Error::backend(BACKEND, e))
     }
 }
