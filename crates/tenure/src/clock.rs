@@ -27,6 +27,7 @@ fn read(clock: libc::clockid_t) -> Option<Duration> {
 
 /// Time since boot, counting suspend (`CLOCK_BOOTTIME`). Elsewhere than Linux,
 /// the wall clock since the Unix epoch.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn boot_time() -> Duration {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     if let Some(d) = read(libc::CLOCK_BOOTTIME) {
@@ -48,6 +49,7 @@ pub(crate) fn suspended() -> Duration {
 }
 
 /// This boot's identity, so a store can drop sessions of an earlier boot.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())

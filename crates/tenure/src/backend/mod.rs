@@ -3,6 +3,7 @@
 pub mod memory;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+mod poll;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

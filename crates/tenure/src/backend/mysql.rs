@@ -19,6 +19,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row, Value};
 use tokio::sync::Notify;
 
+use super::poll::{self, Look};
 use crate::error::{Error, Result};
 use crate::store::{
     mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
@@ -147,31 +148,6 @@ fn parse_url(url: &str) -> Result<(mysql_async::Opts, String)> {
     Ok((opts, prefix))
 }
 
-fn kind_args(kind: EntryKind) -> (i16, i64, i64) {
-    match kind {
-        EntryKind::Exclusive => (0, 0, 0),
-        EntryKind::Shared => (1, 0, 0),
-        EntryKind::Permits { count, limit } => (2, count.into(), limit.into()),
-    }
-}
-
-fn kind_from(kind: i64, count: i64, limit: i64) -> Result<EntryKind> {
-    Ok(match kind {
-        0 => EntryKind::Exclusive,
-        1 => EntryKind::Shared,
-        2 => EntryKind::Permits {
-            count: u32::try_from(count).map_err(|e| Error::backend(BACKEND, e))?,
-            limit: u32::try_from(limit).map_err(|e| Error::backend(BACKEND, e))?,
-        },
-        other => {
-            return Err(Error::backend(
-                BACKEND,
-                format!("unknown entry kind {other}"),
-            ))
-        }
-    })
-}
-
 /// Reads column `i` of a row, with a typed error instead of a panic.
 fn col<T: mysql_async::prelude::FromValue>(row: &Row, i: usize) -> Result<T> {
     let value: Value = row
@@ -184,20 +160,6 @@ fn col<T: mysql_async::prelude::FromValue>(row: &Row, i: usize) -> Result<T> {
 
 fn to_u64(v: i64) -> Result<u64> {
     u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
-}
-
-fn status_error(status: &str, name: &Name) -> Error {
-    match status {
-        "lost" => Error::SessionLost("the store has no such session (expired or closed)"),
-        "notheld" => Error::NotHeld("this session holds no such entry"),
-        s => match s.strip_prefix("conflict:") {
-            Some(reason) => Error::Conflict {
-                name: name.to_string(),
-                reason: reason.to_string(),
-            },
-            None => Error::backend(BACKEND, format!("unexpected status {s:?}")),
-        },
-    }
 }
 
 impl MysqlStore {
@@ -406,7 +368,7 @@ impl Store for MysqlStore {
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
         crate::queue::check_compatible(name, kind, [])?;
-        let (k, count, limit) = kind_args(kind);
+        let (k, count, limit) = poll::kind_code(kind);
         let row = self
             .call(
                 "join",
@@ -435,7 +397,7 @@ impl Store for MysqlStore {
                 Ok(Some(joined))
             }
             "none" => Ok(None),
-            s => Err(status_error(s, name)),
+            s => Err(poll::status_error(BACKEND, s, name)),
         }
     }
 
@@ -449,7 +411,7 @@ impl Store for MysqlStore {
             .await?;
         let status: String = col(&row, 0)?;
         if status != "ok" {
-            return Err(status_error(&status, name));
+            return Err(poll::status_error(BACKEND, &status, name));
         }
         let holds = u32::try_from(col::<i64>(&row, 1)?).map_err(|e| Error::backend(BACKEND, e))?;
         if holds == 0 {
@@ -481,11 +443,7 @@ impl Store for MysqlStore {
         }
         let _unregister = Unregister(self, name.clone(), seq);
         let seq_i = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
-        let mut backoff = POLL_MIN;
-        loop {
-            let notified = wake.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+        poll::until_granted(&wake, POLL_MIN, POLL_MAX, || async {
             let row = self
                 .call(
                     "look",
@@ -494,23 +452,13 @@ impl Store for MysqlStore {
                 .await?;
             let status: String = col(&row, 0)?;
             match status.as_str() {
-                "granted" => return Ok(()),
-                "wait" => {
-                    let next: Option<i64> = col(&row, 1)?;
-                    let mut sleep = backoff;
-                    if let Some(ms) = next.filter(|ms| *ms >= 0) {
-                        sleep = sleep.min(Duration::from_millis(to_u64(ms)? + 1));
-                    }
-                    tokio::select! {
-                        () = notified => backoff = POLL_MIN,
-                        () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(POLL_MAX),
-                    }
-                }
-                s => return Err(status_error(s, name)),
+                "granted" => Ok(Look::Granted),
+                "wait" => Ok(Look::Wait(poll::next_expiry(col(&row, 1)?))),
+                s => Err(poll::status_error(BACKEND, s, name)),
             }
-        }
+        })
+        .await
     }
-
     async fn set_value(
         &self,
         session: &SessionKey,
@@ -532,7 +480,7 @@ impl Store for MysqlStore {
             .await?;
         let status: String = col(&row, 0)?;
         if status != "ok" {
-            return Err(status_error(&status, name));
+            return Err(poll::status_error(BACKEND, &status, name));
         }
         self.notify(name, None);
         Ok(())
@@ -575,7 +523,7 @@ impl Store for MysqlStore {
                 let granted_ms: Option<i64> = col(row, 7)?;
                 entries.push(Entry {
                     seq: to_u64(col(row, 0)?)?,
-                    kind: kind_from(col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
+                    kind: poll::kind_from_code(BACKEND, col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
                     session_tag: col(row, 4)?,
                     label: col(row, 5)?,
                     value: col(row, 6)?,
@@ -588,11 +536,7 @@ impl Store for MysqlStore {
                         .map_err(|e| Error::backend(BACKEND, e))?,
                 });
             }
-            let kinds: Vec<EntryKind> = entries.iter().map(|e| e.kind).collect();
-            let unstamped = crate::queue::grants(&kinds)
-                .iter()
-                .zip(&entries)
-                .any(|(g, e)| *g && !e.granted);
+            let unstamped = poll::has_unstamped_grant(&entries);
             if stale || unstamped {
                 self.call("refresh", vec![name.as_str().into()]).await?;
                 self.wake_next(name);
@@ -614,22 +558,8 @@ impl Store for MysqlStore {
             .entry(name.clone())
             .or_default()
             .clone();
-        let mut backoff = POLL_MIN;
-        loop {
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let now = self.queue(name).await?.version;
-            if now != version {
-                return Ok(now);
-            }
-            tokio::select! {
-                () = notified => backoff = POLL_MIN,
-                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
-            }
-        }
+        poll::until_changed(self, name, version, &notify, POLL_MIN, POLL_MAX).await
     }
-
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;

@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
+use super::poll::{self, Look};
 use crate::error::{Error, Result};
 use crate::store::{
     mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
@@ -185,51 +186,8 @@ fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String)> {
     Ok((config, schema))
 }
 
-fn kind_args(kind: EntryKind) -> (i16, i32, i32) {
-    match kind {
-        EntryKind::Exclusive => (0, 0, 0),
-        EntryKind::Shared => (1, 0, 0),
-        EntryKind::Permits { count, limit } => (
-            2,
-            i32::try_from(count).unwrap_or(i32::MAX),
-            i32::try_from(limit).unwrap_or(i32::MAX),
-        ),
-    }
-}
-
-fn kind_from(kind: i16, count: i32, limit: i32) -> Result<EntryKind> {
-    Ok(match kind {
-        0 => EntryKind::Exclusive,
-        1 => EntryKind::Shared,
-        2 => EntryKind::Permits {
-            count: u32::try_from(count).map_err(|e| Error::backend(BACKEND, e))?,
-            limit: u32::try_from(limit).map_err(|e| Error::backend(BACKEND, e))?,
-        },
-        other => {
-            return Err(Error::backend(
-                BACKEND,
-                format!("unknown entry kind {other}"),
-            ))
-        }
-    })
-}
-
 fn to_u64(v: i64) -> Result<u64> {
     u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
-}
-
-fn status_error(status: &str, name: &Name) -> Error {
-    match status {
-        "lost" => Error::SessionLost("the store has no such session (expired or closed)"),
-        "notheld" => Error::NotHeld("this session holds no such entry"),
-        s => match s.strip_prefix("conflict:") {
-            Some(reason) => Error::Conflict {
-                name: name.to_string(),
-                reason: reason.to_string(),
-            },
-            None => Error::backend(BACKEND, format!("unexpected status {s:?}")),
-        },
-    }
 }
 
 impl PostgresStore {
@@ -541,7 +499,11 @@ impl Store for PostgresStore {
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
         crate::queue::check_compatible(name, kind, [])?;
-        let (k, count, limit) = kind_args(kind);
+        let (k, count, limit) = poll::kind_code(kind);
+        let (count, limit) = (
+            i32::try_from(count).unwrap_or(i32::MAX),
+            i32::try_from(limit).unwrap_or(i32::MAX),
+        );
         let if_granted = mode == JoinMode::IfGranted;
         let rows = self
             .query(
@@ -570,7 +532,7 @@ impl Store for PostgresStore {
                 first: row.get(4),
             })),
             "none" => Ok(None),
-            s => Err(status_error(s, name)),
+            s => Err(poll::status_error(BACKEND, s, name)),
         }
     }
 
@@ -584,7 +546,7 @@ impl Store for PostgresStore {
             .ok_or_else(|| Error::backend(BACKEND, "leave returned no row"))?;
         let status: String = row.get(0);
         if status != "ok" {
-            return Err(status_error(&status, name));
+            return Err(poll::status_error(BACKEND, &status, name));
         }
         u32::try_from(row.get::<_, i32>(1)).map_err(|e| Error::backend(BACKEND, e))
     }
@@ -593,11 +555,7 @@ impl Store for PostgresStore {
         self.ensure_listener().await;
         let listening = self.listen(format!("w:{name}\t{seq}"));
         let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
-        let mut backoff = POLL_MIN;
-        loop {
-            let notified = listening.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+        poll::until_granted(&listening.notify, POLL_MIN, POLL_MAX, || async {
             let rows = self
                 .query(|s| &s.look, &[&session.secret(), &name.as_str(), &seq])
                 .await?;
@@ -606,23 +564,13 @@ impl Store for PostgresStore {
                 .ok_or_else(|| Error::backend(BACKEND, "look returned no row"))?;
             let status: String = row.get(0);
             match status.as_str() {
-                "granted" => return Ok(()),
-                "wait" => {
-                    let next: Option<i64> = row.get(1);
-                    let mut sleep = backoff;
-                    if let Some(ms) = next.filter(|ms| *ms >= 0) {
-                        sleep = sleep.min(Duration::from_millis(to_u64(ms)? + 1));
-                    }
-                    tokio::select! {
-                        () = notified => backoff = POLL_MIN,
-                        () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(POLL_MAX),
-                    }
-                }
-                s => return Err(status_error(s, name)),
+                "granted" => Ok(Look::Granted),
+                "wait" => Ok(Look::Wait(poll::next_expiry(row.get(1)))),
+                s => Err(poll::status_error(BACKEND, s, name)),
             }
-        }
+        })
+        .await
     }
-
     async fn set_value(
         &self,
         session: &SessionKey,
@@ -644,7 +592,7 @@ impl Store for PostgresStore {
         if status == "ok" {
             Ok(())
         } else {
-            Err(status_error(&status, name))
+            Err(poll::status_error(BACKEND, &status, name))
         }
     }
 
@@ -664,7 +612,12 @@ impl Store for PostgresStore {
                 let granted_ms: Option<i64> = row.get(7);
                 entries.push(Entry {
                     seq: to_u64(row.get(0))?,
-                    kind: kind_from(row.get(1), row.get(2), row.get(3))?,
+                    kind: poll::kind_from_code(
+                        BACKEND,
+                        row.get::<_, i16>(1).into(),
+                        row.get::<_, i32>(2).into(),
+                        row.get::<_, i32>(3).into(),
+                    )?,
                     session_tag: row.get(4),
                     label: row.get(5),
                     value: row.get(6),
@@ -677,11 +630,7 @@ impl Store for PostgresStore {
                         .map_err(|e| Error::backend(BACKEND, e))?,
                 });
             }
-            let kinds: Vec<EntryKind> = entries.iter().map(|e| e.kind).collect();
-            let unstamped = crate::queue::grants(&kinds)
-                .iter()
-                .zip(&entries)
-                .any(|(g, e)| *g && !e.granted);
+            let unstamped = poll::has_unstamped_grant(&entries);
             if stale || unstamped {
                 self.query(|s| &s.refresh, &[&name.as_str()]).await?;
                 continue;
@@ -705,22 +654,8 @@ impl Store for PostgresStore {
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
         self.ensure_listener().await;
         let listening = self.listen(format!("ch:{name}"));
-        let mut backoff = POLL_MIN;
-        loop {
-            let notified = listening.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let now = self.queue(name).await?.version;
-            if now != version {
-                return Ok(now);
-            }
-            tokio::select! {
-                () = notified => backoff = POLL_MIN,
-                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
-            }
-        }
+        poll::until_changed(self, name, version, &listening.notify, POLL_MIN, POLL_MAX).await
     }
-
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let rows = self.query(|s| &s.names, &[&prefix]).await?;
         rows.iter()

@@ -20,6 +20,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 use tokio::sync::Notify;
 
+use super::poll::{self, Look};
 use crate::error::{Error, Result};
 use crate::store::{
     mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
@@ -460,11 +461,7 @@ impl Store for RedisStore {
             .listen(format!("{}:{seq}", self.channel("w", name)))
             .await;
         let seq = seq.to_string();
-        let mut backoff = POLL_MIN;
-        loop {
-            let notified = listening.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+        poll::until_granted(&listening.notify, POLL_MIN, POLL_MAX, || async {
             let reply = self
                 .call(
                     "look",
@@ -476,25 +473,15 @@ impl Store for RedisStore {
                 )
                 .await?;
             match reply.first().map(text).transpose()?.as_deref() {
-                Some("granted") => return Ok(()),
-                Some("wait") => {
-                    let next_expiry = reply.get(1).map(number).transpose()?.unwrap_or(-1);
-                    let mut sleep = backoff;
-                    if next_expiry >= 0 {
-                        let until =
-                            Duration::from_millis(u64::try_from(next_expiry).unwrap_or(0) + 1);
-                        sleep = sleep.min(until);
-                    }
-                    tokio::select! {
-                        () = notified => backoff = POLL_MIN,
-                        () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(POLL_MAX),
-                    }
-                }
-                _ => return Err(bad_reply(&format!("{reply:?}"))),
+                Some("granted") => Ok(Look::Granted),
+                Some("wait") => Ok(Look::Wait(poll::next_expiry(
+                    reply.get(1).map(number).transpose()?,
+                ))),
+                _ => Err(bad_reply(&format!("{reply:?}"))),
             }
-        }
+        })
+        .await
     }
-
     async fn set_value(
         &self,
         session: &SessionKey,
@@ -547,23 +534,8 @@ impl Store for RedisStore {
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
         let listening = self.listen(self.channel("ch", name)).await;
-        let mut backoff = POLL_MIN;
-        loop {
-            let notified = listening.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // `queue` settles expired entries, which bumps the version.
-            let now = self.queue(name).await?.version;
-            if now != version {
-                return Ok(now);
-            }
-            tokio::select! {
-                () = notified => backoff = POLL_MIN,
-                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
-            }
-        }
+        poll::until_changed(self, name, version, &listening.notify, POLL_MIN, POLL_MAX).await
     }
-
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let reply = self.call("names", &[prefix.as_bytes()]).await?;
         let mut names = reply[1..]

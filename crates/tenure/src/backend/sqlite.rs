@@ -1020,23 +1020,8 @@ impl Store for SqliteStore {
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
         let notify = self.change_notify(name);
-        let mut backoff = POLL_MIN;
-        loop {
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // `queue` settles expired entries, which bumps the version.
-            let now = self.queue(name).await?.version;
-            if now != version {
-                return Ok(now);
-            }
-            tokio::select! {
-                () = notified => backoff = POLL_MIN,
-                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
-            }
-        }
+        super::poll::until_changed(self, name, version, &notify, POLL_MIN, POLL_MAX).await
     }
-
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let prefix = prefix.to_string();
         let names: Vec<String> = self
