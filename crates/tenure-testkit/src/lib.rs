@@ -487,3 +487,25 @@ impl Drop for MariaDbServer {
         self.kill();
     }
 }
+
+/// What fault tests do to any of the kit's servers.
+pub trait Server {
+    /// A URL for the store, with working credentials.
+    fn url(&self) -> String;
+    /// SIGKILLs the server.
+    fn kill(&mut self);
+    /// Starts it again on the same port (and data, where it keeps any).
+    fn restart(&mut self);
+}
+
+macro_rules! impl_server {
+    ($($t:ty),*) => {$(
+        impl Server for $t {
+            fn url(&self) -> String { <$t>::url(self) }
+            fn kill(&mut self) { <$t>::kill(self) }
+            fn restart(&mut self) { <$t>::restart(self) }
+        }
+    )*};
+}
+
+impl_server!(RedisServer, PostgresServer, MariaDbServer);

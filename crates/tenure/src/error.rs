@@ -130,6 +130,7 @@ impl Error {
         }
     }
 
+    #[allow(dead_code)] // used by the server backends
     pub(crate) fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
         Error::Unavailable {
             backend,

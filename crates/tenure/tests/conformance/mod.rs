@@ -1093,6 +1093,66 @@ pub async fn check_schedule_leader(t: &Target) {
     );
 }
 
+/// Server killed while a lock is held: the holder's lost() fires within the
+/// TTL; after a restart the same store object reconnects, locks are taken
+/// again and tokens still increase.
+pub async fn check_server_killed_and_restarted(server: &mut dyn tenure_testkit::Server) {
+    let store = tenure::open(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(1);
+    let s = Session::with_options(&store, SessionOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&s, "fault").unwrap().lock().await.unwrap();
+    let before = guard.token();
+    let killed = Instant::now();
+    server.kill();
+    let lost = tokio::time::timeout(ttl + Duration::from_millis(500), guard.lost()).await;
+    assert!(lost.is_ok(), "lost() did not fire within the TTL");
+    assert!(
+        killed.elapsed() <= ttl,
+        "lost() fired after the TTL: {:?}",
+        killed.elapsed()
+    );
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s2 = loop {
+        match Session::with_options(&store, SessionOptions::new().ttl(ttl)).await {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(e.is_temporary(), "{e}");
+                assert!(Instant::now() < deadline, "no reconnect: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let g2 = Mutex::new(&s2, "fault").unwrap().lock().await.unwrap();
+    assert!(
+        g2.token() > before,
+        "token went back after a restart: {} <= {before}",
+        g2.token()
+    );
+    g2.release().await.unwrap();
+}
+
+/// A server that is down at start: a typed "unavailable" error, in time.
+pub async fn check_down_at_start(url: &str) {
+    let start = Instant::now();
+    let e = tenure::open(url).await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// A wrong password: a typed auth error that does not show the password.
+pub async fn check_wrong_password(url_with_hunter2: &str) {
+    let e = tenure::open(url_with_hunter2).await.unwrap_err();
+    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
+    assert!(!e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"));
+}
+
 #[macro_export]
 macro_rules! conformance_tests {
     ($target:expr) => {
