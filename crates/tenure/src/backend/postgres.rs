@@ -205,6 +205,10 @@ impl PostgresStore {
             }),
         };
         store.connected().await?;
+        // Start listening now, so the first waiter need not wait for a
+        // second connection (and its authentication) to be set up.
+        let listener = store.clone();
+        tokio::spawn(async move { listener.ensure_listener().await });
         Ok(store)
     }
 

@@ -47,6 +47,8 @@ DECLARE
     ok boolean;
     changed boolean := p_changed;
 BEGIN
+    -- Entries whose session is gone entirely went with it (ON DELETE CASCADE);
+    -- only expired ones are left to find.
     SELECT array_agg(DISTINCT e.session) INTO dead
       FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
      WHERE e.name = p_name AND s.expires_ms <= now_ms;
@@ -79,9 +81,13 @@ END $$;
 
 CREATE OR REPLACE FUNCTION @s.lock_name(p_name text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO @s.names (name, last_seq, version) VALUES (p_name, 0, 0)
-        ON CONFLICT (name) DO NOTHING;
+    -- The usual case, a known name, is one locking read.
     PERFORM 1 FROM @s.names WHERE name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO @s.names (name, last_seq, version) VALUES (p_name, 0, 0)
+            ON CONFLICT (name) DO NOTHING;
+        PERFORM 1 FROM @s.names WHERE name = p_name FOR UPDATE;
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION @s.alive(p_secret text) RETURNS boolean LANGUAGE sql AS $$

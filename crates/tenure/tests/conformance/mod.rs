@@ -626,8 +626,13 @@ pub async fn check_elector_callbacks(t: &Target) {
         assert!(Instant::now() < deadline, "b never led");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Give b's callback a moment: it runs right after its grant.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // b's callback runs once b itself learns of its grant (a wake-up or a
+    // poll after the store granted it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !events.lock().unwrap().iter().any(|e| e.0 == 'b') {
+        assert!(Instant::now() < deadline, "b's on_elected never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     stop_b.send(()).unwrap();
     b.await.unwrap().unwrap();
     let events = events.lock().unwrap().clone();
