@@ -460,17 +460,10 @@ async fn finish(
     }
 }
 
-fn default_value() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into());
-    format!("{host}:{}", std::process::id())
-}
-
 async fn elect(store: std::sync::Arc<dyn Store>, args: ElectArgs) -> Result<u8, Failure> {
     let (session, grace) = open_session(&store, &args.lease).await?;
     let election = Election::new(&session, &args.name)?;
-    let value = args.value.clone().unwrap_or_else(default_value);
+    let value = args.value.clone().unwrap_or_else(tenure::default_label);
     let mut signals = child::Signals::new()?;
     let term = tokio::select! {
         term = election.campaign(value.clone()) => term?,

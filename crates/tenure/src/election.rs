@@ -337,7 +337,7 @@ impl Elector {
                         () = tokio::time::sleep(backoff) => {}
                         () = &mut shutdown => return Ok(()),
                     }
-                    backoff = (backoff * 2).min(self.options_ttl());
+                    backoff = (backoff * 2).min(crate::DEFAULT_TTL);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -365,7 +365,7 @@ impl Elector {
                         () = tokio::time::sleep(backoff) => {}
                         () = &mut shutdown => return Ok(()),
                     }
-                    backoff = (backoff * 2).min(self.options_ttl());
+                    backoff = (backoff * 2).min(crate::DEFAULT_TTL);
                     continue;
                 }
                 Err(e) => {
@@ -387,10 +387,5 @@ impl Elector {
             drop(term);
             let _ = session.close().await;
         }
-    }
-
-    fn options_ttl(&self) -> Duration {
-        // Retry at least once per default TTL when the store is down.
-        crate::session::DEFAULT_TTL
     }
 }

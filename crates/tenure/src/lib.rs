@@ -37,7 +37,7 @@ pub use rwlock::{RwLock, RwLockGuard};
 #[cfg(feature = "schedule")]
 pub use schedule::{parse_cron, Missed, Mode as ScheduleMode, PauseHandle, Schedule, Tick};
 pub use semaphore::{Semaphore, SemaphorePermit};
-pub use session::{LostReason, Session, SessionOptions, DEFAULT_TTL};
+pub use session::{default_label, LostReason, Session, SessionOptions, DEFAULT_TTL};
 pub use store::{
     builtin_backends, mask_password, open, Capabilities, Entry, EntryKind, JoinMode, Joined, Name,
     OpenedSession, Queue, Scheme, SessionKey, SessionSpec, Store, Wake, MAX_NAME_LEN,

@@ -177,7 +177,8 @@ pub(crate) fn random_hex(bytes: usize) -> Result<String> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn default_label() -> String {
+/// The default public label of a session: `host:pid`.
+pub fn default_label() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -356,7 +357,7 @@ impl Session {
         mark_lost(&self.inner, LostReason::Closed);
         let store = self.inner.store.clone();
         let key = self.inner.key.clone();
-        finish(async move { store.close_session(&key).await }, |_| {}).await?
+        finish(async move { store.close_session(&key).await }, |_| {}).await
     }
 
     /// Stops renewing and leaves the session to expire in the store: what it
@@ -408,7 +409,7 @@ impl Session {
             async move { store.join(&key, &task_name, kind, &value, mode).await },
             undo,
         )
-        .await??;
+        .await?;
         Ok(joined.map(|joined| {
             (
                 Hold {
@@ -502,12 +503,12 @@ impl Wait {
 pub(crate) async fn finish<T: Send + 'static>(
     fut: impl Future<Output = T> + Send + 'static,
     abandoned: impl FnOnce(T) + Send + 'static,
-) -> Result<T> {
-    Ok(Finishing {
+) -> T {
+    Finishing {
         fut: Some(Box::pin(fut)),
         abandoned: Some(Box::new(abandoned)),
     }
-    .await)
+    .await
 }
 
 type BoxedCall<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
@@ -573,7 +574,7 @@ impl Hold {
         let key = self.session.inner.key.clone();
         let name = self.name.clone();
         let seq = self.seq;
-        finish(async move { store.leave(&key, &name, seq).await }, |_| {}).await?
+        finish(async move { store.leave(&key, &name, seq).await }, |_| {}).await
     }
 }
 

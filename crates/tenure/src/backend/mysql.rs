@@ -10,16 +10,14 @@
 //! Fencing counters are plain columns, not `AUTO_INCREMENT` (which InnoDB may
 //! reuse after a restart), so tokens never go back.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row, Value};
-use tokio::sync::Notify;
 
-use super::poll::{self, Look};
+use super::poll::{self, Listeners, Look};
 use crate::error::{Error, Result};
 use crate::store::{
     mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
@@ -67,9 +65,8 @@ struct Inner {
     prefix: String,
     url: String,
     caps: Capabilities,
-    /// This process's waiters, woken when a release made here grants them.
-    waiters: Mutex<HashMap<(Name, u64), Arc<Notify>>>,
-    changes: Mutex<HashMap<Name, Arc<Notify>>>,
+    /// This process's waiters and observers, woken by changes made here.
+    listeners: Listeners,
 }
 
 impl std::fmt::Debug for MysqlStore {
@@ -171,8 +168,7 @@ impl MysqlStore {
                 prefix,
                 url: mask_password(url),
                 caps: capabilities(),
-                waiters: Mutex::new(HashMap::new()),
-                changes: Mutex::new(HashMap::new()),
+                listeners: Listeners::default(),
             }),
         };
         store.create_schema().await?;
@@ -265,17 +261,9 @@ impl MysqlStore {
         }
     }
 
-    fn notify(&self, name: &Name, granted_seq: Option<u64>) {
-        if let Some(seq) = granted_seq {
-            let waiters = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = waiters.get(&(name.clone(), seq)) {
-                n.notify_waiters();
-            }
-        }
-        let changes = self.inner.changes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = changes.get(name) {
-            n.notify_waiters();
-        }
+    /// Wakes this process's observers of `name`.
+    fn changed(&self, name: &Name) {
+        self.inner.listeners.wake(&poll::change_key(name.as_str()));
     }
 
     /// Wakes the first local waiter of `name` in queue order after a change
@@ -283,17 +271,10 @@ impl MysqlStore {
     /// Waiters behind it (several readers or permits granted at once) find out
     /// by polling; a herd of lookups would cost more than it saves.
     fn wake_next(&self, name: &Name) {
-        let waiters = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
-        let next = waiters
-            .iter()
-            .filter(|((n, _), _)| n == name)
-            .min_by_key(|((_, seq), _)| *seq)
-            .map(|(_, notify)| notify.clone());
-        drop(waiters);
-        if let Some(notify) = next {
-            notify.notify_waiters();
-        }
-        self.notify(name, None);
+        self.inner
+            .listeners
+            .wake_first(&poll::grant_prefix(name.as_str()));
+        self.changed(name);
     }
 }
 
@@ -393,7 +374,7 @@ impl Store for MysqlStore {
                         .map_err(|e| Error::backend(BACKEND, e))?,
                     first: col::<i64>(&row, 4)? != 0,
                 };
-                self.notify(name, None);
+                self.changed(name);
                 Ok(Some(joined))
             }
             "none" => Ok(None),
@@ -422,28 +403,12 @@ impl Store for MysqlStore {
     }
 
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
-        let wake = self
+        let (listening, _) = self
             .inner
-            .waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry((name.clone(), seq))
-            .or_default()
-            .clone();
-        struct Unregister<'a>(&'a MysqlStore, Name, u64);
-        impl Drop for Unregister<'_> {
-            fn drop(&mut self) {
-                self.0
-                    .inner
-                    .waiters
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&(self.1.clone(), self.2));
-            }
-        }
-        let _unregister = Unregister(self, name.clone(), seq);
+            .listeners
+            .listen(poll::grant_key(name.as_str(), seq));
         let seq_i = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
-        poll::until_granted(&wake, POLL_MIN, POLL_MAX, || async {
+        poll::until_granted(listening.notify(), POLL_MIN, POLL_MAX, || async {
             let row = self
                 .call(
                     "look",
@@ -482,7 +447,7 @@ impl Store for MysqlStore {
         if status != "ok" {
             return Err(poll::status_error(BACKEND, &status, name));
         }
-        self.notify(name, None);
+        self.changed(name);
         Ok(())
     }
 
@@ -550,15 +515,8 @@ impl Store for MysqlStore {
     }
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
-        let notify = self
-            .inner
-            .changes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(name.clone())
-            .or_default()
-            .clone();
-        poll::until_changed(self, name, version, &notify, POLL_MIN, POLL_MAX).await
+        let (listening, _) = self.inner.listeners.listen(poll::change_key(name.as_str()));
+        poll::until_changed(self, name, version, listening.notify(), POLL_MIN, POLL_MAX).await
     }
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let p = &self.inner.prefix;

@@ -2,6 +2,17 @@
 //! or pushed notification wakes a waiter at once, a backoff poll catches the
 //! rest (such as a holder that expires silently).
 
+// Each backend uses part of this module; with some features off, parts go unused.
+#![cfg_attr(
+    not(all(
+        feature = "sqlite",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql"
+    )),
+    allow(dead_code)
+)]
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -11,7 +22,6 @@ use crate::error::{Error, Result};
 use crate::store::{Entry, EntryKind, Name, Store};
 
 /// What a waiter learns from one look at its entry.
-#[allow(dead_code)] // each backend feature uses part of this module
 pub(crate) enum Look {
     /// Granted.
     Granted,
@@ -23,7 +33,6 @@ pub(crate) enum Look {
 /// backoff (from `min`, doubling to `max`) runs out, or just past the next
 /// expiry ahead. `notify` is armed before each look, so a wake-up that comes
 /// during the look is not lost.
-#[allow(dead_code)]
 pub(crate) async fn until_granted<F, Fut>(
     notify: &Notify,
     min: Duration,
@@ -54,7 +63,6 @@ where
 /// Reads the queue until its version differs from `version`. The backends'
 /// `queue` settles expired entries, which bumps the version, so expiry counts
 /// as a change.
-#[allow(dead_code)]
 pub(crate) async fn until_changed(
     store: &dyn Store,
     name: &Name,
@@ -80,7 +88,6 @@ pub(crate) async fn until_changed(
 }
 
 /// Milliseconds from a store (which may say -1 for "none") as a duration.
-#[allow(dead_code)]
 pub(crate) fn next_expiry(ms: Option<i64>) -> Option<Duration> {
     ms.and_then(|ms| u64::try_from(ms).ok())
         .map(Duration::from_millis)
@@ -88,7 +95,6 @@ pub(crate) fn next_expiry(ms: Option<i64>) -> Option<Duration> {
 
 /// Whether a queue read shows an entry the rules grant but the store has not
 /// stamped yet (its predecessor expired silently): the name needs settling.
-#[allow(dead_code)]
 pub(crate) fn has_unstamped_grant(entries: &[Entry]) -> bool {
     let kinds: Vec<EntryKind> = entries.iter().map(|e| e.kind).collect();
     crate::queue::grants(&kinds)
@@ -98,7 +104,6 @@ pub(crate) fn has_unstamped_grant(entries: &[Entry]) -> bool {
 }
 
 /// An entry kind as the SQL backends store it: (kind, count, limit).
-#[allow(dead_code)]
 pub(crate) fn kind_code(kind: EntryKind) -> (i16, i64, i64) {
     match kind {
         EntryKind::Exclusive => (0, 0, 0),
@@ -108,7 +113,6 @@ pub(crate) fn kind_code(kind: EntryKind) -> (i16, i64, i64) {
 }
 
 /// The entry kind back from [`kind_code`]'s columns.
-#[allow(dead_code)]
 pub(crate) fn kind_from_code(
     backend: &'static str,
     kind: i64,
@@ -132,7 +136,6 @@ pub(crate) fn kind_from_code(
 }
 
 /// The error a server-side operation reports as a status word.
-#[allow(dead_code)]
 pub(crate) fn status_error(backend: &'static str, status: &str, name: &Name) -> Error {
     match status {
         "lost" => Error::SessionLost("the store has no such session (expired or closed)"),
@@ -144,5 +147,115 @@ pub(crate) fn status_error(backend: &'static str, status: &str, name: &Name) -> 
             },
             None => Error::backend(backend, format!("unexpected status {s:?}")),
         },
+    }
+}
+
+/// Key -> (its listeners' notifier, how many registrations).
+type Registry = std::collections::HashMap<String, (std::sync::Arc<Notify>, usize)>;
+
+/// The tasks of this process waiting on keys (an entry's grant, a name's
+/// changes), woken by key. One registry per store; cheap to clone.
+#[derive(Clone, Default)]
+pub(crate) struct Listeners(std::sync::Arc<std::sync::Mutex<Registry>>);
+
+/// The key a waiter for `name`'s entry `seq` listens on. Tokens are padded,
+/// so the key order within a name is the queue order.
+pub(crate) fn grant_key(name: &str, seq: u64) -> String {
+    format!("{}{seq:020}", grant_prefix(name))
+}
+
+/// What every [`grant_key`] of `name` starts with.
+pub(crate) fn grant_prefix(name: &str) -> String {
+    format!("w:{name}\t")
+}
+
+/// The key observers of `name` listen on.
+pub(crate) fn change_key(name: &str) -> String {
+    format!("ch:{name}")
+}
+
+impl Listeners {
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers on `key`; also says whether this is the key's first listener
+    /// (a backend that subscribes per key subscribes then).
+    pub(crate) fn listen(&self, key: String) -> (Listening, bool) {
+        let mut registry = self.registry();
+        let slot = registry
+            .entry(key.clone())
+            .or_insert_with(|| (std::sync::Arc::new(Notify::new()), 0));
+        slot.1 += 1;
+        let listening = Listening {
+            listeners: self.clone(),
+            notify: slot.0.clone(),
+            key,
+            on_last: None,
+        };
+        (listening, slot.1 == 1)
+    }
+
+    /// Wakes every task listening on `key` now.
+    pub(crate) fn wake(&self, key: &str) {
+        if let Some((notify, _)) = self.registry().get(key) {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Wakes the listeners of the first key (in key order) that starts with
+    /// `prefix`: with [`grant_key`], the first waiter of a name in this process.
+    pub(crate) fn wake_first(&self, prefix: &str) {
+        let registry = self.registry();
+        let first = registry
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .min_by(|a, b| a.0.cmp(b.0));
+        if let Some((_, (notify, _))) = first {
+            notify.notify_waiters();
+        }
+    }
+}
+
+/// One registration; gone when dropped.
+pub(crate) struct Listening {
+    listeners: Listeners,
+    key: String,
+    notify: std::sync::Arc<Notify>,
+    on_last: Option<Box<dyn FnOnce(String) + Send>>,
+}
+
+impl Listening {
+    /// The notifier to arm before looking.
+    pub(crate) fn notify(&self) -> &Notify {
+        &self.notify
+    }
+
+    /// Runs `f` with the key when the key's last listener goes (to
+    /// unsubscribe, say).
+    pub(crate) fn on_last(mut self, f: impl FnOnce(String) + Send + 'static) -> Self {
+        self.on_last = Some(Box::new(f));
+        self
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let last = {
+            let mut registry = self.listeners.registry();
+            match registry.get_mut(&self.key) {
+                Some((_, n)) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                _ => {
+                    registry.remove(&self.key);
+                    true
+                }
+            }
+        };
+        if let (true, Some(f)) = (last, self.on_last.take()) {
+            f(std::mem::take(&mut self.key));
+        }
     }
 }

@@ -6,17 +6,15 @@
 //! created on first use under an advisory lock, idempotently, and versioned
 //! in `SCHEMA.meta`. Every statement is parameterized.
 
-use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
-use super::poll::{self, Look};
+use super::poll::{self, Listeners, Look};
 use crate::error::{Error, Result};
 use crate::store::{
     mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
@@ -64,11 +62,10 @@ struct Inner {
     url: String,
     caps: Capabilities,
     conn: tokio::sync::Mutex<Option<Connected>>,
-    waiting: Waiting,
-    listener: tokio::sync::Mutex<bool>,
+    listeners: Listeners,
+    /// The LISTEN connection's client while it listens.
+    listener: tokio::sync::Mutex<Option<Client>>,
 }
-
-type Waiting = Arc<Mutex<HashMap<String, (Arc<Notify>, usize)>>>;
 
 /// A live connection with its prepared statements.
 #[derive(Clone)]
@@ -199,8 +196,8 @@ impl PostgresStore {
                 url: mask_password(url),
                 caps: capabilities(),
                 conn: tokio::sync::Mutex::new(None),
-                waiting: Arc::default(),
-                listener: tokio::sync::Mutex::new(false),
+                listeners: Listeners::default(),
+                listener: tokio::sync::Mutex::new(None),
                 schema,
             }),
         };
@@ -366,8 +363,8 @@ impl PostgresStore {
     /// Listens for this schema's notifications on a connection of its own,
     /// started on first use and restarted if it drops.
     async fn ensure_listener(&self) {
-        let mut started = self.inner.listener.lock().await;
-        if *started {
+        let mut listening = self.inner.listener.lock().await;
+        if listening.as_ref().is_some_and(|c| !c.is_closed()) {
             return;
         }
         let (client, mut connection) = match self.connect_raw().await {
@@ -377,31 +374,29 @@ impl PostgresStore {
                 return;
             }
         };
-        let waiting = self.inner.waiting.clone();
-        let store = Arc::downgrade(&self.inner);
+        let listeners = self.inner.listeners.clone();
         let wake = format!("{}_wake", self.inner.schema);
         tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(message) = messages.next().await {
-                let Ok(AsyncMessage::Notification(n)) = message else {
-                    if message.is_err() {
-                        break;
+                match message {
+                    Ok(AsyncMessage::Notification(n)) if n.channel() == wake => {
+                        // Payload: name TAB token.
+                        let parsed = n.payload().rsplit_once('\t').and_then(|(name, seq)| {
+                            seq.parse::<u64>()
+                                .ok()
+                                .map(|seq| poll::grant_key(name, seq))
+                        });
+                        if let Some(key) = parsed {
+                            listeners.wake(&key);
+                        }
                     }
-                    continue;
-                };
-                let key = if n.channel() == wake {
-                    format!("w:{}", n.payload())
-                } else {
-                    format!("ch:{}", n.payload())
-                };
-                let waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some((notify, _)) = waiting.get(&key) {
-                    notify.notify_waiters();
+                    Ok(AsyncMessage::Notification(n)) => {
+                        listeners.wake(&poll::change_key(n.payload()))
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
                 }
-            }
-            // The connection dropped: let the next waiter start a new one.
-            if let Some(inner) = store.upgrade() {
-                *inner.listener.lock().await = false;
             }
         });
         let s = &self.inner.schema;
@@ -409,51 +404,9 @@ impl PostgresStore {
             .batch_execute(&format!("LISTEN {s}_wake; LISTEN {s}_change;"))
             .await
         {
-            Ok(()) => {
-                // Keep the client alive as long as the listening task runs.
-                tokio::spawn(async move {
-                    let client = client;
-                    while !client.is_closed() {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                });
-                *started = true;
-            }
+            // Kept here: the connection lives as long as its client.
+            Ok(()) => *listening = Some(client),
             Err(e) => tracing::debug!(error = %e, "LISTEN failed; waiters poll"),
-        }
-    }
-
-    fn listen(&self, key: String) -> Listening {
-        let notify = {
-            let mut waiting = self.inner.waiting.lock().unwrap_or_else(|e| e.into_inner());
-            let slot = waiting
-                .entry(key.clone())
-                .or_insert_with(|| (Arc::new(Notify::new()), 0));
-            slot.1 += 1;
-            slot.0.clone()
-        };
-        Listening {
-            waiting: self.inner.waiting.clone(),
-            key,
-            notify,
-        }
-    }
-}
-
-struct Listening {
-    waiting: Waiting,
-    key: String,
-    notify: Arc<Notify>,
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, n)) = waiting.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                waiting.remove(&self.key);
-            }
         }
     }
 }
@@ -557,9 +510,12 @@ impl Store for PostgresStore {
 
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
         self.ensure_listener().await;
-        let listening = self.listen(format!("w:{name}\t{seq}"));
+        let (listening, _) = self
+            .inner
+            .listeners
+            .listen(poll::grant_key(name.as_str(), seq));
         let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
-        poll::until_granted(&listening.notify, POLL_MIN, POLL_MAX, || async {
+        poll::until_granted(listening.notify(), POLL_MIN, POLL_MAX, || async {
             let rows = self
                 .query(|s| &s.look, &[&session.secret(), &name.as_str(), &seq])
                 .await?;
@@ -657,8 +613,8 @@ impl Store for PostgresStore {
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
         self.ensure_listener().await;
-        let listening = self.listen(format!("ch:{name}"));
-        poll::until_changed(self, name, version, &listening.notify, POLL_MIN, POLL_MAX).await
+        let (listening, _) = self.inner.listeners.listen(poll::change_key(name.as_str()));
+        poll::until_changed(self, name, version, listening.notify(), POLL_MIN, POLL_MAX).await
     }
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let rows = self.query(|s| &s.names, &[&prefix]).await?;

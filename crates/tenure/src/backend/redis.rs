@@ -10,17 +10,15 @@
 //! microseconds when missing, so they do not go back even if Redis loses its
 //! data (as long as fewer than a million grants per second were made on a name).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
-use tokio::sync::Notify;
 
-use super::poll::{self, Look};
+use super::poll::{self, Listeners, Listening, Look};
 use crate::error::{Error, Result};
 use crate::store::{
     mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
@@ -233,88 +231,37 @@ impl RedisStore {
     }
 }
 
-/// Channel -> (its waiters' notifier, how many registrations).
-type Waiting = Arc<Mutex<HashMap<String, (Arc<Notify>, usize)>>>;
-
 /// Routes pub/sub messages to the tasks waiting on their channels, over one
 /// dedicated connection that is opened on first use.
 #[derive(Default)]
 struct Wakeups {
     sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
-    waiting: Waiting,
-}
-
-/// A registration on a channel; unsubscribes when the last one goes.
-struct Listening {
-    store: RedisStore,
-    channel: String,
-    notify: Arc<Notify>,
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        let last = {
-            let mut waiting = self
-                .store
-                .inner
-                .wakeups
-                .waiting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            match waiting.get_mut(&self.channel) {
-                Some((_, n)) if *n > 1 => {
-                    *n -= 1;
-                    false
-                }
-                _ => {
-                    waiting.remove(&self.channel);
-                    true
-                }
-            }
-        };
-        if last {
-            let store = self.store.clone();
-            let channel = std::mem::take(&mut self.channel);
-            crate::session::spawn_detached(async move {
-                let mut sink = store.inner.wakeups.sink.lock().await;
-                if let Some(sink) = sink.as_mut() {
-                    let _ = sink.unsubscribe(&channel).await;
-                }
-            });
-        }
-    }
+    listeners: Listeners,
 }
 
 impl RedisStore {
-    /// Listens on `channel`. If pub/sub is down, waiters still poll.
+    /// Listens on `channel`, subscribing if it is the channel's first
+    /// listener. If pub/sub is down, waiters still poll.
     async fn listen(&self, channel: String) -> Listening {
-        let (notify, first) = {
-            let mut waiting = self
-                .inner
-                .wakeups
-                .waiting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let slot = waiting
-                .entry(channel.clone())
-                .or_insert_with(|| (Arc::new(Notify::new()), 0));
-            slot.1 += 1;
-            (slot.0.clone(), slot.1 == 1)
-        };
+        let (listening, first) = self.inner.wakeups.listeners.listen(channel.clone());
+        let store = self.clone();
+        let listening = listening.on_last(move |channel| {
+            crate::session::spawn_detached(async move {
+                if let Some(sink) = store.inner.wakeups.sink.lock().await.as_mut() {
+                    let _ = sink.unsubscribe(&channel).await;
+                }
+            });
+        });
         if first {
             let mut sink = self.inner.wakeups.sink.lock().await;
             if sink.is_none() {
                 match self.inner.client.get_async_pubsub().await {
                     Ok(pubsub) => {
                         let (new_sink, mut stream) = pubsub.split();
-                        let waiting = self.inner.wakeups.waiting.clone();
+                        let listeners = self.inner.wakeups.listeners.clone();
                         tokio::spawn(async move {
                             while let Some(msg) = stream.next().await {
-                                let channel = msg.get_channel_name().to_string();
-                                let waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
-                                if let Some((n, _)) = waiting.get(&channel) {
-                                    n.notify_waiters();
-                                }
+                                listeners.wake(msg.get_channel_name());
                             }
                         });
                         *sink = Some(new_sink);
@@ -329,11 +276,7 @@ impl RedisStore {
                 }
             }
         }
-        Listening {
-            store: self.clone(),
-            channel,
-            notify,
-        }
+        listening
     }
 }
 
@@ -461,7 +404,7 @@ impl Store for RedisStore {
             .listen(format!("{}:{seq}", self.channel("w", name)))
             .await;
         let seq = seq.to_string();
-        poll::until_granted(&listening.notify, POLL_MIN, POLL_MAX, || async {
+        poll::until_granted(listening.notify(), POLL_MIN, POLL_MAX, || async {
             let reply = self
                 .call(
                     "look",
@@ -534,7 +477,7 @@ impl Store for RedisStore {
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
         let listening = self.listen(self.channel("ch", name)).await;
-        poll::until_changed(self, name, version, &listening.notify, POLL_MIN, POLL_MAX).await
+        poll::until_changed(self, name, version, listening.notify(), POLL_MIN, POLL_MAX).await
     }
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let reply = self.call("names", &[prefix.as_bytes()]).await?;

@@ -10,7 +10,6 @@
 //! them; waiters in other processes poll their own row with a backoff, and
 //! sleep no longer than until the next expiry ahead of them.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,8 +18,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
-use tokio::sync::Notify;
 
+use super::poll::{self, Listeners};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
@@ -79,10 +78,9 @@ struct Inner {
     conn: Mutex<Connection>,
     path: PathBuf,
     caps: Capabilities,
-    /// Waiters of this process, woken when a change made here grants them.
-    waiters: Mutex<HashMap<(Name, u64), Arc<Notify>>>,
-    /// Observers of this process, woken on any change made here.
-    changes: Mutex<HashMap<Name, Arc<Notify>>>,
+    /// Waiters (woken when a change made here grants them) and observers
+    /// (woken on any change made here) of this process.
+    listeners: Listeners,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -203,8 +201,7 @@ impl SqliteStore {
                 conn: Mutex::new(conn),
                 path: path.to_path_buf(),
                 caps: capabilities(),
-                waiters: Mutex::new(HashMap::new()),
-                changes: Mutex::new(HashMap::new()),
+                listeners: Listeners::default(),
             }),
         })
     }
@@ -247,29 +244,13 @@ impl SqliteStore {
     /// Wakes this process's waiters that `granted` names and its observers.
     fn notify(&self, changed: &[(Name, Vec<u64>)]) {
         for (name, granted) in changed {
-            if !granted.is_empty() {
-                let waiters = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
-                for seq in granted {
-                    if let Some(n) = waiters.get(&(name.clone(), *seq)) {
-                        n.notify_one();
-                    }
-                }
+            for seq in granted {
+                self.inner
+                    .listeners
+                    .wake(&poll::grant_key(name.as_str(), *seq));
             }
-            let changes = self.inner.changes.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = changes.get(name) {
-                n.notify_waiters();
-            }
+            self.inner.listeners.wake(&poll::change_key(name.as_str()));
         }
-    }
-
-    fn change_notify(&self, name: &Name) -> Arc<Notify> {
-        self.inner
-            .changes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(name.clone())
-            .or_default()
-            .clone()
     }
 
     /// Runs a write transaction that settles `names` afterwards, then wakes
@@ -369,24 +350,6 @@ impl SqliteStore {
             }
         })
         .await
-    }
-
-    fn register_waiter(&self, name: &Name, seq: u64) -> Arc<Notify> {
-        self.inner
-            .waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry((name.clone(), seq))
-            .or_default()
-            .clone()
-    }
-
-    fn unregister_waiter(&self, name: &Name, seq: u64) {
-        self.inner
-            .waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(name.clone(), seq));
     }
 }
 
@@ -887,36 +850,26 @@ impl Store for SqliteStore {
     }
 
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
-        let wake = self.register_waiter(name, seq);
-        struct Unregister<'a>(&'a SqliteStore, &'a Name, u64);
-        impl Drop for Unregister<'_> {
-            fn drop(&mut self) {
-                self.0.unregister_waiter(self.1, self.2);
-            }
-        }
-        let _unregister = Unregister(self, name, seq);
-        let mut backoff = POLL_MIN;
-        loop {
-            match self.look(session, name, seq).await? {
-                Look::Granted => return Ok(()),
-                Look::NeedsSettle => {
-                    let name = name.clone();
-                    self.write(move |_| Ok(((), vec![name.clone()]))).await?;
-                    backoff = POLL_MIN;
-                }
-                Look::Waiting { next_expiry_in } => {
-                    // Sleep no later than just past the next expiry ahead of us.
-                    let sleep = match next_expiry_in {
-                        Some(left) => backoff.min(left + Duration::from_millis(1)),
-                        None => backoff,
-                    };
-                    tokio::select! {
-                        () = wake.notified() => backoff = POLL_MIN,
-                        () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(POLL_MAX),
+        let (listening, _) = self
+            .inner
+            .listeners
+            .listen(poll::grant_key(name.as_str(), seq));
+        poll::until_granted(listening.notify(), POLL_MIN, POLL_MAX, || async {
+            loop {
+                match self.look(session, name, seq).await? {
+                    Look::Granted => return Ok(poll::Look::Granted),
+                    Look::Waiting { next_expiry_in } => {
+                        return Ok(poll::Look::Wait(next_expiry_in))
+                    }
+                    // Granted by an expiry nobody has settled yet: settle, look again.
+                    Look::NeedsSettle => {
+                        let name = name.clone();
+                        self.write(move |_| Ok(((), vec![name.clone()]))).await?;
                     }
                 }
             }
-        }
+        })
+        .await
     }
 
     async fn set_value(
@@ -1019,8 +972,8 @@ impl Store for SqliteStore {
     }
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
-        let notify = self.change_notify(name);
-        super::poll::until_changed(self, name, version, &notify, POLL_MIN, POLL_MAX).await
+        let (listening, _) = self.inner.listeners.listen(poll::change_key(name.as_str()));
+        poll::until_changed(self, name, version, listening.notify(), POLL_MIN, POLL_MAX).await
     }
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let prefix = prefix.to_string();
