@@ -488,6 +488,11 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
             backend: "redis",
             feature: "redis",
         }),
+        #[cfg(feature = "redlock")]
+        Scheme::Redlock => Ok(Arc::new(
+            crate::backend::redlock::RedlockStore::open_url(url).await?,
+        )),
+        #[cfg(not(feature = "redlock"))]
         Scheme::Redlock => Err(Error::BackendDisabled {
             backend: "redlock",
             feature: "redlock",
@@ -511,6 +516,8 @@ pub fn builtin_backends() -> Vec<Capabilities> {
     all.push(crate::backend::sqlite::capabilities());
     #[cfg(feature = "redis")]
     all.push(crate::backend::redis::capabilities());
+    #[cfg(feature = "redlock")]
+    all.push(crate::backend::redlock::capabilities());
     #[cfg(feature = "postgres")]
     all.push(crate::backend::postgres::capabilities());
     #[cfg(feature = "mysql")]

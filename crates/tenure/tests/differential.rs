@@ -197,6 +197,23 @@ async fn memory_and_redis_agree() {
     }
 }
 
+#[cfg(feature = "redlock")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redlock_agree() {
+    let servers: Option<Vec<_>> = (0..3)
+        .map(|_| tenure_testkit::RedisServer::start_or_skip())
+        .collect();
+    let Some(servers) = servers else { return };
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let url = format!("redlock://{}/0", hosts.join(","));
+    for seed in 1..=8u64 {
+        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &url).await;
+    }
+}
+
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_postgres_agree() {

@@ -8,5 +8,7 @@ mod poll;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redlock")]
+pub mod redlock;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

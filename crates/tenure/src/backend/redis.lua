@@ -9,6 +9,7 @@
 --   P:se:<secret>       set   names where the session has an entry
 --   P:c:<name>          fencing counter (kept for ever; seeded from TIME in
 --                       microseconds when missing, so it never goes back)
+--   P:cs:<name>         set while P:c:<name> is a seed no entry used (Redlock)
 --   P:ver:<name>        change version
 --   P:q:<name>          zset  seq -> seq (queue order)
 --   P:e:<name>          hash  seq -> "secret\tkind\tcount\tlimit\tholds\tgranted_ms"
@@ -206,7 +207,8 @@ elseif op == 'close' then
   return {'ok'}
 
 elseif op == 'join' then
-  -- ARGV: secret, name, kind, count, limit, value, mode ('wait' | 'ifgranted')
+  -- ARGV: secret, name, kind, count, limit, value, mode ('wait' | 'ifgranted'),
+  -- and optionally the seq to use (Redlock)
   local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
   local count, limit, value, mode = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
   if not alive(secret) then return {'lost'} end
@@ -240,7 +242,24 @@ elseif op == 'join' then
   local ckey = k('c', name)
   local first = 0
   local seq
-  if redis.call('EXISTS', ckey) == 0 then
+  local proposed = tonumber(ARGV[10] or '')
+  if proposed then
+    -- Redlock proposes the seq, the same on every node; a node takes it only
+    -- if it is above every seq the node has seen for the name, so each
+    -- node's queue stays in seq order.
+    -- A node without a counter seeds it from its clock (and remembers that
+    -- no entry has used it yet, for `first`).
+    local current = tonumber(redis.call('GET', ckey) or '')
+    if not current then
+      current = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      redis.call('SET', ckey, fmt(current))
+      redis.call('SET', k('cs', name), '1')
+    end
+    if proposed <= current then return {'behind', fmt(current)} end
+    if redis.call('DEL', k('cs', name)) == 1 then first = 1 end
+    seq = proposed
+    redis.call('SET', ckey, fmt(seq))
+  elseif redis.call('EXISTS', ckey) == 0 then
     first = 1
     seq = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('SET', ckey, fmt(seq))

@@ -163,17 +163,28 @@ fn parse_url(url: &str) -> Result<(String, String)> {
 
 impl RedisStore {
     pub(crate) async fn open_url(url: &str) -> Result<Self> {
+        Self::open_with(url, CONNECT_TIMEOUT, RESPONSE_TIMEOUT).await
+    }
+
+    /// One node of a Redlock store: connecting and every answer bounded by
+    /// the node timeout.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn open_node(url: &str, timeout: Duration) -> Result<Self> {
+        Self::open_with(url, timeout, timeout).await
+    }
+
+    async fn open_with(url: &str, connect: Duration, respond: Duration) -> Result<Self> {
         let (base, prefix) = parse_url(url)?;
         let client = redis::Client::open(base.as_str()).map_err(|e| Error::InvalidUrl {
             url: mask_password(url),
             reason: e.to_string().replace(&base, &mask_password(&base)),
         })?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(connect))
+            .set_response_timeout(Some(respond))
             .set_number_of_retries(1);
         let conn = tokio::time::timeout(
-            CONNECT_TIMEOUT + Duration::from_secs(1),
+            connect + Duration::from_secs(1),
             ConnectionManager::new_with_config(client.clone(), config),
         )
         .await
@@ -210,7 +221,9 @@ impl RedisStore {
             .await
             .map_err(redis_err)?;
         match reply.first().map(text).transpose()?.as_deref() {
-            Some("ok") | Some("none") | Some("granted") | Some("wait") => Ok(reply),
+            Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind") => {
+                Ok(reply)
+            }
             Some("lost") => Err(Error::SessionLost(
                 "the store has no such session (expired or closed)",
             )),
@@ -280,6 +293,99 @@ impl RedisStore {
     }
 }
 
+/// What one node answered to a join (see [`RedisStore::join_at`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NodeJoin {
+    /// The entry is in the node's queue.
+    Placed(Joined),
+    /// `JoinMode::IfGranted` and it would not be granted: nothing changed.
+    NotGranted,
+    /// The proposed seq is not above this one, which the node has already
+    /// seen for the name: nothing changed.
+    Behind(u64),
+}
+
+impl RedisStore {
+    /// Opens a session whose secret and tag the caller chose (Redlock opens
+    /// the same session on every node).
+    pub(crate) async fn open_session_as(
+        &self,
+        opened: &OpenedSession,
+        spec: &SessionSpec,
+    ) -> Result<()> {
+        let ttl = spec.ttl.as_millis().to_string();
+        // Tabs and newlines separate fields in the script's records.
+        let label: String = spec
+            .label
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        self.call(
+            "open",
+            &[
+                opened.key.secret().as_bytes(),
+                opened.tag.as_bytes(),
+                ttl.as_bytes(),
+                label.as_bytes(),
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Joins with the seq the node picks (`proposed` = `None`) or with
+    /// `proposed`, which the node takes only if it is above every seq it has
+    /// seen for the name.
+    pub(crate) async fn join_at(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+        proposed: Option<u64>,
+    ) -> Result<NodeJoin> {
+        crate::queue::check_compatible(name, kind, [])?;
+        let (k, count, limit) = kind_args(kind);
+        let mode = match mode {
+            JoinMode::Wait => "wait",
+            JoinMode::IfGranted => "ifgranted",
+        };
+        let proposed = proposed.map(|p| p.to_string()).unwrap_or_default();
+        let reply = self
+            .call(
+                "join",
+                &[
+                    session.secret().as_bytes(),
+                    name.as_str().as_bytes(),
+                    k.as_bytes(),
+                    count.as_bytes(),
+                    limit.as_bytes(),
+                    value,
+                    mode.as_bytes(),
+                    proposed.as_bytes(),
+                ],
+            )
+            .await?;
+        let field = |i: usize| reply.get(i).ok_or_else(|| bad_reply("short join reply"));
+        match text(field(0)?)?.as_str() {
+            "none" => Ok(NodeJoin::NotGranted),
+            "behind" => Ok(NodeJoin::Behind(unsigned(field(1)?)?)),
+            _ => Ok(NodeJoin::Placed(Joined {
+                seq: unsigned(field(1)?)?,
+                granted: number(field(2)?)? == 1,
+                holds: u32::try_from(number(field(3)?)?).map_err(|_| bad_reply("holds"))?,
+                first: number(field(4)?)? == 1,
+            })),
+        }
+    }
+
+    /// Listens for any change of `name`'s queue on this node.
+    pub(crate) async fn listen_changes(&self, name: &Name) -> Listening {
+        self.listen(self.channel("ch", name)).await
+    }
+}
+
 fn kind_args(kind: EntryKind) -> (&'static str, String, String) {
     match kind {
         EntryKind::Exclusive => ("X", "0".into(), "0".into()),
@@ -307,29 +413,12 @@ impl Store for RedisStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let secret = crate::session::random_hex(16)?;
-        let tag = crate::session::random_hex(6)?;
-        let ttl = spec.ttl.as_millis().to_string();
-        // Tabs and newlines separate fields in the script's records.
-        let label: String = spec
-            .label
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        self.call(
-            "open",
-            &[
-                secret.as_bytes(),
-                tag.as_bytes(),
-                ttl.as_bytes(),
-                label.as_bytes(),
-            ],
-        )
-        .await?;
-        Ok(OpenedSession {
-            key: SessionKey::new(secret),
-            tag,
-        })
+        let opened = OpenedSession {
+            key: SessionKey::new(crate::session::random_hex(16)?),
+            tag: crate::session::random_hex(6)?,
+        };
+        self.open_session_as(&opened, spec).await?;
+        Ok(opened)
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
@@ -352,36 +441,11 @@ impl Store for RedisStore {
         value: &[u8],
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
-        crate::queue::check_compatible(name, kind, [])?;
-        let (k, count, limit) = kind_args(kind);
-        let mode = match mode {
-            JoinMode::Wait => "wait",
-            JoinMode::IfGranted => "ifgranted",
-        };
-        let reply = self
-            .call(
-                "join",
-                &[
-                    session.secret().as_bytes(),
-                    name.as_str().as_bytes(),
-                    k.as_bytes(),
-                    count.as_bytes(),
-                    limit.as_bytes(),
-                    value,
-                    mode.as_bytes(),
-                ],
-            )
-            .await?;
-        if reply.first().map(text).transpose()?.as_deref() == Some("none") {
-            return Ok(None);
+        match self.join_at(session, name, kind, value, mode, None).await? {
+            NodeJoin::Placed(joined) => Ok(Some(joined)),
+            NodeJoin::NotGranted => Ok(None),
+            NodeJoin::Behind(_) => Err(bad_reply("a seq was refused that was not proposed")),
         }
-        let field = |i: usize| reply.get(i).ok_or_else(|| bad_reply("short join reply"));
-        Ok(Some(Joined {
-            seq: unsigned(field(1)?)?,
-            granted: number(field(2)?)? == 1,
-            holds: u32::try_from(number(field(3)?)?).map_err(|_| bad_reply("holds"))?,
-            first: number(field(4)?)? == 1,
-        }))
     }
 
     async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {

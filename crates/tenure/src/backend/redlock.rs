@@ -1,0 +1,1109 @@
+//! `redlock://[:password@]host:port,host:port,host:port[/db][?prefix=NAME&node_timeout=250ms]`:
+//! Redlock over N independent Redis nodes (N odd, 3 to 15), with fencing
+//! tokens and a fair queue.
+//!
+//! Every node runs the Redis backend's own script on its own copy of the
+//! queues. An entry's seq is *proposed* by the client and is the same on
+//! every node; a node takes it only if it is above every seq that node has
+//! seen for the name, else it answers with that highest seq and the client
+//! proposes again. So every node's queue is in seq order, and:
+//!
+//! - an entry counts as queued once a majority of nodes took it (else it is
+//!   removed everywhere and proposed again), and as granted once a majority
+//!   granted it. Two exclusive grants would need a node where both are
+//!   first: impossible. Grants follow seq order, so the queue is FIFO.
+//! - the seq is the fencing token. A later holder's majority overlaps an
+//!   earlier holder's in at least one node, which saw the earlier seq
+//!   before it took the later one: tokens strictly increase per name while
+//!   a majority keeps its data. A node that lost its data (restarted empty)
+//!   seeds its floor from its own `TIME` in microseconds, as the Redis
+//!   backend does.
+//! - the session lives on every node with the same secret. A renewal holds
+//!   only when a majority confirms it *and* every entry of the session is
+//!   still confirmed on a majority; a node that says the session is gone is
+//!   never used for it again. The session's local deadline (send time of
+//!   the last confirmed renewal + TTL − drift, drift = 1 % + 2 ms) is
+//!   Redlock's validity time: `lost()` fires at it.
+//! - a node that restarts empty must stay down for at least the longest TTL
+//!   in use (Redlock's delayed restart), or a lock it forgot could be
+//!   granted twice.
+//!
+//! Round trips: one per node, in parallel, for acquire (two when a node has
+//! seen a seq above this client's clock, as after a clock step), release and
+//! renewal.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use super::redis::{NodeJoin, RedisStore};
+use crate::error::{Error, Result};
+use crate::store::{
+    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
+};
+
+const BACKEND: &str = "redlock";
+const MAX_NODES: usize = 15;
+const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long a node that could not be reached is left alone before the next
+/// connection attempt (calls meanwhile fail at once).
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+/// Attempts to place an entry on a majority before giving up.
+const PLACE_ATTEMPTS: u32 = 16;
+/// Attempts of a try-lock whose votes split (granted on some nodes, but on
+/// no majority) before it reports the lock taken.
+const SPLIT_ATTEMPTS: u32 = 5;
+const POLL_MIN: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(100);
+/// Largest seq a node's script keeps exactly (a Lua number).
+const MAX_SEQ: u64 = 1 << 53;
+
+/// The Redlock backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        backend: BACKEND,
+        fencing: true,
+        durable: true,
+        multi_process: true,
+        fifo: true,
+        shared: true,
+        permits: true,
+        wake: Wake::PubSub {
+            fallback_poll: POLL_MAX,
+        },
+        clock: "each node's TIME; a majority must agree",
+        min_ttl: Duration::from_millis(300),
+        max_ttl: Duration::from_secs(7 * 24 * 3600),
+        round_trips: "acquire: 1 per node in parallel (2 after a clock step), release: 1 per node, renew: 1 per node",
+    }
+}
+
+/// A set of nodes, one bit each.
+type Mask = u16;
+
+fn count(mask: Mask) -> usize {
+    mask.count_ones() as usize
+}
+
+fn bit(i: usize) -> Mask {
+    1 << i
+}
+
+/// One Redis node, connected on first use and again after a failure.
+struct Node {
+    /// The node's `redis://` URL; may hold the password: never shown.
+    url: String,
+    shown: String,
+    store: std::sync::Mutex<Option<RedisStore>>,
+    failed_at: std::sync::Mutex<Option<Instant>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Node {
+    async fn get(&self, timeout: Duration) -> Result<RedisStore> {
+        if let Some(store) = lock(&self.store).clone() {
+            return Ok(store);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(store) = lock(&self.store).clone() {
+            return Ok(store);
+        }
+        if lock(&self.failed_at).is_some_and(|at| at.elapsed() < RECONNECT_AFTER) {
+            return Err(Error::unavailable(
+                BACKEND,
+                format!("node {} was unreachable a moment ago", self.shown),
+            ));
+        }
+        match RedisStore::open_node(&self.url, timeout).await {
+            Ok(store) => {
+                *lock(&self.store) = Some(store.clone());
+                *lock(&self.failed_at) = None;
+                Ok(store)
+            }
+            Err(e) => {
+                *lock(&self.failed_at) = Some(Instant::now());
+                Err(e)
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where one of this store's sessions has an entry.
+#[derive(Debug, Clone, Copy)]
+struct Placement {
+    seq: u64,
+    nodes: Mask,
+}
+
+/// What this store knows of a session it opened.
+#[derive(Default)]
+struct SessionState {
+    /// Nodes that said the session is gone there: never used for it again.
+    dead: Mask,
+    entries: HashMap<Name, Placement>,
+    /// One join at a time, so that two tasks of the session joining one
+    /// name agree on one entry.
+    joining: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A store over N independent Redis nodes.
+pub struct RedlockStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    majority: usize,
+    all: Mask,
+    node_timeout: Duration,
+    url: String,
+    caps: Capabilities,
+    sessions: std::sync::Mutex<HashMap<SessionKey, SessionState>>,
+    /// The last seq this store proposed, and how far ahead of this client's
+    /// clock the nodes' seqs were seen to be.
+    last_proposed: AtomicU64,
+    skew: AtomicU64,
+}
+
+impl std::fmt::Debug for RedlockStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockStore")
+            .field("url", &self.inner.url)
+            .field("majority", &self.inner.majority)
+            .finish()
+    }
+}
+
+/// Splits a `redlock://` URL into one `redis://` URL per node and the node
+/// timeout.
+fn parse_url(url: &str) -> Result<(Vec<String>, Duration)> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: mask_password(url),
+        reason,
+    };
+    let rest = url
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| invalid("expected redlock://host:port,host:port,host:port".into()))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, db) = match rest.split_once('/') {
+        Some((a, db)) => (a, db),
+        None => (rest, "0"),
+    };
+    let db = if db.is_empty() { "0" } else { db };
+    if db.parse::<u32>().is_err() {
+        return Err(invalid(format!("database {db:?} is not a number")));
+    }
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let mut node_timeout = DEFAULT_NODE_TIMEOUT;
+    let mut passed = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("node_timeout", v)) => {
+                node_timeout = humantime::parse_duration(v)
+                    .ok()
+                    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(60))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "node_timeout={v:?} is not a duration from 1ms to 60s"
+                        ))
+                    })?;
+            }
+            Some(("prefix", _)) => passed.push(pair),
+            _ => {
+                return Err(invalid(format!(
+                    "unknown option {pair:?}; known: prefix=NAME, node_timeout=DURATION"
+                )))
+            }
+        }
+    }
+    let hosts: Vec<&str> = hosts.split(',').collect();
+    if hosts.len() < 3 || hosts.len() > MAX_NODES || hosts.len() % 2 == 0 {
+        return Err(invalid(format!(
+            "Redlock needs an odd number of nodes from 3 to {MAX_NODES}, got {}",
+            hosts.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for host in &hosts {
+        let (h, port) = host
+            .rsplit_once(':')
+            .ok_or_else(|| invalid(format!("node {host:?} needs host:port")))?;
+        if h.is_empty() || port.parse::<u16>().is_err() {
+            return Err(invalid(format!("node {host:?} needs host:port")));
+        }
+        if !seen.insert(host.to_ascii_lowercase()) {
+            return Err(invalid(format!("node {host:?} is listed twice")));
+        }
+    }
+    let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    let query = if passed.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", passed.join("&"))
+    };
+    let urls = hosts
+        .iter()
+        .map(|h| format!("redis://{user}{h}/{db}{query}"))
+        .collect();
+    Ok((urls, node_timeout))
+}
+
+/// How the nodes answered one operation.
+#[derive(Default)]
+struct Tally {
+    ok: Mask,
+    lost: Mask,
+    not_held: Mask,
+    failed: Mask,
+    conflict: Option<Error>,
+    failure: Option<Error>,
+}
+
+impl Tally {
+    fn note<T>(&mut self, i: usize, result: Result<T>) -> Option<T> {
+        match result {
+            Ok(v) => {
+                self.ok |= bit(i);
+                return Some(v);
+            }
+            Err(Error::SessionLost(_)) => self.lost |= bit(i),
+            Err(Error::NotHeld(_)) => self.not_held |= bit(i),
+            Err(e @ Error::Conflict { .. }) => self.conflict = Some(e),
+            Err(e) => {
+                self.failed |= bit(i);
+                // An auth error says more than a timeout: keep it.
+                if self.failure.is_none() || matches!(e, Error::Auth { .. }) {
+                    self.failure = Some(e);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl RedlockStore {
+    pub(crate) async fn open_url(url: &str) -> Result<Self> {
+        let (urls, node_timeout) = parse_url(url)?;
+        let n = urls.len();
+        let nodes = urls
+            .into_iter()
+            .map(|u| Node {
+                shown: mask_password(&u),
+                url: u,
+                store: std::sync::Mutex::new(None),
+                failed_at: std::sync::Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+            })
+            .collect();
+        let store = RedlockStore {
+            inner: Arc::new(Inner {
+                nodes,
+                majority: n / 2 + 1,
+                all: ((1u32 << n) - 1) as Mask,
+                node_timeout,
+                url: mask_password(url),
+                caps: capabilities(),
+                sessions: std::sync::Mutex::new(HashMap::new()),
+                last_proposed: AtomicU64::new(0),
+                skew: AtomicU64::new(0),
+            }),
+        };
+        // Fail now, not at the first lock, unless a majority answers.
+        let all = store.inner.all;
+        let tally = store.tally(all, |_| async { Ok(()) }).await.1;
+        store.majority_or_error(&tally)?;
+        Ok(store)
+    }
+
+    /// Runs `op` on every node in `mask` at once, each bounded by the node
+    /// timeout, and collects the answers by node.
+    async fn each<T, F, Fut>(&self, mask: Mask, op: F) -> Vec<(usize, Result<T>)>
+    where
+        F: Fn(RedisStore) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let timeout = self.inner.node_timeout;
+        let calls = (0..self.inner.nodes.len())
+            .filter(|i| mask & bit(*i) != 0)
+            .map(|i| {
+                let op = &op;
+                async move {
+                    let call = async {
+                        let node = self.inner.nodes[i].get(timeout).await?;
+                        op(node).await
+                    };
+                    let result = tokio::time::timeout(timeout, call)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Error::unavailable(
+                                BACKEND,
+                                format!(
+                                    "node {} did not answer within {timeout:?}",
+                                    self.inner.nodes[i].shown
+                                ),
+                            ))
+                        });
+                    (i, result)
+                }
+            });
+        futures_util::future::join_all(calls).await
+    }
+
+    /// Like [`Self::each`], with the answers tallied; the values of the
+    /// nodes that answered come first.
+    async fn tally<T, F, Fut>(&self, mask: Mask, op: F) -> (Vec<(usize, T)>, Tally)
+    where
+        F: Fn(RedisStore) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut tally = Tally::default();
+        let mut values = Vec::new();
+        for (i, result) in self.each(mask, op).await {
+            if let Some(v) = tally.note(i, result) {
+                values.push((i, v));
+            }
+        }
+        (values, tally)
+    }
+
+    /// `Ok` when a majority answered; else the error that says why not.
+    fn majority_or_error(&self, tally: &Tally) -> Result<()> {
+        let (n, majority) = (self.inner.nodes.len(), self.inner.majority);
+        if let Some(conflict) = &tally.conflict {
+            return Err(match conflict {
+                Error::Conflict { name, reason } => Error::Conflict {
+                    name: name.clone(),
+                    reason: reason.clone(),
+                },
+                _ => Error::backend(BACKEND, "conflict"),
+            });
+        }
+        if count(tally.ok) >= majority {
+            return Ok(());
+        }
+        // Could a majority still have said yes, had the failed nodes answered?
+        if count(tally.ok | tally.failed) >= majority {
+            if let Some(Error::Auth { reason, .. }) = &tally.failure {
+                return Err(Error::Auth {
+                    backend: BACKEND,
+                    reason: reason.clone(),
+                });
+            }
+            let why = tally
+                .failure
+                .as_ref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default();
+            return Err(Error::unavailable(
+                BACKEND,
+                format!(
+                    "{} of {n} nodes answered, a majority needs {majority}{why}",
+                    count(tally.ok)
+                ),
+            ));
+        }
+        if count(tally.lost) >= count(tally.not_held) {
+            Err(Error::SessionLost(
+                "a majority of nodes no longer has this session",
+            ))
+        } else {
+            Err(Error::NotHeld(
+                "a majority of nodes holds no such entry for this session",
+            ))
+        }
+    }
+
+    fn with_session<T>(&self, key: &SessionKey, f: impl FnOnce(&mut SessionState) -> T) -> T {
+        let mut sessions = lock(&self.inner.sessions);
+        f(sessions.entry(key.clone()).or_default())
+    }
+
+    /// The nodes worth asking about the session's entry `seq` of `name`.
+    fn nodes_for(&self, key: &SessionKey, name: &Name, seq: Option<u64>) -> Mask {
+        let all = self.inner.all;
+        let sessions = lock(&self.inner.sessions);
+        let Some(state) = sessions.get(key) else {
+            return all;
+        };
+        match state.entries.get(name) {
+            Some(p) if seq.is_none_or(|s| s == p.seq) => p.nodes & !state.dead,
+            _ => all & !state.dead,
+        }
+    }
+
+    fn mark_dead(&self, key: &SessionKey, lost: Mask) {
+        if lost != 0 {
+            if let Some(state) = lock(&self.inner.sessions).get_mut(key) {
+                state.dead |= lost;
+            }
+        }
+    }
+
+    /// The next seq to propose: above `floor`, above anything proposed
+    /// before, and near this client's clock in microseconds (so it is
+    /// usually above every node's floor at the first try).
+    fn propose(&self, floor: u64) -> Result<u64> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        let mut skew = self.inner.skew.load(Ordering::Relaxed);
+        if floor >= now.saturating_add(skew) {
+            skew = floor.saturating_add(1).saturating_sub(now);
+            self.inner.skew.fetch_max(skew, Ordering::Relaxed);
+        }
+        let last = self.inner.last_proposed.load(Ordering::Relaxed);
+        let seq = now
+            .saturating_add(skew)
+            .max(floor.saturating_add(1))
+            .max(last.saturating_add(1));
+        self.inner.last_proposed.fetch_max(seq, Ordering::Relaxed);
+        if seq >= MAX_SEQ {
+            return Err(Error::backend(
+                BACKEND,
+                "a node's fencing counter is beyond 2^53; it cannot go higher",
+            ));
+        }
+        Ok(seq)
+    }
+
+    /// Takes one hold of the session's entry `seq` off the nodes in `mask`
+    /// (undoing a join that did not reach a majority).
+    async fn undo(&self, key: &SessionKey, name: &Name, seq: u64, mask: Mask) {
+        if mask != 0 {
+            self.each(mask, |node| async move {
+                node.leave(key, name, seq).await.map(|_| ())
+            })
+            .await;
+        }
+    }
+
+    /// A join of a session that already has an entry here: one more hold,
+    /// on the nodes that have it.
+    async fn rejoin(
+        &self,
+        key: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+        placement: Placement,
+    ) -> Result<Option<Joined>> {
+        let seq = placement.seq;
+        let (answers, mut tally) = self
+            .tally(placement.nodes, |node| async move {
+                node.join_at(key, name, kind, value, mode, Some(seq)).await
+            })
+            .await;
+        self.mark_dead(key, tally.lost);
+        let mut held = 0;
+        let (mut granted, mut holds) = (0, 0);
+        for (i, answer) in answers {
+            match answer {
+                NodeJoin::Placed(j) if j.seq == seq => {
+                    held |= bit(i);
+                    holds = holds.max(j.holds);
+                    if j.granted {
+                        granted |= bit(i);
+                    }
+                }
+                NodeJoin::NotGranted => {}
+                _ => {
+                    tally.ok &= !bit(i);
+                    tally.failed |= bit(i);
+                }
+            }
+        }
+        let majority = self.inner.majority;
+        if let Some(conflict) = tally.conflict.take() {
+            self.undo(key, name, seq, held).await;
+            return Err(conflict);
+        }
+        if count(tally.ok) < majority {
+            self.undo(key, name, seq, held).await;
+            return self.majority_or_error(&tally).map(|()| None);
+        }
+        if mode == JoinMode::IfGranted && count(granted) < majority {
+            self.undo(key, name, seq, held).await;
+            return Ok(None);
+        }
+        if count(held) < majority {
+            self.undo(key, name, seq, held).await;
+            tally.ok = held;
+            self.majority_or_error(&tally)?;
+        }
+        Ok(Some(Joined {
+            seq,
+            granted: count(granted) >= majority,
+            holds,
+            first: false,
+        }))
+    }
+}
+
+#[async_trait]
+impl Store for RedlockStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let opened = OpenedSession {
+            key: SessionKey::new(crate::session::random_hex(16)?),
+            tag: crate::session::random_hex(6)?,
+        };
+        let (_, tally) = self
+            .tally(self.inner.all, |node| {
+                let opened = &opened;
+                async move { node.open_session_as(opened, spec).await }
+            })
+            .await;
+        if let Err(e) = self.majority_or_error(&tally) {
+            self.undo_open(&opened.key, tally.ok);
+            return Err(e);
+        }
+        // Nodes that did not take the session never see it again.
+        let dead = self.inner.all & !tally.ok;
+        self.with_session(&opened.key, |state| state.dead = dead);
+        Ok(opened)
+    }
+
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+        let (dead, entries): (Mask, Vec<Placement>) = self.with_session(session, |state| {
+            (state.dead, state.entries.values().copied().collect())
+        });
+        let (_, tally) = self
+            .tally(self.inner.all & !dead, |node| async move {
+                node.keep_alive(session).await
+            })
+            .await;
+        self.mark_dead(session, tally.lost);
+        let dead = dead | tally.lost;
+        let majority = self.inner.majority;
+        let confirmed = count(tally.ok) >= majority
+            && entries
+                .iter()
+                .all(|p| count(p.nodes & tally.ok) >= majority);
+        if confirmed {
+            return Ok(());
+        }
+        let still_possible = count(self.inner.all & !dead) >= majority
+            && entries.iter().all(|p| count(p.nodes & !dead) >= majority);
+        if !still_possible {
+            return Err(Error::SessionLost(
+                "the session or one of its entries is gone from a majority of nodes",
+            ));
+        }
+        let why = tally.failure.map(|e| format!(": {e}")).unwrap_or_default();
+        Err(Error::unavailable(
+            BACKEND,
+            format!(
+                "the renewal was confirmed by {} of {} nodes, not by a majority for every entry{why}",
+                count(tally.ok),
+                self.inner.nodes.len()
+            ),
+        ))
+    }
+
+    async fn close_session(&self, session: &SessionKey) -> Result<()> {
+        let dead = self.with_session(session, |state| state.dead);
+        let (_, tally) = self
+            .tally(self.inner.all & !dead, |node| async move {
+                node.close_session(session).await
+            })
+            .await;
+        lock(&self.inner.sessions).remove(session);
+        if count(tally.ok | tally.lost | dead) >= self.inner.majority {
+            Ok(())
+        } else {
+            self.majority_or_error(&tally)
+        }
+    }
+
+    async fn join(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>> {
+        crate::queue::check_compatible(name, kind, [])?;
+        let gate = self.with_session(session, |state| state.joining.clone());
+        let _one_join_at_a_time = gate.lock().await;
+        let (dead, placement) = self.with_session(session, |state| {
+            (state.dead, state.entries.get(name).copied())
+        });
+        if let Some(placement) = placement {
+            let placement = Placement {
+                nodes: placement.nodes & !dead,
+                ..placement
+            };
+            return self
+                .rejoin(session, name, kind, value, mode, placement)
+                .await;
+        }
+        let majority = self.inner.majority;
+        let mut floor = 0;
+        let mut splits = 0;
+        for attempt in 0..PLACE_ATTEMPTS {
+            let dead = self.with_session(session, |state| state.dead);
+            let seq = self.propose(floor)?;
+            let (answers, mut tally) = self
+                .tally(self.inner.all & !dead, |node| async move {
+                    node.join_at(session, name, kind, value, mode, Some(seq))
+                        .await
+                })
+                .await;
+            self.mark_dead(session, tally.lost);
+            let (mut placed, mut granted, mut first, mut behind) = (0, 0, true, false);
+            for (i, answer) in answers {
+                match answer {
+                    NodeJoin::Placed(j) if j.seq == seq => {
+                        placed |= bit(i);
+                        first &= j.first;
+                        if j.granted {
+                            granted |= bit(i);
+                        }
+                    }
+                    NodeJoin::Placed(_) => {
+                        // The node has another entry of this session here
+                        // (an undo that never arrived): not ours to use.
+                        tally.ok &= !bit(i);
+                        tally.failed |= bit(i);
+                    }
+                    NodeJoin::Behind(f) => {
+                        floor = floor.max(f);
+                        behind = true;
+                    }
+                    NodeJoin::NotGranted => {}
+                }
+            }
+            let enough = match mode {
+                JoinMode::Wait => count(placed) >= majority,
+                JoinMode::IfGranted => count(granted) >= majority,
+            };
+            if enough && tally.conflict.is_none() {
+                // A node that timed out may still take the entry later.
+                self.undo_detached(session, name, seq, tally.failed);
+                self.with_session(session, |state| {
+                    state
+                        .entries
+                        .insert(name.clone(), Placement { seq, nodes: placed });
+                });
+                return Ok(Some(Joined {
+                    seq,
+                    granted: count(granted) >= majority,
+                    holds: 1,
+                    first,
+                }));
+            }
+            self.undo(session, name, seq, placed | tally.failed).await;
+            // Without a chance of a majority, say why.
+            let usable = self.inner.all & !dead & !tally.lost;
+            if tally.conflict.is_some() || count(usable & !tally.failed) < majority {
+                tally.ok = 0;
+                return match self.majority_or_error(&tally) {
+                    Ok(()) => Err(Error::unavailable(BACKEND, "no majority of nodes")),
+                    Err(e) => Err(e),
+                };
+            }
+            if mode == JoinMode::IfGranted && !behind {
+                if granted == 0 {
+                    // Refused by every node that answered: it is taken.
+                    return Ok(None);
+                }
+                // A split vote among try-locks racing for a free name.
+                splits += 1;
+                if splits >= SPLIT_ATTEMPTS {
+                    return Ok(None);
+                }
+            }
+            // Behind: again at once, above the floor. Split: again after a
+            // short random pause, so that racing clients do not meet again.
+            if !behind {
+                tokio::time::sleep(jitter(attempt)).await;
+            }
+        }
+        Err(Error::unavailable(
+            BACKEND,
+            format!("could not place the entry on a majority in {PLACE_ATTEMPTS} attempts"),
+        ))
+    }
+
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let mask = self.nodes_for(session, name, Some(seq));
+        let (answers, tally) = self
+            .tally(
+                mask,
+                |node| async move { node.leave(session, name, seq).await },
+            )
+            .await;
+        self.mark_dead(session, tally.lost);
+        let holds = answers.iter().map(|(_, h)| *h).max().unwrap_or(0);
+        let gone: Mask = answers
+            .iter()
+            .filter(|(_, h)| *h == 0)
+            .fold(0, |m, (i, _)| m | bit(*i));
+        self.with_session(session, |state| {
+            if let Some(p) = state.entries.get_mut(name) {
+                if p.seq == seq {
+                    p.nodes &= !gone;
+                    if holds == 0 || p.nodes == 0 {
+                        state.entries.remove(name);
+                    }
+                }
+            }
+        });
+        self.majority_or_error(&tally)?;
+        Ok(holds)
+    }
+
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        let mask = self.nodes_for(session, name, Some(seq));
+        let timeout = self.inner.node_timeout;
+        let mut waits: FuturesUnordered<_> = (0..self.inner.nodes.len())
+            .filter(|i| mask & bit(*i) != 0)
+            .map(|i| {
+                let node = &self.inner.nodes[i];
+                async move {
+                    // A node that fails for a while is asked again: the
+                    // session's own deadline ends the wait if need be.
+                    loop {
+                        let result = match node.get(timeout).await {
+                            Ok(store) => store.await_grant(session, name, seq).await,
+                            Err(e) => Err(e),
+                        };
+                        match result {
+                            Err(e) if e.is_temporary() => {
+                                tokio::time::sleep(POLL_MAX * 2).await;
+                            }
+                            other => return (i, other),
+                        }
+                    }
+                }
+            })
+            .collect();
+        let majority = self.inner.majority;
+        let mut tally = Tally::default();
+        let mut pending = count(mask);
+        while let Some((i, result)) = waits.next().await {
+            pending -= 1;
+            tally.note(i, result);
+            if count(tally.ok) >= majority {
+                return Ok(());
+            }
+            if count(tally.ok) + pending < majority {
+                self.mark_dead(session, tally.lost);
+                return self.majority_or_error(&tally);
+            }
+        }
+        self.majority_or_error(&tally)
+    }
+
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()> {
+        let mask = self.nodes_for(session, name, Some(seq));
+        let (_, tally) = self
+            .tally(mask, |node| async move {
+                node.set_value(session, name, seq, value).await
+            })
+            .await;
+        self.mark_dead(session, tally.lost);
+        self.majority_or_error(&tally)
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        let (answers, tally) = self
+            .tally(self.inner.all, |node| async move { node.queue(name).await })
+            .await;
+        self.majority_or_error(&tally)?;
+        Ok(merge(
+            answers.into_iter().map(|(_, q)| q).collect(),
+            self.threshold(count(tally.ok)),
+        ))
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        let mut listening = Vec::new();
+        for node in &self.inner.nodes {
+            if let Ok(store) = node.get(self.inner.node_timeout).await {
+                listening.push(store.listen_changes(name).await);
+            }
+        }
+        let mut backoff = POLL_MIN;
+        loop {
+            let mut notified: Vec<_> = listening
+                .iter()
+                .map(|l| Box::pin(l.notify().notified()))
+                .collect();
+            for n in &mut notified {
+                n.as_mut().enable();
+            }
+            let now = self.queue(name).await?.version;
+            if now != version {
+                return Ok(now);
+            }
+            let any = async {
+                if notified.is_empty() {
+                    std::future::pending::<()>().await;
+                } else {
+                    futures_util::future::select_all(notified).await;
+                }
+            };
+            tokio::select! {
+                () = any => backoff = POLL_MIN,
+                () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(POLL_MAX),
+            }
+        }
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let (answers, tally) = self
+            .tally(
+                self.inner.all,
+                |node| async move { node.names(prefix).await },
+            )
+            .await;
+        self.majority_or_error(&tally)?;
+        let threshold = self.threshold(count(tally.ok));
+        let mut seen: HashMap<Name, usize> = HashMap::new();
+        for (_, names) in answers {
+            for name in names {
+                *seen.entry(name).or_default() += 1;
+            }
+        }
+        let mut names: Vec<Name> = seen
+            .into_iter()
+            .filter(|(_, n)| *n >= threshold)
+            .map(|(name, _)| name)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        let (answers, tally) = self
+            .tally(self.inner.all, |node| async move { node.evict(name).await })
+            .await;
+        self.majority_or_error(&tally)?;
+        Ok(answers.into_iter().map(|(_, n)| n).max().unwrap_or(0))
+    }
+}
+
+impl RedlockStore {
+    /// On how many of `answered` nodes an entry must show to count: every
+    /// entry on a majority shows on at least this many of them.
+    fn threshold(&self, answered: usize) -> usize {
+        let n = self.inner.nodes.len();
+        (self.inner.majority + answered).saturating_sub(n).max(1)
+    }
+
+    /// [`Self::undo`] in the background.
+    fn undo_detached(&self, key: &SessionKey, name: &Name, seq: u64, mask: Mask) {
+        if mask == 0 {
+            return;
+        }
+        let store = RedlockStore {
+            inner: self.inner.clone(),
+        };
+        let (key, name) = (key.clone(), name.clone());
+        crate::session::spawn_detached(async move { store.undo(&key, &name, seq, mask).await });
+    }
+
+    fn undo_open(&self, key: &SessionKey, opened: Mask) {
+        if opened == 0 {
+            return;
+        }
+        let store = RedlockStore {
+            inner: self.inner.clone(),
+        };
+        let key = key.clone();
+        crate::session::spawn_detached(async move {
+            store
+                .each(opened, |node| {
+                    let key = key.clone();
+                    async move { node.close_session(&key).await }
+                })
+                .await;
+        });
+    }
+}
+
+/// A short random pause that grows with the attempt: 1 to 4·(attempt+1) ms.
+fn jitter(attempt: u32) -> Duration {
+    let mut b = [0u8; 2];
+    let r = getrandom::fill(&mut b)
+        .map(|()| u16::from_le_bytes(b))
+        .unwrap_or(7);
+    let span = 4 * (u64::from(attempt.min(8)) + 1);
+    Duration::from_millis(1 + u64::from(r) % span)
+}
+
+/// One queue from the nodes' queues: an entry counts when it shows on at
+/// least `threshold` of them, and is granted when as many granted it.
+fn merge(queues: Vec<Queue>, threshold: usize) -> Queue {
+    struct Seen {
+        entry: Entry,
+        shows: usize,
+        grants: usize,
+        expiries: Vec<Duration>,
+        values: Vec<Vec<u8>>,
+    }
+    let mut by_seq: HashMap<u64, Seen> = HashMap::new();
+    for q in queues {
+        for e in q.entries {
+            let seen = by_seq.entry(e.seq).or_insert_with(|| Seen {
+                entry: e.clone(),
+                shows: 0,
+                grants: 0,
+                expiries: Vec::new(),
+                values: Vec::new(),
+            });
+            seen.shows += 1;
+            seen.grants += usize::from(e.granted);
+            seen.expiries.push(e.expires_in);
+            seen.entry.holds = seen.entry.holds.max(e.holds);
+            if e.granted_at.is_some()
+                && (seen.entry.granted_at.is_none() || e.granted_at < seen.entry.granted_at)
+            {
+                seen.entry.granted_at = e.granted_at;
+            }
+            seen.values.push(e.value);
+        }
+    }
+    let mut entries: Vec<Entry> = by_seq
+        .into_values()
+        .filter(|s| s.shows >= threshold)
+        .map(|mut s| {
+            s.entry.granted = s.grants >= threshold;
+            if !s.entry.granted {
+                s.entry.granted_at = None;
+            }
+            // The entry lasts while `threshold` nodes still have it.
+            s.expiries.sort_unstable_by(|a, b| b.cmp(a));
+            s.entry.expires_in = s.expiries[threshold - 1];
+            s.entry.value = most_common(s.values);
+            s.entry
+        })
+        .collect();
+    entries.sort_by_key(|e| e.seq);
+    Queue {
+        version: fingerprint(&entries),
+        entries,
+    }
+}
+
+fn most_common(mut values: Vec<Vec<u8>>) -> Vec<u8> {
+    values.sort();
+    let mut best: (usize, usize) = (0, 0); // (count, index)
+    let mut i = 0;
+    while i < values.len() {
+        let j = values[i..].iter().take_while(|v| **v == values[i]).count();
+        if j > best.0 {
+            best = (j, i);
+        }
+        i += j;
+    }
+    values.swap_remove(best.1)
+}
+
+/// A version for a merged queue: a hash of what observers can see, so it
+/// changes whenever the queue does (the nodes' own versions differ).
+fn fingerprint(entries: &[Entry]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for e in entries {
+        eat(&e.seq.to_le_bytes());
+        eat(&[u8::from(e.granted)]);
+        eat(&e.holds.to_le_bytes());
+        eat(&(e.value.len() as u64).to_le_bytes());
+        eat(&e.value);
+        eat(e.session_tag.as_bytes());
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let (urls, t) =
+            parse_url("redlock://:pw@a:1,b:2,c:3/2?prefix=x&node_timeout=50ms").unwrap();
+        assert_eq!(urls[1], "redis://:pw@b:2/2?prefix=x");
+        assert_eq!(t, Duration::from_millis(50));
+        for bad in [
+            "redlock://a:1,b:2",
+            "redlock://a:1,b:2,c:3,d:4",
+            "redlock://a:1,a:1,b:2",
+            "redlock://a,b:2,c:3",
+            "redlock://a:1,b:2,c:3?node_timeout=forever",
+            "redlock://a:1,b:2,c:3?nosuch=1",
+            "redlock://a:1,b:2,c:3/x",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        let e = parse_url("redlock://:hunter2@a:1,b:2").unwrap_err();
+        assert!(!e.to_string().contains("hunter2"));
+    }
+
+    #[test]
+    fn merging() {
+        let entry = |seq, granted| Entry {
+            seq,
+            kind: EntryKind::Exclusive,
+            session_tag: "t".into(),
+            label: "l".into(),
+            value: vec![],
+            granted,
+            granted_at: None,
+            expires_in: Duration::from_secs(1),
+            holds: 1,
+        };
+        let q = |entries| Queue {
+            version: 0,
+            entries,
+        };
+        // seq 5 on all three, granted on two; seq 7 on one node only.
+        let merged = merge(
+            vec![
+                q(vec![entry(5, true), entry(7, false)]),
+                q(vec![entry(5, true)]),
+                q(vec![entry(5, false)]),
+            ],
+            2,
+        );
+        assert_eq!(merged.entries.len(), 1);
+        assert!(merged.entries[0].granted);
+        assert_eq!(
+            most_common(vec![b"a".to_vec(), b"b".to_vec(), b"b".to_vec()]),
+            b"b"
+        );
+    }
+}

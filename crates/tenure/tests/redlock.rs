@@ -1,0 +1,164 @@
+//! The conformance suite on `redlock://` over three real redis-servers, and
+//! fault tests over five: a minority killed, a majority killed, a node
+//! restarted empty.
+#![cfg(feature = "redlock")]
+
+mod conformance;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tenure::{Error, Mutex, Session, SessionOptions};
+use tenure_testkit::RedisServer;
+use tokio::time::Instant;
+
+fn start(n: usize) -> Option<Vec<RedisServer>> {
+    (0..n).map(|_| RedisServer::start_or_skip()).collect()
+}
+
+fn url(servers: &[RedisServer]) -> String {
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    format!("redlock://{}/0", hosts.join(","))
+}
+
+/// Three nodes for the whole test binary.
+fn shared() -> Option<&'static [RedisServer]> {
+    static SERVERS: OnceLock<Option<Vec<RedisServer>>> = OnceLock::new();
+    SERVERS.get_or_init(|| start(3)).as_deref()
+}
+
+async fn target() -> Option<conformance::Target> {
+    let servers = shared()?;
+    Some(conformance::Target::new(url(servers)).await)
+}
+
+conformance_tests!(target());
+
+async fn session(store: &std::sync::Arc<dyn tenure::Store>, ttl: Duration) -> Session {
+    Session::with_options(store, SessionOptions::new().ttl(ttl))
+        .await
+        .expect("session")
+}
+
+/// Two of five nodes killed while a lock is held and another waits: the
+/// holder keeps its lease, the waiter gets the lock after the release, and
+/// tokens still increase. Then a third node goes: the holder's lost() fires
+/// within its TTL, and new sessions are refused with a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_killed_keeps_working_majority_killed_is_unavailable() {
+    let Some(mut servers) = start(5) else { return };
+    let store = tenure::open(&url(&servers)).await.unwrap();
+    let ttl = Duration::from_secs(1);
+    let (a, b) = (session(&store, ttl).await, session(&store, ttl).await);
+    let held = Mutex::new(&a, "minority").unwrap().lock().await.unwrap();
+    let first = held.token();
+    let mb = Mutex::new(&b, "minority").unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = mb.lock().await;
+        (g, b)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    servers[0].kill();
+    servers[3].kill();
+    // Three renewals later the holder still holds.
+    let kept = tokio::time::timeout(ttl * 3, held.lost()).await;
+    assert!(kept.is_err(), "lost() fired with a majority up");
+    assert!(!waiter.is_finished(), "the waiter was granted a held lock");
+    held.release().await.unwrap();
+    let (g, b) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("waiter granted")
+        .unwrap();
+    let g = g.unwrap();
+    assert!(g.token() > first, "{} <= {first}", g.token());
+
+    // A third node down: no majority. The holder is told within its TTL.
+    let killed = Instant::now();
+    servers[1].kill();
+    let lost = tokio::time::timeout(ttl + Duration::from_millis(500), g.lost()).await;
+    assert!(lost.is_ok(), "lost() did not fire without a majority");
+    assert!(
+        killed.elapsed() <= ttl,
+        "lost() after the TTL: {:?}",
+        killed.elapsed()
+    );
+    drop(b);
+    let e = Session::with_options(&store, SessionOptions::new().ttl(ttl))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    let started = Instant::now();
+    let e = tenure::open(&url(&servers)).await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// A node restarted empty after the delayed-restart wait (longer than the
+/// TTL): it forgot the lock, but the majority did not, so nobody else is
+/// granted it; after the release the next token is still higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_restarted_empty_no_double_grant() {
+    let Some(mut servers) = start(5) else { return };
+    let store = tenure::open(&url(&servers)).await.unwrap();
+    let ttl = Duration::from_millis(800);
+    let a = session(&store, ttl).await;
+    let held = Mutex::new(&a, "restart").unwrap().lock().await.unwrap();
+    let first = held.token();
+    servers[2].kill();
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await; // delayed restart
+    servers[2].restart();
+    servers[4].kill();
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    servers[4].restart();
+    // Two nodes are empty now; the other three still have the lock.
+    let other = tenure::open(&url(&servers)).await.unwrap();
+    let b = session(&other, ttl).await;
+    let mb = Mutex::new(&b, "restart").unwrap();
+    assert!(mb.try_lock().await.unwrap().is_none(), "granted twice");
+    let waited = tokio::time::timeout(ttl * 2, mb.lock()).await;
+    assert!(waited.is_err(), "granted twice while waiting");
+    let alive = tokio::time::timeout(Duration::from_millis(10), held.lost()).await;
+    assert!(
+        alive.is_err(),
+        "the holder lost its lease with a majority up"
+    );
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), mb.lock())
+        .await
+        .expect("granted after the release")
+        .unwrap();
+    assert!(g.token() > first, "{} <= {first}", g.token());
+}
+
+#[tokio::test]
+async fn wrong_password_is_an_auth_error_without_the_password() {
+    let servers: Option<Vec<RedisServer>> = (0..3)
+        .map(|_| RedisServer::start_with_password(Some("right-one")))
+        .collect();
+    let Some(servers) = servers else {
+        tenure_testkit::missing("redis-server", "redis-server");
+        return;
+    };
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let e = tenure::open(&format!("redlock://:hunter2@{}/0", hosts.join(",")))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
+    assert!(!e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"));
+    let ok = format!("redlock://:right-one@{}/0", hosts.join(","));
+    assert!(tenure::open(&ok).await.is_ok());
+}
+
+#[tokio::test]
+async fn all_down_at_start_is_unavailable_in_time() {
+    let ports: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", tenure_testkit::free_port()))
+        .collect();
+    conformance::check_down_at_start(&format!("redlock://{}/0", ports.join(","))).await;
+}
