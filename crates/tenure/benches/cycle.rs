@@ -245,6 +245,119 @@ async fn mysql_floor(url: &str, cycles: usize) -> Stats {
     )
 }
 
+/// The Redlock floor: `SET NX PX` on every node at once to take, the Lua
+/// compare-and-delete on every node at once to release.
+#[cfg(feature = "redlock")]
+async fn redlock_floor(urls: &[String], cycles: usize) -> Stats {
+    let mut conns = Vec::new();
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        conns.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    let release = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
+    );
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let taken = futures_util::future::join_all(conns.iter().map(|c| {
+            let mut c = c.clone();
+            async move {
+                let ok: Option<String> = redis::cmd("SET")
+                    .arg("floor")
+                    .arg("me")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30000)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                ok.is_some()
+            }
+        }))
+        .await;
+        assert!(taken.iter().all(|t| *t));
+        futures_util::future::join_all(conns.iter().map(|c| {
+            let mut c = c.clone();
+            let release = &release;
+            async move {
+                let _: i64 = release
+                    .key("floor")
+                    .arg("me")
+                    .invoke_async(&mut c)
+                    .await
+                    .unwrap();
+            }
+        }))
+        .await;
+        samples.push(t.elapsed());
+    }
+    stats(
+        format!(
+            "redlock raw floor (SET NX PX + Lua delete, {} nodes)",
+            urls.len()
+        ),
+        samples,
+        start.elapsed(),
+    )
+}
+
+/// The rslock crate (a Redlock peer) on the same nodes: lock + unlock.
+#[cfg(feature = "redlock")]
+async fn rslock_uncontended(urls: &[String], cycles: usize) -> Stats {
+    let manager = rslock::LockManager::new(urls.to_vec());
+    let ttl = Duration::from_secs(30);
+    for _ in 0..cycles / 10 {
+        let lock = manager.lock("rslock-bench", ttl).await.unwrap();
+        manager.unlock(&lock).await;
+    }
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let lock = manager.lock("rslock-bench", ttl).await.unwrap();
+        manager.unlock(&lock).await;
+        samples.push(t.elapsed());
+    }
+    stats("redlock rslock 0.10 (peer)", samples, start.elapsed())
+}
+
+/// rslock with 16 contenders, each looping `acquire` (its retry: up to 3
+/// tries, a random pause of up to 200 ms between, its defaults).
+#[cfg(feature = "redlock")]
+async fn rslock_contended(urls: &[String], tasks: usize, rounds: usize) -> Stats {
+    let manager = rslock::LockManager::new(urls.to_vec());
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let manager = manager.clone();
+        handles.push(tokio::spawn(async move {
+            let mut samples = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let guard = manager
+                    .acquire("rslock-contended", Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                samples.push(t.elapsed());
+                tokio::task::yield_now().await;
+                guard.release().await;
+            }
+            samples
+        }));
+    }
+    let mut samples = Vec::new();
+    for h in handles {
+        samples.extend(h.await.unwrap());
+    }
+    stats(
+        format!("redlock rslock 0.10 (peer), {tasks} contenders"),
+        samples,
+        start.elapsed(),
+    )
+}
+
 fn main() {
     let cycles: usize = std::env::var("BENCH_CYCLES")
         .ok()
@@ -292,6 +405,28 @@ fn main() {
             }
             None => eprintln!("redis-server is not installed: no Redis rows"),
         }
+        #[cfg(feature = "redlock")]
+        let nodes: Option<Vec<tenure_testkit::RedisServer>> =
+            (0..3).map(|_| tenure_testkit::RedisServer::start()).collect();
+        #[cfg(feature = "redlock")]
+        let node_urls: Vec<String> = nodes.iter().flatten().map(|s| s.url()).collect();
+        #[cfg(feature = "redlock")]
+        let redlock_url = format!(
+            "redlock://{}/0",
+            nodes
+                .iter()
+                .flatten()
+                .map(|s| format!("127.0.0.1:{}", s.port()))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        #[cfg(feature = "redlock")]
+        if nodes.is_some() {
+            let store = tenure::open(&redlock_url).await.unwrap();
+            rows.push(uncontended(&store, cycles).await);
+            rows.push(redlock_floor(&node_urls, cycles).await);
+            rows.push(rslock_uncontended(&node_urls, cycles).await);
+        }
         #[cfg(feature = "postgres")]
         let pg = tenure_testkit::PostgresServer::start_or_skip();
         #[cfg(feature = "postgres")]
@@ -314,6 +449,12 @@ fn main() {
         if let Some(server) = &server {
             let redis = tenure::open(&server.url()).await.unwrap();
             rows.push(contended(&redis, 16, (cycles / 64).max(5)).await);
+        }
+        #[cfg(feature = "redlock")]
+        if nodes.is_some() {
+            let store = tenure::open(&redlock_url).await.unwrap();
+            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+            rows.push(rslock_contended(&node_urls, 16, (cycles / 64).max(5)).await);
         }
         #[cfg(feature = "postgres")]
         if let Some(pg) = &pg {
@@ -338,12 +479,15 @@ fn main() {
         "run", "cycles", "cycles/s", "p50 µs", "p99 µs", "vs floor"
     );
     let mut ratios = serde_json::Map::new();
+    let mut peers = serde_json::Map::new();
     for r in &rows {
         let backend = r.label.split(' ').next().unwrap_or("");
         let ratio = match floor_of(backend) {
             Some(floor) if !r.label.contains("contenders") => {
-                if !r.label.contains("floor") {
+                if r.label.contains("tenure") {
                     ratios.insert(backend.to_string(), serde_json::json!(floor / r.per_sec));
+                } else if r.label.contains("peer") {
+                    peers.insert(r.label.clone(), serde_json::json!(floor / r.per_sec));
                 }
                 format!("{:.2}×", floor / r.per_sec)
             }
@@ -365,6 +509,7 @@ fn main() {
         })).collect::<Vec<_>>(),
         "sqlite_statements": { "acquire": acquire, "release": release, "renew": renew },
         "uncontended_cycle_vs_floor": ratios,
+        "peers_uncontended_cycle_vs_floor": peers,
     });
     let out = std::env::var("BENCH_OUT").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/cycle.json").to_string()

@@ -124,27 +124,34 @@ local function end_session(secret)
 end
 
 -- Drops entries of expired sessions (ending those sessions everywhere),
--- stamps and wakes newly granted entries, bumps versions. `names` maps
--- name -> true for names known to have changed.
+-- stamps and wakes newly granted entries, bumps versions. `changed` says
+-- that first_name has changed already. Returns first_name's rows, settled.
 local function settle(first_name, changed)
   local work = {first_name}
   local touched = {}
   touched[first_name] = changed or false
+  -- Rows read once per name, unless ending a session changed them since.
+  local read = {}
   local i = 1
   while i <= #work do
     local name = work[i]
     i = i + 1
-    for _, r in ipairs(rows(name)) do
+    local rs = rows(name)
+    read[name] = rs
+    for _, r in ipairs(rs) do
       if not r.live then
+        read[name] = nil
         for _, other in ipairs(end_session(r.secret)) do
           if touched[other] == nil then work[#work + 1] = other end
           touched[other] = true
+          read[other] = nil
         end
       end
     end
   end
+  local first_rows
   for _, name in ipairs(work) do
-    local rs = rows(name)
+    local rs = read[name] or rows(name)
     local g = grants(rs)
     for j, r in ipairs(rs) do
       if g[j] and r.granted == '' then
@@ -154,15 +161,16 @@ local function settle(first_name, changed)
         touched[name] = true
       end
     end
-    if #rs == 0 then
-      redis.call('SREM', NAMES, name)
-      redis.call('DEL', k('q', name), k('e', name), k('v', name), k('o', name))
-    end
+    -- The queue's own keys vanish with their last field; only the index
+    -- of names needs telling.
+    if #rs == 0 and touched[name] then redis.call('SREM', NAMES, name) end
     if touched[name] then
       redis.call('INCR', k('ver', name))
       redis.call('PUBLISH', k('ch', name), 'changed')
     end
+    if name == first_name then first_rows = rs end
   end
+  return first_rows
 end
 
 -- Ends a few long-expired sessions, so the tables stay small.
@@ -212,8 +220,11 @@ elseif op == 'join' then
   local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
   local count, limit, value, mode = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
   if not alive(secret) then return {'lost'} end
-  settle(name, false)
-  local mine = own(secret, name)
+  local rs = settle(name, false)
+  local mine = nil
+  for _, r in ipairs(rs) do
+    if r.secret == secret then mine = r break end
+  end
   if mine then
     if mine.kind ~= kind or mine.count ~= count or mine.limit ~= limit then
       return {'conflict', 'this session already has another kind of entry here'}
@@ -224,7 +235,7 @@ elseif op == 'join' then
     redis.call('HSET', k('e', name), mine.seq, record(mine))
     return {'ok', mine.seq, granted and 1 or 0, mine.holds, 0}
   end
-  local rs = rows(name)
+  local was_empty = #rs == 0
   for _, r in ipairs(rs) do
     local permits_a, permits_b = kind == 'P', r.kind == 'P'
     if permits_a ~= permits_b then
@@ -269,10 +280,10 @@ elseif op == 'join' then
   seq = fmt(seq)
   if granted then entry.granted = fmt(now) end
   redis.call('HSET', k('e', name), seq, record(entry))
-  redis.call('HSET', k('v', name), seq, value)
+  if value ~= '' then redis.call('HSET', k('v', name), seq, value) end
   redis.call('ZADD', k('q', name), seq, seq)
   redis.call('HSET', k('o', name), secret, seq)
-  redis.call('SADD', NAMES, name)
+  if was_empty then redis.call('SADD', NAMES, name) end
   redis.call('SADD', k('se', secret), name)
   redis.call('INCR', k('ver', name))
   redis.call('PUBLISH', k('ch', name), 'changed')
