@@ -406,8 +406,9 @@ fn main() {
             None => eprintln!("redis-server is not installed: no Redis rows"),
         }
         #[cfg(feature = "redlock")]
-        let nodes: Option<Vec<tenure_testkit::RedisServer>> =
-            (0..3).map(|_| tenure_testkit::RedisServer::start()).collect();
+        let nodes: Option<Vec<tenure_testkit::RedisServer>> = (0..3)
+            .map(|_| tenure_testkit::RedisServer::start())
+            .collect();
         #[cfg(feature = "redlock")]
         let node_urls: Vec<String> = nodes.iter().flatten().map(|s| s.url()).collect();
         #[cfg(feature = "redlock")]
