@@ -94,11 +94,98 @@ pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
         .map_err(|_| std::io::Error::other("spawner thread gone"))?
 }
 
+/// A test CA and a server certificate it signed, for `127.0.0.1` and
+/// `localhost`, made with the `openssl` command.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA's certificate (PEM): what clients trust.
+    pub ca: PathBuf,
+    /// The server's certificate (PEM).
+    pub cert: PathBuf,
+    /// The server's private key (PEM).
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// Makes them in `dir`, or `None` (after [`missing`]) without `openssl`.
+    pub fn make(dir: &Path) -> Option<TlsFiles> {
+        if find("openssl", &["/usr/bin/openssl"]).is_none() {
+            missing("openssl", "openssl");
+            return None;
+        }
+        let files = TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("server.pem"),
+            key: dir.join("server.key"),
+        };
+        let ca_key = dir.join("ca.key");
+        let csr = dir.join("server.csr");
+        let ext = dir.join("san.ext");
+        std::fs::write(&ext, "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("write ext");
+        let run = |args: &[&std::ffi::OsStr]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("run openssl");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        let os = |s: &str| std::ffi::OsString::from(s);
+        run(&[
+            &os("req"),
+            &os("-x509"),
+            &os("-newkey"),
+            &os("rsa:2048"),
+            &os("-nodes"),
+            &os("-keyout"),
+            ca_key.as_os_str(),
+            &os("-out"),
+            files.ca.as_os_str(),
+            &os("-days"),
+            &os("2"),
+            &os("-subj"),
+            &os("/CN=tenure test CA"),
+        ]);
+        run(&[
+            &os("req"),
+            &os("-newkey"),
+            &os("rsa:2048"),
+            &os("-nodes"),
+            &os("-keyout"),
+            files.key.as_os_str(),
+            &os("-out"),
+            csr.as_os_str(),
+            &os("-subj"),
+            &os("/CN=localhost"),
+        ]);
+        run(&[
+            &os("x509"),
+            &os("-req"),
+            &os("-in"),
+            csr.as_os_str(),
+            &os("-CA"),
+            files.ca.as_os_str(),
+            &os("-CAkey"),
+            ca_key.as_os_str(),
+            &os("-CAcreateserial"),
+            &os("-out"),
+            files.cert.as_os_str(),
+            &os("-days"),
+            &os("2"),
+            &os("-extfile"),
+            ext.as_os_str(),
+        ]);
+        Some(files)
+    }
+}
+
 /// A `redis-server` of its own.
 pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     password: Option<String>,
+    tls: Option<TlsFiles>,
     child: Option<Child>,
 }
 
@@ -115,10 +202,62 @@ impl RedisServer {
             port: free_port(),
             dir: tempfile::tempdir().expect("temp dir"),
             password: password.map(str::to_string),
+            tls: None,
             child: None,
         };
         server.launch();
         Some(server)
+    }
+
+    /// Starts one that speaks only TLS, with a certificate of a test CA
+    /// (fails on CI and skips elsewhere without `redis-server` or `openssl`).
+    pub fn start_tls_or_skip() -> Option<RedisServer> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tls = TlsFiles::make(dir.path())?;
+        let mut server = Self::start_tls_with(tls)?;
+        // The files live in the server's own directory.
+        server.dir = dir;
+        Some(server)
+    }
+
+    /// Starts one that speaks only TLS with the given files, which the
+    /// caller keeps (several servers may share one CA).
+    pub fn start_tls_with(tls: TlsFiles) -> Option<RedisServer> {
+        if find("redis-server", &["/usr/bin/redis-server"]).is_none() {
+            missing("redis-server", "redis-server");
+            return None;
+        }
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            password: None,
+            tls: Some(tls),
+            child: None,
+        };
+        server.launch();
+        Some(server)
+    }
+
+    /// A `redlock://` URL over these servers (`redlocks://` with the first
+    /// one's CA when they speak TLS).
+    pub fn redlock_url(servers: &[RedisServer]) -> String {
+        let hosts: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        match servers.first().and_then(|s| s.tls.as_ref()) {
+            Some(tls) => format!(
+                "redlocks://{}/0?tls_ca={}",
+                hosts.join(","),
+                tls.ca.display()
+            ),
+            None => format!("redlock://{}/0", hosts.join(",")),
+        }
+    }
+
+    /// The TLS files, for a server started with [`RedisServer::start_tls_or_skip`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// Like [`RedisServer::start`], but fails on CI and skips elsewhere.
@@ -132,7 +271,19 @@ impl RedisServer {
 
     fn launch(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        match &self.tls {
+            None => cmd.args(["--port", &self.port.to_string()]),
+            Some(tls) => cmd
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "no"]),
+        };
+        cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -155,6 +306,13 @@ impl RedisServer {
 
     /// A `redis://` URL for it (with the password, if any).
     pub fn url(&self) -> String {
+        if let Some(tls) = &self.tls {
+            return format!(
+                "rediss://127.0.0.1:{}/0?tls_ca={}",
+                self.port,
+                tls.ca.display()
+            );
+        }
         match &self.password {
             Some(p) => format!("redis://:{p}@127.0.0.1:{}/0", self.port),
             None => format!("redis://127.0.0.1:{}/0", self.port),
@@ -243,6 +401,7 @@ pub struct PostgresServer {
     port: u16,
     dir: tempfile::TempDir,
     user: (u32, u32),
+    tls: Option<TlsFiles>,
     child: Option<Child>,
 }
 
@@ -252,6 +411,16 @@ pub const PASSWORD: &str = "tenure-test";
 impl PostgresServer {
     /// Starts one, or `None` (after [`missing`]) without the binaries.
     pub fn start_or_skip() -> Option<PostgresServer> {
+        Self::start_with(false)
+    }
+
+    /// Starts one that accepts TCP logins only over TLS, with a certificate
+    /// of a test CA; its [`PostgresServer::url`] asks for `verify-full`.
+    pub fn start_tls_or_skip() -> Option<PostgresServer> {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Option<PostgresServer> {
         let found = postgres_bin("initdb")
             .zip(postgres_bin("postgres"))
             .zip(system_user("postgres"));
@@ -284,10 +453,39 @@ impl PostgresServer {
             .status()
             .expect("run initdb");
         assert!(status.success(), "initdb failed");
+        let tls = if tls {
+            let data = dir.path().join("data");
+            let files = TlsFiles::make(dir.path())?;
+            for f in [&files.cert, &files.key, &files.ca] {
+                std::os::unix::fs::chown(f, Some(user.0), Some(user.1)).expect("chown");
+            }
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod key");
+            let conf = format!(
+                "\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+                files.cert.display(),
+                files.key.display()
+            );
+            let mut pg_conf = std::fs::read_to_string(data.join("postgresql.conf")).expect("conf");
+            pg_conf.push_str(&conf);
+            std::fs::write(data.join("postgresql.conf"), pg_conf).expect("write conf");
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostssl all all 127.0.0.1/32 scram-sha-256\n\
+                 hostnossl all all 127.0.0.1/32 reject\n",
+            )
+            .expect("write pg_hba");
+            Some(files)
+        } else {
+            None
+        };
         let mut server = PostgresServer {
             port: free_port(),
             dir,
             user,
+            tls,
             child: None,
         };
         server.launch();
@@ -335,10 +533,22 @@ impl PostgresServer {
 
     /// A `postgres://` URL with the right password.
     pub fn url(&self) -> String {
-        format!(
-            "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres",
-            self.port
-        )
+        match &self.tls {
+            Some(tls) => format!(
+                "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
+                self.port,
+                tls.ca.display()
+            ),
+            None => format!(
+                "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres",
+                self.port
+            ),
+        }
+    }
+
+    /// The TLS files, for a server started with [`PostgresServer::start_tls_or_skip`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// SIGKILLs the postmaster (its backends exit when they notice).

@@ -383,7 +383,7 @@ impl Scheme {
             "postgres" | "postgresql" => Scheme::Postgres,
             "mysql" | "mariadb" => Scheme::Mysql,
             "redis" | "rediss" => Scheme::Redis,
-            "redlock" => Scheme::Redlock,
+            "redlock" | "redlocks" => Scheme::Redlock,
             "etcd" | "etcds" => Scheme::Etcd,
             "zk" | "zookeeper" => Scheme::Zookeeper,
             other => {

@@ -204,11 +204,7 @@ async fn memory_and_redlock_agree() {
         .map(|_| tenure_testkit::RedisServer::start_or_skip())
         .collect();
     let Some(servers) = servers else { return };
-    let hosts: Vec<String> = servers
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port()))
-        .collect();
-    let url = format!("redlock://{}/0", hosts.join(","));
+    let url = tenure_testkit::RedisServer::redlock_url(&servers);
     for seed in 1..=8u64 {
         run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &url).await;
     }

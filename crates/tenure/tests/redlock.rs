@@ -17,11 +17,7 @@ fn start(n: usize) -> Option<Vec<RedisServer>> {
 }
 
 fn url(servers: &[RedisServer]) -> String {
-    let hosts: Vec<String> = servers
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port()))
-        .collect();
-    format!("redlock://{}/0", hosts.join(","))
+    RedisServer::redlock_url(servers)
 }
 
 /// Three nodes for the whole test binary.

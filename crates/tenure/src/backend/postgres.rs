@@ -12,7 +12,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+#[cfg(not(feature = "tls"))]
+use tokio_postgres::NoTls;
+use tokio_postgres::{AsyncMessage, Client, Statement};
 
 use super::poll::{self, Listeners, Look};
 use crate::error::{Error, Result};
@@ -58,6 +60,7 @@ pub struct PostgresStore {
 
 struct Inner {
     config: tokio_postgres::Config,
+    tls: Tls,
     schema: String,
     url: String,
     caps: Capabilities,
@@ -122,6 +125,14 @@ fn pg_err(e: tokio_postgres::Error) -> Error {
         }
         return Error::backend(BACKEND, e);
     }
+    // A failed TLS handshake (a certificate not trusted, say) will not heal
+    // by retrying: say so, with the reason.
+    if e.to_string().contains("TLS") {
+        let reason = std::error::Error::source(&e)
+            .map(|s| format!("{e}: {s}"))
+            .unwrap_or_else(|| e.to_string());
+        return Error::backend(BACKEND, reason);
+    }
     // No SQLSTATE: the connection itself failed.
     Error::unavailable(BACKEND, e)
 }
@@ -133,8 +144,75 @@ fn is_retryable(e: &tokio_postgres::Error) -> bool {
     })
 }
 
-/// Splits off our `schema` option and parses the rest as libpq does.
-fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String)> {
+/// libpq's `sslmode`, which tokio-postgres knows only in part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// TLS as the URL asks for it: libpq's meaning of `sslmode` and
+/// `sslrootcert` (prefer and require encrypt without checking the
+/// certificate, unless a root certificate is given; verify-ca checks the
+/// chain; verify-full also the host name).
+#[derive(Debug, Clone)]
+struct TlsChoice {
+    mode: SslMode,
+    root_cert: Option<String>,
+}
+
+#[cfg(feature = "tls")]
+type Tls = postgres_native_tls::MakeTlsConnector;
+#[cfg(not(feature = "tls"))]
+type Tls = NoTls;
+type PgConnection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <Tls as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
+>;
+
+#[cfg(feature = "tls")]
+fn make_tls(url: &str, choice: &TlsChoice) -> Result<Tls> {
+    let mut builder = native_tls::TlsConnector::builder();
+    let check_chain = matches!(choice.mode, SslMode::VerifyCa | SslMode::VerifyFull)
+        || choice.root_cert.is_some();
+    if !check_chain {
+        builder.danger_accept_invalid_certs(true);
+    }
+    if choice.mode != SslMode::VerifyFull {
+        builder.danger_accept_invalid_hostnames(true);
+    }
+    if let Some(path) = &choice.root_cert {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: mask_password(url),
+            reason: format!("sslrootcert={path}: {reason}"),
+        };
+        let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let cert = native_tls::Certificate::from_pem(&pem).map_err(|e| bad(e.to_string()))?;
+        builder.add_root_certificate(cert);
+    }
+    let connector = builder
+        .build()
+        .map_err(|e| Error::backend(BACKEND, format!("TLS set-up: {e}")))?;
+    Ok(postgres_native_tls::MakeTlsConnector::new(connector))
+}
+
+#[cfg(not(feature = "tls"))]
+fn make_tls(_url: &str, choice: &TlsChoice) -> Result<Tls> {
+    match choice.mode {
+        SslMode::Disable | SslMode::Prefer => Ok(NoTls),
+        _ => Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "TLS (sslmode=require and stricter) without the cargo feature `tls`",
+        }),
+    }
+}
+
+/// Splits off our `schema` option and libpq's TLS options, and parses the
+/// rest as libpq does.
+fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String, TlsChoice)> {
     let invalid = |reason: String| Error::InvalidUrl {
         url: mask_password(url),
         reason,
@@ -145,6 +223,10 @@ fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String)> {
     };
     let mut schema = "tenure".to_string();
     let mut rest = Vec::new();
+    let mut tls = TlsChoice {
+        mode: SslMode::Prefer,
+        root_cert: None,
+    };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("schema", v)) => {
@@ -160,12 +242,21 @@ fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String)> {
                 }
                 schema = v.to_string();
             }
-            Some(("sslmode", v)) if v != "disable" && v != "prefer" => {
-                return Err(Error::Unsupported {
-                    backend: BACKEND,
-                    what: "TLS (sslmode=require and stricter) in this build",
-                })
+            Some(("sslmode", v)) => {
+                tls.mode = match v {
+                    "disable" => SslMode::Disable,
+                    "allow" | "prefer" => SslMode::Prefer,
+                    "require" => SslMode::Require,
+                    "verify-ca" => SslMode::VerifyCa,
+                    "verify-full" => SslMode::VerifyFull,
+                    other => {
+                        return Err(invalid(format!(
+                    "sslmode={other:?}; known: disable, prefer, require, verify-ca, verify-full"
+                )))
+                    }
+                }
             }
+            Some(("sslrootcert", v)) if !v.is_empty() => tls.root_cert = Some(v.to_string()),
             _ => rest.push(pair),
         }
     }
@@ -180,7 +271,12 @@ fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String)> {
     if config.get_application_name().is_none() {
         config.application_name("tenure");
     }
-    Ok((config, schema))
+    config.ssl_mode(match tls.mode {
+        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        _ => tokio_postgres::config::SslMode::Require,
+    });
+    Ok((config, schema, tls))
 }
 
 fn to_u64(v: i64) -> Result<u64> {
@@ -189,10 +285,12 @@ fn to_u64(v: i64) -> Result<u64> {
 
 impl PostgresStore {
     pub(crate) async fn open_url(url: &str) -> Result<Self> {
-        let (config, schema) = parse_url(url)?;
+        let (config, schema, tls) = parse_url(url)?;
+        let tls = make_tls(url, &tls)?;
         let store = PostgresStore {
             inner: Arc::new(Inner {
                 config,
+                tls,
                 url: mask_password(url),
                 caps: capabilities(),
                 conn: tokio::sync::Mutex::new(None),
@@ -209,15 +307,12 @@ impl PostgresStore {
         Ok(store)
     }
 
-    async fn connect_raw(
-        &self,
-    ) -> Result<(
-        Client,
-        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-    )> {
+    async fn connect_raw(&self) -> Result<(Client, PgConnection)> {
         tokio::time::timeout(
             CONNECT_TIMEOUT + Duration::from_secs(1),
-            self.inner.config.connect(NoTls),
+            // A clone of a connector; NoTls (without the `tls` feature) is Copy.
+            #[allow(clippy::clone_on_copy)]
+            self.inner.config.connect(self.inner.tls.clone()),
         )
         .await
         .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?

@@ -129,36 +129,83 @@ fn unsigned(v: &Value) -> Result<u64> {
     u64::try_from(number(v)?).map_err(|_| bad_reply("negative number"))
 }
 
-/// Splits `redis://…?prefix=NAME` into the URL for the client and the prefix.
-fn parse_url(url: &str) -> Result<(String, String)> {
+/// What a `redis://` or `rediss://` URL asks for.
+struct Parsed {
+    /// The URL for the client, without our options.
+    base: String,
+    /// The key prefix, as a hash tag.
+    prefix: String,
+    /// A CA certificate file (PEM) to trust for `rediss://`.
+    tls_ca: Option<String>,
+}
+
+/// Splits off our options (`prefix`, `tls_ca`) from a Redis URL.
+fn parse_url(url: &str) -> Result<Parsed> {
     let invalid = |reason: String| Error::InvalidUrl {
         url: mask_password(url),
         reason,
     };
-    if url.starts_with("rediss://") {
+    let tls = url.starts_with("rediss://");
+    if tls && !cfg!(feature = "tls") {
         return Err(Error::Unsupported {
             backend: BACKEND,
-            what: "TLS (rediss://) in this build",
+            what: "TLS (rediss://) without the cargo feature `tls`",
         });
     }
-    let (base, query) = match url.split_once('?') {
+    // redis-rs reads `#insecure` (no certificate checks) from the fragment.
+    let (url_part, fragment) = match url.split_once('#') {
+        Some((u, f)) => (u, format!("#{f}")),
+        None => (url, String::new()),
+    };
+    let (base, query) = match url_part.split_once('?') {
         Some((b, q)) => (b, q),
-        None => (url, ""),
+        None => (url_part, ""),
     };
     let mut prefix = "tenure".to_string();
+    let mut tls_ca = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("prefix", v)) if !v.is_empty() && !v.contains(['{', '}']) => {
                 prefix = v.to_string()
             }
+            Some(("tls_ca", v)) if tls && !v.is_empty() => tls_ca = Some(v.to_string()),
             _ => {
                 return Err(invalid(format!(
-                    "unknown or bad option {pair:?}; known: prefix=NAME (no braces)"
+                    "unknown or bad option {pair:?}; known: prefix=NAME (no braces), tls_ca=PATH (rediss:// only)"
                 )))
             }
         }
     }
-    Ok((base.to_string(), format!("{{{prefix}}}")))
+    Ok(Parsed {
+        base: format!("{base}{fragment}"),
+        prefix: format!("{{{prefix}}}"),
+        tls_ca,
+    })
+}
+
+/// A client for the parsed URL, trusting `tls_ca` if given.
+fn client_for(url: &str, parsed: &Parsed) -> Result<redis::Client> {
+    let bad = |e: redis::RedisError| Error::InvalidUrl {
+        url: mask_password(url),
+        reason: e
+            .to_string()
+            .replace(&parsed.base, &mask_password(&parsed.base)),
+    };
+    match &parsed.tls_ca {
+        #[cfg(feature = "tls")]
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| Error::InvalidUrl {
+                url: mask_password(url),
+                reason: format!("tls_ca={path}: {e}"),
+            })?;
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            };
+            redis::Client::build_with_tls(parsed.base.as_str(), certs).map_err(bad)
+        }
+        _ => redis::Client::open(parsed.base.as_str()).map_err(bad),
+    }
 }
 
 impl RedisStore {
@@ -174,11 +221,9 @@ impl RedisStore {
     }
 
     async fn open_with(url: &str, connect: Duration, respond: Duration) -> Result<Self> {
-        let (base, prefix) = parse_url(url)?;
-        let client = redis::Client::open(base.as_str()).map_err(|e| Error::InvalidUrl {
-            url: mask_password(url),
-            reason: e.to_string().replace(&base, &mask_password(&base)),
-        })?;
+        let parsed = parse_url(url)?;
+        let client = client_for(url, &parsed)?;
+        let prefix = parsed.prefix;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect))
             .set_response_timeout(Some(respond))

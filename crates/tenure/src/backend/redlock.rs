@@ -1,4 +1,5 @@
-//! `redlock://[:password@]host:port,host:port,host:port[/db][?prefix=NAME&node_timeout=250ms]`:
+//! `redlock://[:password@]host:port,host:port,host:port[/db][?prefix=NAME&node_timeout=250ms]`
+//! (`redlocks://` for TLS, with `tls_ca=PATH` as for `rediss://`):
 //! Redlock over N independent Redis nodes (N odd, 3 to 15), with fencing
 //! tokens and a fair queue.
 //!
@@ -191,10 +192,15 @@ fn parse_url(url: &str) -> Result<(Vec<String>, Duration)> {
         url: mask_password(url),
         reason,
     };
-    let rest = url
+    let (scheme, rest) = url
         .split_once("://")
-        .map(|(_, rest)| rest)
         .ok_or_else(|| invalid("expected redlock://host:port,host:port,host:port".into()))?;
+    // redlocks:// is Redlock over rediss:// (TLS) nodes.
+    let node_scheme = if scheme.eq_ignore_ascii_case("redlocks") {
+        "rediss"
+    } else {
+        "redis"
+    };
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, db) = match rest.split_once('/') {
         Some((a, db)) => (a, db),
@@ -223,9 +229,10 @@ fn parse_url(url: &str) -> Result<(Vec<String>, Duration)> {
                     })?;
             }
             Some(("prefix", _)) => passed.push(pair),
+            Some(("tls_ca", _)) if node_scheme == "rediss" => passed.push(pair),
             _ => {
                 return Err(invalid(format!(
-                    "unknown option {pair:?}; known: prefix=NAME, node_timeout=DURATION"
+                    "unknown option {pair:?}; known: prefix=NAME, node_timeout=DURATION, tls_ca=PATH (redlocks:// only)"
                 )))
             }
         }
@@ -257,7 +264,7 @@ fn parse_url(url: &str) -> Result<(Vec<String>, Duration)> {
     };
     let urls = hosts
         .iter()
-        .map(|h| format!("redis://{user}{h}/{db}{query}"))
+        .map(|h| format!("{node_scheme}://{user}{h}/{db}{query}"))
         .collect();
     Ok((urls, node_timeout))
 }

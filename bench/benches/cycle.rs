@@ -2,8 +2,8 @@
 //! backend's raw floor (the same client crate issuing the minimal commands),
 //! and a contended run. Prints a table and writes `bench/cycle.json`.
 //!
-//! Run: `cargo bench -p tenure --bench cycle` (set `BENCH_CYCLES` to change
-//! the number of measured cycles).
+//! Run: `cargo bench --manifest-path bench/Cargo.toml` (set `BENCH_CYCLES`
+//! to change the number of measured cycles, `BENCH_OUT` the JSON's path).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -135,7 +135,6 @@ fn sqlite_floor(path: &std::path::Path, cycles: usize) -> Stats {
 
 /// The Redis floor: `SET key me NX PX 30000` to take, a compare-and-delete Lua
 /// script (EVALSHA) to release — the seeds' minimal Redis lock.
-#[cfg(feature = "redis")]
 async fn redis_floor(url: &str, cycles: usize) -> Stats {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -173,7 +172,6 @@ async fn redis_floor(url: &str, cycles: usize) -> Stats {
 
 /// The PostgreSQL floor: one INSERT of a row with an expiry to take, one
 /// DELETE to release, prepared, autocommit.
-#[cfg(feature = "postgres")]
 async fn postgres_floor(url: &str, cycles: usize) -> Stats {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
@@ -210,7 +208,6 @@ async fn postgres_floor(url: &str, cycles: usize) -> Stats {
 
 /// The MySQL floor: one INSERT of a row with an expiry to take, one DELETE to
 /// release, prepared, autocommit.
-#[cfg(feature = "mysql")]
 async fn mysql_floor(url: &str, cycles: usize) -> Stats {
     use mysql_async::prelude::Queryable;
     let pool = mysql_async::Pool::new(mysql_async::Opts::from_url(url).unwrap());
@@ -247,7 +244,6 @@ async fn mysql_floor(url: &str, cycles: usize) -> Stats {
 
 /// The Redlock floor: `SET NX PX` on every node at once to take, the Lua
 /// compare-and-delete on every node at once to release.
-#[cfg(feature = "redlock")]
 async fn redlock_floor(urls: &[String], cycles: usize) -> Stats {
     let mut conns = Vec::new();
     for url in urls {
@@ -304,7 +300,6 @@ async fn redlock_floor(urls: &[String], cycles: usize) -> Stats {
 }
 
 /// The rslock crate (a Redlock peer) on the same nodes: lock + unlock.
-#[cfg(feature = "redlock")]
 async fn rslock_uncontended(urls: &[String], cycles: usize) -> Stats {
     let manager = rslock::LockManager::new(urls.to_vec());
     let ttl = Duration::from_secs(30);
@@ -325,7 +320,6 @@ async fn rslock_uncontended(urls: &[String], cycles: usize) -> Stats {
 
 /// rslock with 16 contenders, each looping `acquire` (its retry: up to 3
 /// tries, a random pause of up to 200 ms between, its defaults).
-#[cfg(feature = "redlock")]
 async fn rslock_contended(urls: &[String], tasks: usize, rounds: usize) -> Stats {
     let manager = rslock::LockManager::new(urls.to_vec());
     let start = Instant::now();
@@ -394,9 +388,7 @@ fn main() {
         rows.push(tokio::task::block_in_place(|| {
             sqlite_floor(&dir.path().join("floor.db"), cycles)
         }));
-        #[cfg(feature = "redis")]
         let server = tenure_testkit::RedisServer::start();
-        #[cfg(feature = "redis")]
         match &server {
             Some(server) => {
                 let redis = tenure::open(&server.url()).await.unwrap();
@@ -405,40 +397,27 @@ fn main() {
             }
             None => eprintln!("redis-server is not installed: no Redis rows"),
         }
-        #[cfg(feature = "redlock")]
         let nodes: Option<Vec<tenure_testkit::RedisServer>> = (0..3)
             .map(|_| tenure_testkit::RedisServer::start())
             .collect();
-        #[cfg(feature = "redlock")]
         let node_urls: Vec<String> = nodes.iter().flatten().map(|s| s.url()).collect();
-        #[cfg(feature = "redlock")]
-        let redlock_url = format!(
-            "redlock://{}/0",
-            nodes
-                .iter()
-                .flatten()
-                .map(|s| format!("127.0.0.1:{}", s.port()))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        #[cfg(feature = "redlock")]
+        let redlock_url = nodes
+            .as_deref()
+            .map(tenure_testkit::RedisServer::redlock_url)
+            .unwrap_or_default();
         if nodes.is_some() {
             let store = tenure::open(&redlock_url).await.unwrap();
             rows.push(uncontended(&store, cycles).await);
             rows.push(redlock_floor(&node_urls, cycles).await);
             rows.push(rslock_uncontended(&node_urls, cycles).await);
         }
-        #[cfg(feature = "postgres")]
         let pg = tenure_testkit::PostgresServer::start_or_skip();
-        #[cfg(feature = "postgres")]
         if let Some(pg) = &pg {
             let store = tenure::open(&pg.url()).await.unwrap();
             rows.push(uncontended(&store, cycles).await);
             rows.push(postgres_floor(&pg.url(), cycles).await);
         }
-        #[cfg(feature = "mysql")]
         let my = tenure_testkit::MariaDbServer::start_or_skip();
-        #[cfg(feature = "mysql")]
         if let Some(my) = &my {
             let store = tenure::open(&my.url()).await.unwrap();
             rows.push(uncontended(&store, cycles).await);
@@ -446,23 +425,19 @@ fn main() {
         }
         rows.push(contended(&memory, 16, (cycles / 16).max(10)).await);
         rows.push(contended(&sqlite, 16, (cycles / 64).max(5)).await);
-        #[cfg(feature = "redis")]
         if let Some(server) = &server {
             let redis = tenure::open(&server.url()).await.unwrap();
             rows.push(contended(&redis, 16, (cycles / 64).max(5)).await);
         }
-        #[cfg(feature = "redlock")]
         if nodes.is_some() {
             let store = tenure::open(&redlock_url).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
             rows.push(rslock_contended(&node_urls, 16, (cycles / 64).max(5)).await);
         }
-        #[cfg(feature = "postgres")]
         if let Some(pg) = &pg {
             let store = tenure::open(&pg.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
         }
-        #[cfg(feature = "mysql")]
         if let Some(my) = &my {
             let store = tenure::open(&my.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
@@ -512,9 +487,8 @@ fn main() {
         "uncontended_cycle_vs_floor": ratios,
         "peers_uncontended_cycle_vs_floor": peers,
     });
-    let out = std::env::var("BENCH_OUT").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/cycle.json").to_string()
-    });
+    let out = std::env::var("BENCH_OUT")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/cycle.json").to_string());
     if let Some(parent) = std::path::Path::new(&out).parent() {
         let _ = std::fs::create_dir_all(parent);
     }

@@ -1,0 +1,75 @@
+//! The conformance suite on `rediss://`, against a redis-server that speaks
+//! only TLS with a certificate of a test CA; and what happens when the
+//! client does not trust that CA.
+#![cfg(feature = "tls")]
+
+mod conformance;
+
+use std::sync::OnceLock;
+
+use tenure::Error;
+use tenure_testkit::RedisServer;
+
+fn shared() -> Option<&'static RedisServer> {
+    static SERVER: OnceLock<Option<RedisServer>> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start_tls_or_skip).as_ref()
+}
+
+async fn target() -> Option<conformance::Target> {
+    let server = shared()?;
+    Some(conformance::Target::new(server.url()).await)
+}
+
+conformance_tests!(target());
+
+#[tokio::test]
+async fn untrusted_certificate_is_refused_with_a_clear_error() {
+    let Some(server) = shared() else { return };
+    // The system's roots do not include the test CA.
+    let url = format!("rediss://127.0.0.1:{}/0", server.port());
+    let e = tenure::open(&url).await.unwrap_err();
+    let text = e.to_string().to_lowercase();
+    assert!(
+        text.contains("certificate") || text.contains("tls") || text.contains("ssl"),
+        "{e}"
+    );
+    // Plain text to a TLS-only port never gets a session.
+    let plain = format!("redis://127.0.0.1:{}/0", server.port());
+    assert!(tenure::open(&plain).await.is_err());
+    // A missing CA file is a bad URL, not a connection error.
+    let missing = format!(
+        "rediss://127.0.0.1:{}/0?tls_ca=/nonexistent/ca.pem",
+        server.port()
+    );
+    let e = tenure::open(&missing).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidUrl { .. }), "{e:?}");
+}
+
+#[cfg(feature = "redlock")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_tls_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tls) = tenure_testkit::TlsFiles::make(dir.path()) else {
+        return;
+    };
+    let servers: Option<Vec<RedisServer>> = (0..3)
+        .map(|_| RedisServer::start_tls_with(tls.clone()))
+        .collect();
+    let Some(servers) = servers else { return };
+    let url = RedisServer::redlock_url(&servers);
+    let store = tenure::open(&url).await.unwrap();
+    let (a, b) = (
+        tenure::Session::new(&store).await.unwrap(),
+        tenure::Session::new(&store).await.unwrap(),
+    );
+    let g = tenure::Mutex::new(&a, "tls").unwrap().lock().await.unwrap();
+    let mb = tenure::Mutex::new(&b, "tls").unwrap();
+    assert!(mb.try_lock().await.unwrap().is_none());
+    let first = g.token();
+    g.release().await.unwrap();
+    let g2 = mb.lock().await.unwrap();
+    assert!(g2.token() > first);
+    // Without the CA, no node is trusted: no majority.
+    let untrusted = url.split_once('?').map(|(u, _)| u.to_string()).unwrap();
+    assert!(tenure::open(&untrusted).await.is_err());
+}
