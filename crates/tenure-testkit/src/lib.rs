@@ -699,6 +699,326 @@ impl Drop for MariaDbServer {
 }
 
 /// What fault tests do to any of the kit's servers.
+/// One member of an [`EtcdCluster`].
+struct EtcdNode {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+/// An etcd cluster of its own (1 or 3 members) on loopback, each member in
+/// a temp dir, from Debian's `etcd-server`.
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<EtcdNode>,
+}
+
+impl EtcdCluster {
+    /// Starts `members` members, or `None` (after [`missing`]) without `etcd`.
+    pub fn start_or_skip(members: usize) -> Option<EtcdCluster> {
+        if find("etcd", &["/usr/bin/etcd"]).is_none() {
+            missing("etcd", "etcd-server");
+            return None;
+        }
+        let nodes = (0..members)
+            .map(|i| EtcdNode {
+                name: format!("n{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: None,
+            })
+            .collect();
+        let mut cluster = EtcdCluster {
+            dir: tempfile::tempdir().expect("temp dir"),
+            nodes,
+        };
+        for i in 0..members {
+            cluster.launch(i, "new");
+        }
+        for node in &cluster.nodes {
+            assert!(
+                wait_for_port(node.client_port, Duration::from_secs(20)),
+                "etcd did not start"
+            );
+        }
+        Some(cluster)
+    }
+
+    fn launch(&mut self, i: usize, state: &str) {
+        let initial: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("{}=http://127.0.0.1:{}", n.name, n.peer_port))
+            .collect();
+        let node = &self.nodes[i];
+        let client = format!("http://127.0.0.1:{}", node.client_port);
+        let peer = format!("http://127.0.0.1:{}", node.peer_port);
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", &node.name])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(&node.name))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", "tenure-test"])
+            // Fast elections on loopback.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn_tied(cmd).expect("spawn etcd");
+        self.nodes[i].child = Some(child);
+    }
+
+    /// `etcd://host:port,…` over every member.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.client_port))
+            .collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+
+    /// Member `i`'s client URL (`http://127.0.0.1:PORT`).
+    pub fn client_url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.nodes[i].client_port)
+    }
+
+    /// How many members it has.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether it has no members (never: for clippy's sake).
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// SIGKILLs member `i` (its data stays).
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data.
+    pub fn restart_member(&mut self, i: usize) {
+        self.kill_member(i);
+        self.launch(i, "existing");
+        assert!(
+            wait_for_port(self.nodes[i].client_port, Duration::from_secs(20)),
+            "etcd did not restart"
+        );
+    }
+
+    /// SIGKILLs every member.
+    pub fn kill(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill_member(i);
+        }
+    }
+
+    /// Starts every member again on its data.
+    pub fn restart(&mut self) {
+        self.kill();
+        for i in 0..self.nodes.len() {
+            self.launch(i, "existing");
+        }
+        for node in &self.nodes {
+            assert!(
+                wait_for_port(node.client_port, Duration::from_secs(20)),
+                "etcd did not restart"
+            );
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One member of a [`ZkEnsemble`].
+struct ZkNode {
+    client_port: u16,
+    child: Option<Child>,
+}
+
+/// A ZooKeeper ensemble of its own (1 or 3 servers) on loopback, from
+/// Debian's `zookeeper` (run by `zkServer.sh start-foreground`, which execs
+/// java, so the child is the server itself).
+pub struct ZkEnsemble {
+    dir: tempfile::TempDir,
+    nodes: Vec<ZkNode>,
+}
+
+impl ZkEnsemble {
+    /// Starts `servers` servers, or `None` (after [`missing`]) without ZooKeeper.
+    pub fn start_or_skip(servers: usize) -> Option<ZkEnsemble> {
+        if find("zkServer.sh", &["/usr/share/zookeeper/bin/zkServer.sh"]).is_none()
+            || find("java", &["/usr/bin/java"]).is_none()
+        {
+            missing("ZooKeeper (zkServer.sh) and java", "zookeeper");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let quorum: Vec<(u16, u16)> = (0..servers).map(|_| (free_port(), free_port())).collect();
+        let mut nodes = Vec::new();
+        for i in 0..servers {
+            let data = dir.path().join(format!("zk{i}"));
+            std::fs::create_dir_all(&data).expect("zk dir");
+            std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("myid");
+            let client_port = free_port();
+            let mut cfg = format!(
+                "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client_port}\n\
+                 clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+                 4lw.commands.whitelist=srvr,ruok\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
+                data.display()
+            );
+            if servers > 1 {
+                for (j, (peer, election)) in quorum.iter().enumerate() {
+                    cfg.push_str(&format!("server.{}=127.0.0.1:{peer}:{election}\n", j + 1));
+                }
+            }
+            std::fs::write(data.join("zoo.cfg"), cfg).expect("zoo.cfg");
+            nodes.push(ZkNode {
+                client_port,
+                child: None,
+            });
+        }
+        let mut ensemble = ZkEnsemble { dir, nodes };
+        for i in 0..servers {
+            ensemble.launch(i);
+        }
+        for i in 0..servers {
+            assert!(
+                ensemble.wait_serving(i, Duration::from_secs(30)),
+                "ZooKeeper did not start"
+            );
+        }
+        Some(ensemble)
+    }
+
+    fn launch(&mut self, i: usize) {
+        let data = self.dir.path().join(format!("zk{i}"));
+        let mut cmd = Command::new("/usr/share/zookeeper/bin/zkServer.sh");
+        cmd.arg("start-foreground")
+            .arg(data.join("zoo.cfg"))
+            .env("ZOO_LOG_DIR", &data)
+            .env("ZOO_LOG4J_PROP", "ERROR,CONSOLE")
+            .env(
+                "JVMFLAGS",
+                "-Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.nodes[i].child = Some(spawn_tied(cmd).expect("spawn ZooKeeper"));
+    }
+
+    /// Whether server `i` answers `srvr` (it serves clients) within `within`.
+    fn wait_serving(&self, i: usize, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.mode(i).is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Server `i`'s mode (`standalone`, `leader` or `follower`) if it serves.
+    pub fn mode(&self, i: usize) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", self.nodes[i].client_port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        stream.write_all(b"srvr").ok()?;
+        let mut out = String::new();
+        stream.read_to_string(&mut out).ok()?;
+        out.lines()
+            .find_map(|l| l.strip_prefix("Mode: "))
+            .map(str::to_string)
+    }
+
+    /// The index of the ensemble's leader, if one is serving.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.nodes.len()).find(|i| {
+            matches!(
+                self.mode(*i).as_deref(),
+                Some("leader") | Some("standalone")
+            )
+        })
+    }
+
+    /// `zk://host:port,…` over every server.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.client_port))
+            .collect();
+        format!("zk://{}", hosts.join(","))
+    }
+
+    /// Server `i`'s client port.
+    pub fn port(&self, i: usize) -> u16 {
+        self.nodes[i].client_port
+    }
+
+    /// SIGKILLs server `i` (its data stays).
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts server `i` again on its data.
+    pub fn restart_member(&mut self, i: usize) {
+        self.kill_member(i);
+        self.launch(i);
+        assert!(
+            self.wait_serving(i, Duration::from_secs(30)),
+            "ZooKeeper did not restart"
+        );
+    }
+
+    /// SIGKILLs every server.
+    pub fn kill(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill_member(i);
+        }
+    }
+
+    /// Starts every server again on its data.
+    pub fn restart(&mut self) {
+        self.kill();
+        for i in 0..self.nodes.len() {
+            self.launch(i);
+        }
+        for i in 0..self.nodes.len() {
+            assert!(
+                self.wait_serving(i, Duration::from_secs(30)),
+                "ZooKeeper did not restart"
+            );
+        }
+    }
+}
+
+impl Drop for ZkEnsemble {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 pub trait Server {
     /// A URL for the store, with working credentials.
     fn url(&self) -> String;
@@ -718,4 +1038,10 @@ macro_rules! impl_server {
     )*};
 }
 
-impl_server!(RedisServer, PostgresServer, MariaDbServer);
+impl_server!(
+    RedisServer,
+    PostgresServer,
+    MariaDbServer,
+    EtcdCluster,
+    ZkEnsemble
+);

@@ -56,6 +56,12 @@ async fn crashing_session(store: &Arc<dyn Store>, ttl: Duration) -> Session {
         .expect("open session")
 }
 
+/// `wanted`, or the backend's shortest TTL if that is longer (etcd leases
+/// count whole seconds, ZooKeeper servers set a minimum session timeout).
+fn short_ttl(t: &Target, wanted: Duration) -> Duration {
+    wanted.max(t.store.capabilities().min_ttl)
+}
+
 /// Waits (bounded) until the queue of `name` has `len` entries.
 async fn wait_queue_len(store: &Arc<dyn Store>, name: &str, len: usize) {
     let name = Name::new(name).unwrap();
@@ -371,7 +377,7 @@ pub async fn check_close_releases_everything(t: &Target) {
 /// deadline, and the lock passes on within TTL + one renew interval — never
 /// before the old holder was told.
 pub async fn check_crashed_holder_released(t: &Target) {
-    let ttl = Duration::from_millis(600);
+    let ttl = short_ttl(t, Duration::from_millis(600));
     let name = unique("crash");
     let opened = Instant::now();
     let a = crashing_session(&t.store, ttl).await;
@@ -419,9 +425,10 @@ pub async fn check_waiter_session_expiry(t: &Target) {
     let name = unique("waiter-expiry");
     let a = session(&t.store).await;
     let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
-    let b = crashing_session(&t.store, Duration::from_millis(500)).await;
+    let ttl = short_ttl(t, Duration::from_millis(500));
+    let b = crashing_session(&t.store, ttl).await;
     let result = tokio::time::timeout(
-        Duration::from_secs(5),
+        Duration::from_secs(5) + ttl,
         Mutex::new(&b, &name).unwrap().lock(),
     )
     .await
@@ -1103,7 +1110,7 @@ pub async fn check_schedule_leader(t: &Target) {
 /// again and tokens still increase.
 pub async fn check_server_killed_and_restarted(server: &mut dyn tenure_testkit::Server) {
     let store = tenure::open(&server.url()).await.unwrap();
-    let ttl = Duration::from_secs(1);
+    let ttl = Duration::from_secs(1).max(store.capabilities().min_ttl);
     let s = Session::with_options(&store, SessionOptions::new().ttl(ttl))
         .await
         .unwrap();
