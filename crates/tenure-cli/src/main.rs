@@ -666,6 +666,7 @@ fn backends(json: bool) -> Result<u8, Failure> {
                     "fifo": c.fifo,
                     "shared": c.shared,
                     "permits": c.permits,
+                    "grant_times": c.grant_times,
                     "wake": format!("{:?}", c.wake),
                     "clock": c.clock,
                     "min_ttl_ms": c.min_ttl.as_millis(),
@@ -679,8 +680,8 @@ fn backends(json: bool) -> Result<u8, Failure> {
         for c in &all {
             println!("{}", c.backend);
             println!(
-                "  fencing={} durable={} multi_process={} fifo={} shared={} permits={}",
-                c.fencing, c.durable, c.multi_process, c.fifo, c.shared, c.permits
+                "  fencing={} durable={} multi_process={} fifo={} shared={} permits={} grant_times={}",
+                c.fencing, c.durable, c.multi_process, c.fifo, c.shared, c.permits, c.grant_times
             );
             println!("  wake: {:?}", c.wake);
             println!("  clock: {}", c.clock);

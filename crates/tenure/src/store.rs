@@ -253,6 +253,9 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// Longest session TTL.
     pub max_ttl: Duration,
+    /// Entries say when they were granted, by the store's clock
+    /// ([`Entry::granted_at`]; an election's `Leader::since`).
+    pub grant_times: bool,
     /// Store round trips (or statements, for SQL) for an uncontended
     /// acquire and for a release.
     pub round_trips: &'static str,
@@ -497,6 +500,11 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
             backend: "redlock",
             feature: "redlock",
         }),
+        #[cfg(feature = "etcd")]
+        Scheme::Etcd => Ok(Arc::new(
+            crate::backend::etcd::EtcdStore::open_url(url).await?,
+        )),
+        #[cfg(not(feature = "etcd"))]
         Scheme::Etcd => Err(Error::BackendDisabled {
             backend: "etcd",
             feature: "etcd",
@@ -518,6 +526,8 @@ pub fn builtin_backends() -> Vec<Capabilities> {
     all.push(crate::backend::redis::capabilities());
     #[cfg(feature = "redlock")]
     all.push(crate::backend::redlock::capabilities());
+    #[cfg(feature = "etcd")]
+    all.push(crate::backend::etcd::capabilities());
     #[cfg(feature = "postgres")]
     all.push(crate::backend::postgres::capabilities());
     #[cfg(feature = "mysql")]

@@ -36,6 +36,7 @@ pub fn capabilities() -> Capabilities {
         clock: "this process's monotonic clock",
         min_ttl: Duration::from_millis(10),
         max_ttl: Duration::from_secs(7 * 24 * 3600),
+        grant_times: true,
         round_trips: "none (in-process)",
     }
 }

@@ -1,5 +1,7 @@
 //! One module per backend, each behind its cargo feature.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod memory;
 #[cfg(feature = "mysql")]
 pub mod mysql;

@@ -50,6 +50,7 @@ pub fn capabilities() -> Capabilities {
         clock: "the server's SYSDATE(3)",
         min_ttl: Duration::from_millis(100),
         max_ttl: Duration::from_secs(7 * 24 * 3600),
+        grant_times: true,
         round_trips: "acquire: 1 (a CALL), release: 1, renew: 1",
     }
 }

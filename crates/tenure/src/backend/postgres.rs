@@ -48,6 +48,7 @@ pub fn capabilities() -> Capabilities {
         clock: "the database's clock_timestamp()",
         min_ttl: Duration::from_millis(100),
         max_ttl: Duration::from_secs(7 * 24 * 3600),
+        grant_times: true,
         round_trips: "acquire: 1 (a function call), release: 1, renew: 1",
     }
 }

@@ -48,6 +48,7 @@ pub fn capabilities() -> Capabilities {
         clock: "Redis's TIME, inside each script",
         min_ttl: Duration::from_millis(100),
         max_ttl: Duration::from_secs(7 * 24 * 3600),
+        grant_times: true,
         round_trips: "acquire: 1 (EVALSHA), release: 1, renew: 1",
     }
 }

@@ -81,6 +81,7 @@ pub fn capabilities() -> Capabilities {
         clock: "each node's TIME; a majority must agree",
         min_ttl: Duration::from_millis(300),
         max_ttl: Duration::from_secs(7 * 24 * 3600),
+        grant_times: true,
         round_trips: "acquire: 1 per node in parallel (2 after a clock step), release: 1 per node, renew: 1 per node",
     }
 }

@@ -64,6 +64,7 @@ pub fn capabilities() -> Capabilities {
         clock: "this machine's CLOCK_BOOTTIME, shared by every process on it; sessions of an earlier boot are dropped",
         min_ttl: Duration::from_millis(100),
         max_ttl: Duration::from_secs(7 * 24 * 3600),
+        grant_times: true,
         round_trips: "no network; acquire: 1 transaction of 5 statements, release: 1 of 5 (6 when it grants a waiter), renew: 1 statement",
     }
 }

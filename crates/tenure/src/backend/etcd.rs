@@ -1,0 +1,1133 @@
+//! `etcd://[user:password@]host:port[,host:port…][?prefix=NAME]`: etcd v3,
+//! the recipe of etcd's `concurrency` package over the tenure contract.
+//!
+//! - A session is a lease (TTL in whole seconds, rounded up) kept alive by
+//!   [`Store::keep_alive`] over one keep-alive stream per lease. Its secret
+//!   lives in a key of the lease, and every write compares it in the same
+//!   transaction, so only the session's owner can act for it.
+//! - A name's queue is the keys `PREFIX/n/NAME\0q<lease>` (one per session,
+//!   attached to its lease), ordered by create revision; the create revision
+//!   is the fencing token (etcd's revision never goes back, across restarts
+//!   and leader changes). Grants follow [`crate::queue::grants`]. A reentrant
+//!   hold count above one lives in `PREFIX/n/NAME\0h<lease>`.
+//! - Joining is one transaction: compare the secret and that the session has
+//!   no entry, put the entry, and read the queue back (a try-lock of an
+//!   exclusive entry also compares that the queue is empty). Releasing is one
+//!   transaction that compares the entry's create revision, so a release can
+//!   never delete a newer acquisition (etcd #22082).
+//! - A waiter watches only the entry whose deletion can grant it (the one
+//!   just ahead for a mutex, the last writer ahead for a reader; a semaphore
+//!   waiter watches its queue) and its own entry; after each wake-up it reads
+//!   the queue again, linearizably, and finds its own entry there or reports
+//!   the loss: a grant is never reported for an entry whose lease is gone.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchOptions,
+};
+
+use crate::error::{Error, Result};
+use crate::store::{
+    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
+};
+
+const BACKEND: &str = "etcd";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Bound on every unary call (watches are not bounded).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Attempts of a compare-and-swap that lost a race with another writer.
+const CAS_ATTEMPTS: usize = 16;
+
+/// The etcd backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        backend: BACKEND,
+        fencing: true,
+        durable: true,
+        multi_process: true,
+        fifo: true,
+        shared: true,
+        permits: true,
+        wake: Wake::NextOnly,
+        clock: "etcd's lease clock (the raft leader's), TTL in whole seconds",
+        min_ttl: Duration::from_secs(2),
+        max_ttl: Duration::from_secs(7 * 24 * 3600),
+        grant_times: false,
+        round_trips: "acquire: 1 (txn), release: 1 (txn), renew: 1 (lease keep-alive)",
+    }
+}
+
+/// A store in one etcd cluster.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    prefix: String,
+    url: String,
+    caps: Capabilities,
+    keepers: tokio::sync::Mutex<HashMap<i64, Arc<tokio::sync::Mutex<Keeper>>>>,
+    wakeups: AtomicU64,
+}
+
+struct Keeper {
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("url", &self.inner.url)
+            .field("prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+fn etcd_err(e: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        E::GRpcStatus(status) => {
+            let message = status.message().to_string();
+            let auth = message.contains("authentication failed")
+                || message.contains("invalid auth token")
+                || message.contains("user name is empty");
+            match status.code() {
+                _ if auth => Error::Auth {
+                    backend: BACKEND,
+                    reason: message,
+                },
+                Code::Unauthenticated | Code::PermissionDenied => Error::Auth {
+                    backend: BACKEND,
+                    reason: message,
+                },
+                // Connection failures come as Unavailable or Unknown.
+                Code::Unavailable
+                | Code::Unknown
+                | Code::DeadlineExceeded
+                | Code::Aborted
+                | Code::ResourceExhausted
+                | Code::Cancelled => Error::unavailable(BACKEND, message),
+                _ => Error::backend(BACKEND, message),
+            }
+        }
+        E::TransportError(e) => Error::unavailable(BACKEND, e.to_string()),
+        E::IoError(e) => Error::unavailable(BACKEND, e.to_string()),
+        E::LeaseKeepAliveError(e) if e.contains("not found") => lost(),
+        E::LeaseKeepAliveError(e) | E::WatchError(e) => Error::unavailable(BACKEND, e),
+        other => Error::backend(BACKEND, other.to_string()),
+    }
+}
+
+/// Whether a call failed because the lease it names does not exist.
+fn lease_not_found(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::NotFound)
+}
+
+fn bad(what: impl std::fmt::Display) -> Error {
+    Error::backend(BACKEND, format!("unexpected answer from etcd: {what}"))
+}
+
+/// Bounds a unary call.
+async fn call<T>(
+    fut: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    tokio::time::timeout(CALL_TIMEOUT, fut)
+        .await
+        .map_err(|_| Error::unavailable(BACKEND, format!("no answer within {CALL_TIMEOUT:?}")))?
+        .map_err(etcd_err)
+}
+
+/// What an `etcd://` URL asks for.
+struct Parsed {
+    endpoints: Vec<String>,
+    user: Option<(String, String)>,
+    prefix: String,
+}
+
+fn parse_url(url: &str) -> Result<Parsed> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: mask_password(url),
+        reason,
+    };
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| invalid("expected etcd://host:port[,host:port…]".into()))?;
+    if scheme.eq_ignore_ascii_case("etcds") {
+        return Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "TLS (etcds://) in this build",
+        });
+    }
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let rest = rest.trim_end_matches('/');
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let user = match userinfo {
+        Some(u) => {
+            let (name, password) = u.split_once(':').unwrap_or((u, ""));
+            let decode = |s: &str| {
+                url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                    .next()
+                    .map(|(_, v)| v.into_owned())
+                    .unwrap_or_default()
+            };
+            Some((decode(name), decode(password)))
+        }
+        None => None,
+    };
+    let mut endpoints = Vec::new();
+    for host in hosts.split(',') {
+        let (h, port) = host
+            .rsplit_once(':')
+            .ok_or_else(|| invalid(format!("endpoint {host:?} needs host:port")))?;
+        if h.is_empty() || h.contains('/') || port.parse::<u16>().is_err() {
+            return Err(invalid(format!("endpoint {host:?} needs host:port")));
+        }
+        endpoints.push(format!("http://{host}"));
+    }
+    let mut prefix = "tenure".to_string();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("prefix", v)) if !v.is_empty() && !v.contains('\0') => prefix = v.to_string(),
+            _ => {
+                return Err(invalid(format!(
+                    "unknown or bad option {pair:?}; known: prefix=NAME"
+                )))
+            }
+        }
+    }
+    Ok(Parsed {
+        endpoints,
+        user,
+        prefix,
+    })
+}
+
+/// The end of the key range that holds every key starting with `prefix`.
+fn range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// A session key: 16 hex digits of the lease, then the secret.
+fn split_key(key: &SessionKey) -> Result<(i64, &str)> {
+    let s = key.secret();
+    let lease = s
+        .get(..16)
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .map(|l| l as i64)
+        .ok_or(Error::SessionLost("not a session key of the etcd backend"))?;
+    Ok((lease, &s[16..]))
+}
+
+fn kind_text(kind: EntryKind) -> String {
+    match kind {
+        EntryKind::Exclusive => "X\t0\t0".into(),
+        EntryKind::Shared => "S\t0\t0".into(),
+        EntryKind::Permits { count, limit } => format!("P\t{count}\t{limit}"),
+    }
+}
+
+/// An entry's value: `KIND\tCOUNT\tLIMIT\n` then the user's value.
+fn encode(kind: EntryKind, value: &[u8]) -> Vec<u8> {
+    let mut out = kind_text(kind).into_bytes();
+    out.push(b'\n');
+    out.extend_from_slice(value);
+    out
+}
+
+fn decode(raw: &[u8]) -> Result<(EntryKind, Vec<u8>)> {
+    let nl = raw
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| bad("an entry without a header"))?;
+    let head = std::str::from_utf8(&raw[..nl]).map_err(bad)?;
+    let mut f = head.split('\t');
+    let (k, c, l) = (f.next(), f.next(), f.next());
+    let num = |v: Option<&str>| -> Result<u32> {
+        v.and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("an entry header"))
+    };
+    let kind = match k {
+        Some("X") => EntryKind::Exclusive,
+        Some("S") => EntryKind::Shared,
+        Some("P") => EntryKind::Permits {
+            count: num(c)?,
+            limit: num(l)?,
+        },
+        _ => return Err(bad("an entry kind")),
+    };
+    Ok((kind, raw[nl + 1..].to_vec()))
+}
+
+/// One entry of a queue as read from etcd.
+#[derive(Debug, Clone)]
+struct Row {
+    key: Vec<u8>,
+    seq: u64,
+    mod_rev: i64,
+    lease: i64,
+    kind: EntryKind,
+    value: Vec<u8>,
+    holds: u32,
+}
+
+/// A name's queue as read at one revision.
+struct Read {
+    rows: Vec<Row>,
+    granted: Vec<bool>,
+    revision: i64,
+    /// Hold-count keys: lease -> (holds, mod revision).
+    holds: HashMap<i64, (u32, i64)>,
+}
+
+impl Read {
+    fn position(&self, lease: i64) -> Option<usize> {
+        self.rows.iter().position(|r| r.lease == lease)
+    }
+}
+
+fn revision_of(resp: &TxnResponse) -> i64 {
+    resp.header().map(|h| h.revision()).unwrap_or(0)
+}
+
+fn get_kvs(op: Option<&TxnOpResponse>) -> Result<&[KeyValue]> {
+    match op {
+        Some(TxnOpResponse::Get(g)) => Ok(g.kvs()),
+        _ => Err(bad("a transaction without its read")),
+    }
+}
+
+impl EtcdStore {
+    pub(crate) async fn open_url(url: &str) -> Result<Self> {
+        let parsed = parse_url(url)?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
+        if let Some((name, password)) = &parsed.user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        let client = tokio::time::timeout(
+            CONNECT_TIMEOUT + Duration::from_secs(1),
+            Client::connect(parsed.endpoints.clone(), Some(options)),
+        )
+        .await
+        .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
+        .map_err(|e| match etcd_err(e) {
+            // Connecting authenticates: a refusal there is about the user.
+            Error::Backend { source, .. } if parsed.user.is_some() => Error::Auth {
+                backend: BACKEND,
+                reason: source.to_string(),
+            },
+            other => other,
+        })?;
+        let store = EtcdStore {
+            inner: Arc::new(Inner {
+                client,
+                prefix: parsed.prefix,
+                url: mask_password(url),
+                caps: capabilities(),
+                keepers: tokio::sync::Mutex::new(HashMap::new()),
+                wakeups: AtomicU64::new(0),
+            }),
+        };
+        // Fail now, not at the first lock, if the cluster does not answer.
+        let mut client = store.client();
+        call(client.get(store.key("meta"), None)).await?;
+        Ok(store)
+    }
+
+    /// How many times waiters of this store were woken to look at their
+    /// queue again (for the no-thundering-herd test).
+    pub fn wakeups(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    fn key(&self, rest: &str) -> Vec<u8> {
+        format!("{}/{rest}", self.inner.prefix).into_bytes()
+    }
+
+    fn secret_key(&self, lease: i64) -> Vec<u8> {
+        self.key(&format!("sk/{lease:016x}"))
+    }
+
+    fn info_key(&self, lease: i64) -> Vec<u8> {
+        self.key(&format!("si/{lease:016x}"))
+    }
+
+    /// Every key of a name (its entries and hold counts) starts with this.
+    fn name_prefix(&self, name: &Name) -> Vec<u8> {
+        let mut k = self.key(&format!("n/{name}"));
+        k.push(0);
+        k
+    }
+
+    fn queue_prefix(&self, name: &Name) -> Vec<u8> {
+        let mut k = self.name_prefix(name);
+        k.push(b'q');
+        k
+    }
+
+    fn entry_key(&self, name: &Name, lease: i64) -> Vec<u8> {
+        let mut k = self.queue_prefix(name);
+        k.extend_from_slice(format!("{lease:016x}").as_bytes());
+        k
+    }
+
+    fn holds_key(&self, name: &Name, lease: i64) -> Vec<u8> {
+        let mut k = self.name_prefix(name);
+        k.extend_from_slice(format!("h{lease:016x}").as_bytes());
+        k
+    }
+
+    fn seen_key(&self, name: &Name) -> Vec<u8> {
+        self.key(&format!("c/{name}"))
+    }
+
+    fn read_op(&self, name: &Name) -> TxnOp {
+        TxnOp::get(
+            self.name_prefix(name),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend),
+            ),
+        )
+    }
+
+    /// The queue from a read of [`Self::name_prefix`].
+    fn parse_read(&self, name: &Name, kvs: &[KeyValue], revision: i64) -> Result<Read> {
+        let qp = self.queue_prefix(name);
+        let np = self.name_prefix(name);
+        let mut rows = Vec::new();
+        let mut holds = HashMap::new();
+        for kv in kvs {
+            let key = kv.key();
+            if let Some(hex) = key.strip_prefix(qp.as_slice()) {
+                let (kind, value) = decode(kv.value())?;
+                rows.push(Row {
+                    key: key.to_vec(),
+                    seq: u64::try_from(kv.create_revision()).map_err(bad)?,
+                    mod_rev: kv.mod_revision(),
+                    lease: lease_of(hex)?,
+                    kind,
+                    value,
+                    holds: 1,
+                });
+            } else if let Some(rest) = key.strip_prefix(np.as_slice()) {
+                if let Some(hex) = rest.strip_prefix(b"h") {
+                    let n = std::str::from_utf8(kv.value())
+                        .ok()
+                        .and_then(|v| v.parse::<u32>().ok())
+                        .ok_or_else(|| bad("a hold count"))?;
+                    holds.insert(lease_of(hex)?, (n, kv.mod_revision()));
+                }
+            }
+        }
+        for row in &mut rows {
+            if let Some((n, _)) = holds.get(&row.lease) {
+                row.holds = *n;
+            }
+        }
+        let kinds: Vec<EntryKind> = rows.iter().map(|r| r.kind).collect();
+        Ok(Read {
+            granted: crate::queue::grants(&kinds),
+            rows,
+            revision,
+            holds,
+        })
+    }
+
+    /// Reads the session's secret and the name's queue in one transaction.
+    async fn read(&self, lease: i64, name: &Name) -> Result<(bool, Read)> {
+        let txn = Txn::new().and_then(vec![
+            TxnOp::get(self.secret_key(lease), None),
+            self.read_op(name),
+        ]);
+        let resp = call(self.client().txn(txn)).await?;
+        let ops = resp.op_responses();
+        let alive = !get_kvs(ops.first())?.is_empty();
+        let read = self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))?;
+        Ok((alive, read))
+    }
+
+    fn secret_matches(&self, lease: i64, secret: &str) -> Compare {
+        Compare::value(self.secret_key(lease), CompareOp::Equal, secret)
+    }
+
+    /// One more hold of the session's existing entry.
+    async fn rejoin(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        mode: JoinMode,
+        mut read: Read,
+    ) -> Result<Option<Joined>> {
+        let (lease, secret) = split_key(session)?;
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(i) = read.position(lease) else {
+                return Err(Error::NotHeld("the session's entry went away"));
+            };
+            let row = &read.rows[i];
+            if row.kind != kind {
+                return Err(Error::Conflict {
+                    name: name.to_string(),
+                    reason: "this session already has another kind of entry here".into(),
+                });
+            }
+            let granted = read.granted[i];
+            if mode == JoinMode::IfGranted && !granted {
+                return Ok(None);
+            }
+            let (holds, holds_rev) = read.holds.get(&lease).copied().unwrap_or((1, 0));
+            let txn = Txn::new()
+                .when(vec![
+                    self.secret_matches(lease, secret),
+                    Compare::create_revision(row.key.clone(), CompareOp::Equal, row.seq as i64),
+                    Compare::mod_revision(self.holds_key(name, lease), CompareOp::Equal, holds_rev),
+                ])
+                .and_then(vec![TxnOp::put(
+                    self.holds_key(name, lease),
+                    (holds + 1).to_string(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            let resp = call(self.client().txn(txn)).await?;
+            if resp.succeeded() {
+                return Ok(Some(Joined {
+                    seq: row.seq,
+                    granted,
+                    holds: holds + 1,
+                    first: false,
+                }));
+            }
+            let (alive, again) = self.read(lease, name).await?;
+            if !alive {
+                return Err(lost());
+            }
+            read = again;
+        }
+        Err(Error::unavailable(BACKEND, "too many concurrent changes"))
+    }
+
+    /// The key whose deletion may grant the entry at `i`, and whether it is
+    /// a prefix (a semaphore waiter watches its whole queue).
+    fn blocker(&self, name: &Name, read: &Read, i: usize) -> (Vec<u8>, bool) {
+        match read.rows[i].kind {
+            EntryKind::Permits { .. } => (self.queue_prefix(name), true),
+            EntryKind::Shared => {
+                let writer = read.rows[..i]
+                    .iter()
+                    .rev()
+                    .find(|r| r.kind != EntryKind::Shared)
+                    .or_else(|| read.rows[..i].last());
+                (writer.map(|r| r.key.clone()).unwrap_or_default(), false)
+            }
+            EntryKind::Exclusive => (
+                read.rows[..i]
+                    .last()
+                    .map(|r| r.key.clone())
+                    .unwrap_or_default(),
+                false,
+            ),
+        }
+    }
+}
+
+fn lost() -> Error {
+    Error::SessionLost("etcd no longer has this session's lease (expired or revoked)")
+}
+
+fn lease_of(hex: &[u8]) -> Result<i64> {
+    std::str::from_utf8(hex)
+        .ok()
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .map(|l| l as i64)
+        .ok_or_else(|| bad("a lease id in a key"))
+}
+
+/// A version for a queue: a hash of what can change in it.
+fn fingerprint(read: &Read) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |v: u64| {
+        for b in v.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for r in &read.rows {
+        eat(r.seq);
+        eat(r.mod_rev as u64);
+        eat(u64::from(r.holds));
+    }
+    h
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let secret = crate::session::random_hex(16)?;
+        let tag = crate::session::random_hex(6)?;
+        let ttl = i64::try_from(spec.ttl.as_millis().div_ceil(1000).max(1)).map_err(|_| {
+            Error::InvalidArgument {
+                what: "ttl",
+                reason: "too long for etcd".into(),
+            }
+        })?;
+        let mut client = self.client();
+        let lease = call(client.lease_grant(ttl, None)).await?.id();
+        let label: String = spec
+            .label
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let on_lease = || Some(PutOptions::new().with_lease(lease));
+        let txn = Txn::new().and_then(vec![
+            TxnOp::put(self.secret_key(lease), secret.clone(), on_lease()),
+            TxnOp::put(
+                self.info_key(lease),
+                format!("{tag}\t{}\t{label}", spec.ttl.as_millis()),
+                on_lease(),
+            ),
+        ]);
+        if let Err(e) = call(client.txn(txn)).await {
+            let _ = call(client.lease_revoke(lease)).await;
+            return Err(e);
+        }
+        Ok(OpenedSession {
+            key: SessionKey::new(format!("{:016x}{secret}", lease as u64)),
+            tag,
+        })
+    }
+
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+        let (lease, _) = split_key(session)?;
+        let keeper = {
+            let mut keepers = self.inner.keepers.lock().await;
+            match keepers.get(&lease) {
+                Some(k) => k.clone(),
+                None => {
+                    let (keeper, stream) = call(self.client().lease_keep_alive(lease)).await?;
+                    let k = Arc::new(tokio::sync::Mutex::new(Keeper { keeper, stream }));
+                    keepers.insert(lease, k.clone());
+                    k
+                }
+            }
+        };
+        let mut k = keeper.lock().await;
+        let answer = async {
+            k.keeper.keep_alive().await?;
+            k.stream.message().await
+        };
+        let answer = tokio::time::timeout(CALL_TIMEOUT, answer).await;
+        drop(k);
+        match answer {
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => Ok(()),
+            Ok(Ok(Some(_))) => {
+                self.inner.keepers.lock().await.remove(&lease);
+                Err(lost())
+            }
+            other => {
+                // A broken stream is made anew at the next renewal.
+                self.inner.keepers.lock().await.remove(&lease);
+                Err(match other {
+                    Ok(Err(e)) => etcd_err(e),
+                    _ => Error::unavailable(BACKEND, "the keep-alive stream ended"),
+                })
+            }
+        }
+    }
+
+    async fn close_session(&self, session: &SessionKey) -> Result<()> {
+        let (lease, _) = split_key(session)?;
+        self.inner.keepers.lock().await.remove(&lease);
+        let mut client = self.client();
+        match tokio::time::timeout(CALL_TIMEOUT, client.lease_revoke(lease)).await {
+            Ok(Ok(_)) => Ok(()),
+            // Already gone.
+            Ok(Err(e)) if lease_not_found(&e) => Ok(()),
+            Ok(Err(e)) => Err(etcd_err(e)),
+            Err(_) => Err(Error::unavailable(BACKEND, "no answer to the revoke")),
+        }
+    }
+
+    async fn join(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>> {
+        crate::queue::check_compatible(name, kind, [])?;
+        let (lease, secret) = split_key(session)?;
+        let entry = self.entry_key(name, lease);
+        let qp = self.queue_prefix(name);
+        for _ in 0..CAS_ATTEMPTS {
+            let mut when = vec![
+                self.secret_matches(lease, secret),
+                Compare::create_revision(entry.clone(), CompareOp::Equal, 0),
+            ];
+            if mode == JoinMode::IfGranted {
+                if kind == EntryKind::Exclusive {
+                    // A try-lock: only into an empty queue, in one round trip.
+                    when.push(
+                        Compare::create_revision(qp.clone(), CompareOp::Equal, 0)
+                            .with_range(range_end(&qp)),
+                    );
+                } else {
+                    // Readers and permits: only if a new entry would be
+                    // granted; the queue must not change in between.
+                    let (alive, read) = self.read(lease, name).await?;
+                    if !alive {
+                        return Err(lost());
+                    }
+                    if read.position(lease).is_some() {
+                        return self.rejoin(session, name, kind, mode, read).await;
+                    }
+                    let mut kinds: Vec<EntryKind> = read.rows.iter().map(|r| r.kind).collect();
+                    crate::queue::check_compatible(name, kind, kinds.iter().copied())?;
+                    kinds.push(kind);
+                    if !crate::queue::grants(&kinds)
+                        .last()
+                        .copied()
+                        .unwrap_or(false)
+                    {
+                        return Ok(None);
+                    }
+                    when.push(
+                        Compare::mod_revision(qp.clone(), CompareOp::Less, read.revision + 1)
+                            .with_range(range_end(&qp)),
+                    );
+                }
+            }
+            let txn = Txn::new()
+                .when(when)
+                .and_then(vec![
+                    TxnOp::get(self.seen_key(name), None),
+                    TxnOp::put(self.seen_key(name), "", None),
+                    TxnOp::put(
+                        entry.clone(),
+                        encode(kind, value),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    self.read_op(name),
+                ])
+                .or_else(vec![
+                    TxnOp::get(self.secret_key(lease), None),
+                    self.read_op(name),
+                ]);
+            let resp = call(self.client().txn(txn)).await?;
+            let ops = resp.op_responses();
+            if !resp.succeeded() {
+                if get_kvs(ops.first())?.is_empty() {
+                    return Err(lost());
+                }
+                let read = self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))?;
+                if read.position(lease).is_some() {
+                    return self.rejoin(session, name, kind, mode, read).await;
+                }
+                if mode == JoinMode::IfGranted && kind == EntryKind::Exclusive {
+                    return Ok(None);
+                }
+                // The queue changed between our read and the write: again.
+                continue;
+            }
+            let first = get_kvs(ops.first())?.is_empty();
+            let read = self.parse_read(name, get_kvs(ops.get(3))?, revision_of(&resp))?;
+            let i = read
+                .position(lease)
+                .ok_or_else(|| bad("the new entry is not in the queue"))?;
+            let others = read
+                .rows
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, r)| r.kind);
+            if let Err(e) = crate::queue::check_compatible(name, kind, others) {
+                self.leave(session, name, read.rows[i].seq).await?;
+                return Err(e);
+            }
+            return Ok(Some(Joined {
+                seq: read.rows[i].seq,
+                granted: read.granted[i],
+                holds: 1,
+                first,
+            }));
+        }
+        Err(Error::unavailable(BACKEND, "too many concurrent changes"))
+    }
+
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let (lease, secret) = split_key(session)?;
+        let entry = self.entry_key(name, lease);
+        let holds_key = self.holds_key(name, lease);
+        let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        for _ in 0..CAS_ATTEMPTS {
+            // The usual case, one hold: delete the entry if it is still the
+            // one acquired with this seq.
+            let txn = Txn::new()
+                .when(vec![
+                    self.secret_matches(lease, secret),
+                    Compare::create_revision(entry.clone(), CompareOp::Equal, seq),
+                    Compare::create_revision(holds_key.clone(), CompareOp::Equal, 0),
+                ])
+                .and_then(vec![TxnOp::delete(entry.clone(), None)])
+                .or_else(vec![
+                    TxnOp::get(self.secret_key(lease), None),
+                    TxnOp::get(entry.clone(), None),
+                    TxnOp::get(holds_key.clone(), None),
+                ]);
+            let resp = call(self.client().txn(txn)).await?;
+            if resp.succeeded() {
+                return Ok(0);
+            }
+            let ops = resp.op_responses();
+            if get_kvs(ops.first())?.is_empty() {
+                return Err(lost());
+            }
+            let mine = get_kvs(ops.get(1))?;
+            if mine.first().map(|kv| kv.create_revision()) != Some(seq) {
+                return Err(Error::NotHeld("this session holds no such entry"));
+            }
+            let Some(h) = get_kvs(ops.get(2))?.first() else {
+                continue;
+            };
+            let holds = std::str::from_utf8(h.value())
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .ok_or_else(|| bad("a hold count"))?;
+            let left = holds.saturating_sub(1);
+            let change = if left > 1 {
+                TxnOp::put(
+                    holds_key.clone(),
+                    left.to_string(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+            } else {
+                TxnOp::delete(holds_key.clone(), None)
+            };
+            let txn = Txn::new()
+                .when(vec![
+                    self.secret_matches(lease, secret),
+                    Compare::create_revision(entry.clone(), CompareOp::Equal, seq),
+                    Compare::mod_revision(holds_key.clone(), CompareOp::Equal, h.mod_revision()),
+                ])
+                .and_then(vec![change]);
+            if call(self.client().txn(txn)).await?.succeeded() {
+                return Ok(left);
+            }
+        }
+        Err(Error::unavailable(BACKEND, "too many concurrent changes"))
+    }
+
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        let (lease, _) = split_key(session)?;
+        loop {
+            let (alive, read) = self.read(lease, name).await?;
+            if !alive {
+                return Err(lost());
+            }
+            let i = match read.position(lease) {
+                Some(i) if read.rows[i].seq == seq => i,
+                _ => return Err(Error::NotHeld("the entry is no longer in the queue")),
+            };
+            if read.granted[i] {
+                return Ok(());
+            }
+            let (blocker, prefix) = self.blocker(name, &read, i);
+            let from = read.revision + 1;
+            let mut options = WatchOptions::new().with_start_revision(from);
+            if prefix {
+                options = options.with_prefix();
+            }
+            let mut client = self.client();
+            let mut stream = match client.watch(blocker.clone(), Some(options)).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "watch failed; looking again shortly");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            // The waiter's own entry too: its deletion (lease expired,
+            // evicted) must end the wait.
+            let own = read.rows[i].key.clone();
+            let _ = stream
+                .watch(
+                    own.clone(),
+                    Some(WatchOptions::new().with_start_revision(from)),
+                )
+                .await;
+            loop {
+                match stream.message().await {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() {
+                            break;
+                        }
+                        let relevant = resp.events().iter().any(|ev| {
+                            ev.event_type() == EventType::Delete
+                                && ev.kv().is_some_and(|kv| {
+                                    kv.key() == own.as_slice()
+                                        || (prefix && kv.key().starts_with(&blocker))
+                                        || kv.key() == blocker.as_slice()
+                                })
+                        });
+                        if relevant {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "watch ended; looking again");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        break;
+                    }
+                }
+            }
+            self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()> {
+        let (lease, secret) = split_key(session)?;
+        for _ in 0..CAS_ATTEMPTS {
+            let (alive, read) = self.read(lease, name).await?;
+            if !alive {
+                return Err(lost());
+            }
+            let i = match read.position(lease) {
+                Some(i) if read.rows[i].seq == seq && read.granted[i] => i,
+                _ => return Err(Error::NotHeld("this session holds no granted entry here")),
+            };
+            let row = &read.rows[i];
+            let txn = Txn::new()
+                .when(vec![
+                    self.secret_matches(lease, secret),
+                    Compare::mod_revision(row.key.clone(), CompareOp::Equal, row.mod_rev),
+                ])
+                .and_then(vec![TxnOp::put(
+                    row.key.clone(),
+                    encode(row.kind, value),
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            if call(self.client().txn(txn)).await?.succeeded() {
+                return Ok(());
+            }
+        }
+        Err(Error::unavailable(BACKEND, "too many concurrent changes"))
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        self.queue_at(name).await.map(|(q, _)| q)
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        loop {
+            let (queue, revision) = self.queue_at(name).await?;
+            if queue.version != version {
+                return Ok(queue.version);
+            }
+            let mut client = self.client();
+            let options = WatchOptions::new()
+                .with_start_revision(revision + 1)
+                .with_prefix();
+            match client.watch(self.name_prefix(name), Some(options)).await {
+                Ok(mut stream) => loop {
+                    match stream.message().await {
+                        Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
+                        Ok(_) => break,
+                        Err(_) => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            break;
+                        }
+                    }
+                },
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let start = self.key(&format!("n/{prefix}"));
+        let resp = call(self.client().get(
+            start,
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        ))
+        .await?;
+        let head = self.key("n/");
+        let mut names = Vec::new();
+        for kv in resp.kvs() {
+            let Some(rest) = kv.key().strip_prefix(head.as_slice()) else {
+                continue;
+            };
+            let Some(nul) = rest.iter().position(|b| *b == 0) else {
+                continue;
+            };
+            if rest.get(nul + 1) != Some(&b'q') {
+                continue;
+            }
+            let name = std::str::from_utf8(&rest[..nul]).map_err(bad)?;
+            names.push(Name::new(name)?);
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        let resp = call(
+            self.client()
+                .txn(Txn::new().and_then(vec![self.read_op(name)])),
+        )
+        .await?;
+        let read = self.parse_read(name, get_kvs(resp.op_responses().first())?, 0)?;
+        let mut leases: Vec<i64> = read
+            .rows
+            .iter()
+            .zip(&read.granted)
+            .filter(|(_, g)| **g)
+            .map(|(r, _)| r.lease)
+            .collect();
+        leases.dedup();
+        for lease in &leases {
+            let _ = call(self.client().lease_revoke(*lease)).await;
+        }
+        Ok(leases.len())
+    }
+}
+
+impl EtcdStore {
+    /// The queue and the revision it was read at.
+    async fn queue_at(&self, name: &Name) -> Result<(Queue, i64)> {
+        let resp = call(
+            self.client()
+                .txn(Txn::new().and_then(vec![self.read_op(name)])),
+        )
+        .await?;
+        let revision = revision_of(&resp);
+        let read = self.parse_read(name, get_kvs(resp.op_responses().first())?, revision)?;
+        let version = fingerprint(&read);
+        // Labels and time left, per session.
+        let mut leases: Vec<i64> = read.rows.iter().map(|r| r.lease).collect();
+        leases.sort_unstable();
+        leases.dedup();
+        let mut info: HashMap<i64, (String, String, Duration)> = HashMap::new();
+        if !leases.is_empty() {
+            let gets: Vec<TxnOp> = leases
+                .iter()
+                .map(|l| TxnOp::get(self.info_key(*l), None))
+                .collect();
+            let resp = call(self.client().txn(Txn::new().and_then(gets))).await?;
+            let lefts = futures_util::future::join_all(leases.iter().map(|l| {
+                let mut client = self.client();
+                let l = *l;
+                async move { call(client.lease_time_to_live(l, None)).await }
+            }))
+            .await;
+            for ((lease, op), left) in leases.iter().zip(resp.op_responses()).zip(lefts) {
+                let text = match &op {
+                    TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                        .unwrap_or_default(),
+                    _ => String::new(),
+                };
+                let mut f = text.splitn(3, '\t');
+                let tag = f.next().unwrap_or_default().to_string();
+                let _ttl = f.next();
+                let label = f.next().unwrap_or_default().to_string();
+                let left = left
+                    .ok()
+                    .map(|r| Duration::from_secs(u64::try_from(r.ttl().max(0)).unwrap_or(0)))
+                    .unwrap_or_default();
+                info.insert(*lease, (tag, label, left));
+            }
+        }
+        let entries = read
+            .rows
+            .iter()
+            .zip(&read.granted)
+            .map(|(r, granted)| {
+                let (tag, label, left) = info.get(&r.lease).cloned().unwrap_or_default();
+                Entry {
+                    seq: r.seq,
+                    kind: r.kind,
+                    session_tag: tag,
+                    label,
+                    value: r.value.clone(),
+                    granted: *granted,
+                    granted_at: None,
+                    expires_in: left,
+                    holds: r.holds,
+                }
+            })
+            .collect();
+        Ok((Queue { version, entries }, revision))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let p = parse_url("etcd://u:p%40ss@a:1,b:2?prefix=x").unwrap();
+        assert_eq!(p.endpoints, ["http://a:1", "http://b:2"]);
+        assert_eq!(p.user, Some(("u".into(), "p@ss".into())));
+        assert_eq!(p.prefix, "x");
+        for bad in ["etcd://a", "etcd://a:x", "etcd://a:1?nosuch=1", "etcd://:1"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        let Err(e) = parse_url("etcd://u:hunter2@a") else {
+            panic!("a URL without a port was taken");
+        };
+        assert!(!e.to_string().contains("hunter2"));
+        assert!(parse_url("etcds://a:1").is_err());
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        let kind = EntryKind::Permits { count: 2, limit: 5 };
+        let raw = encode(kind, b"a\nb\tc");
+        assert_eq!(decode(&raw).unwrap(), (kind, b"a\nb\tc".to_vec()));
+        assert_eq!(range_end(b"ab"), b"ac");
+        assert_eq!(range_end(b"a\xff"), b"b");
+    }
+}
