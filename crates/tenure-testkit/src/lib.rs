@@ -799,6 +799,47 @@ impl EtcdCluster {
         self.nodes.is_empty()
     }
 
+    /// Turns on authentication with a `root` user of this password, through
+    /// etcd's JSON gateway (so the kit needs no etcd client).
+    pub fn enable_auth(&self, password: &str) {
+        let port = self.nodes[0].client_port;
+        let post = |path: &str, body: String| {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let request = format!(
+                "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            stream.write_all(request.as_bytes()).expect("write");
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer);
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The first call waits for the cluster to have a leader.
+        loop {
+            let ok = std::panic::catch_unwind(|| {
+                post(
+                    "/v3/auth/user/add",
+                    format!("{{\"name\":\"root\",\"password\":\"{password}\"}}"),
+                )
+            });
+            if ok.is_ok() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "etcd never took the user");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        post(
+            "/v3/auth/user/grant",
+            "{\"user\":\"root\",\"role\":\"root\"}".to_string(),
+        );
+        post("/v3/auth/enable", "{}".to_string());
+    }
+
     /// SIGKILLs member `i` (its data stays).
     pub fn kill_member(&mut self, i: usize) {
         if let Some(mut child) = self.nodes[i].child.take() {
@@ -879,7 +920,7 @@ impl ZkEnsemble {
             let mut cfg = format!(
                 "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client_port}\n\
                  clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                 4lw.commands.whitelist=srvr,ruok\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
+                 4lw.commands.whitelist=srvr,ruok\nmaxClientCnxns=0\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
                 data.display()
             );
             if servers > 1 {

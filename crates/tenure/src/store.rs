@@ -509,6 +509,11 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
             backend: "etcd",
             feature: "etcd",
         }),
+        #[cfg(feature = "zookeeper")]
+        Scheme::Zookeeper => Ok(Arc::new(
+            crate::backend::zookeeper::ZkStore::open_url(url).await?,
+        )),
+        #[cfg(not(feature = "zookeeper"))]
         Scheme::Zookeeper => Err(Error::BackendDisabled {
             backend: "zookeeper",
             feature: "zookeeper",
@@ -528,6 +533,8 @@ pub fn builtin_backends() -> Vec<Capabilities> {
     all.push(crate::backend::redlock::capabilities());
     #[cfg(feature = "etcd")]
     all.push(crate::backend::etcd::capabilities());
+    #[cfg(feature = "zookeeper")]
+    all.push(crate::backend::zookeeper::capabilities());
     #[cfg(feature = "postgres")]
     all.push(crate::backend::postgres::capabilities());
     #[cfg(feature = "mysql")]

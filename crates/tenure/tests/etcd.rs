@@ -36,3 +36,39 @@ async fn server_down_at_start_is_unavailable_in_time() {
     let port = tenure_testkit::free_port();
     conformance::check_down_at_start(&format!("etcd://127.0.0.1:{port}")).await;
 }
+
+#[tokio::test]
+async fn wrong_password_is_an_auth_error_without_the_password() {
+    let Some(server) = EtcdCluster::start_or_skip(1) else {
+        return;
+    };
+    server.enable_auth("right-one");
+    let hosts = server.url().trim_start_matches("etcd://").to_string();
+    let e = tenure::open(&format!("etcd://root:hunter2@{hosts}"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, tenure::Error::Auth { .. }), "{e:?}");
+    assert!(!e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"));
+    let store = tenure::open(&format!("etcd://root:right-one@{hosts}"))
+        .await
+        .unwrap();
+    let s = tenure::Session::new(&store).await.unwrap();
+    let g = tenure::Mutex::new(&s, "auth")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+/// 64 waiters on one mutex: each release wakes exactly one of them (each
+/// waiter watches only the entry just ahead of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_thundering_herd() {
+    let Some(server) = shared() else { return };
+    let etcd = tenure::backend::etcd::EtcdStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(etcd.clone());
+    conformance::check_no_thundering_herd(&store, || etcd.wakeups()).await;
+}

@@ -357,6 +357,11 @@ impl EtcdStore {
         Ok(store)
     }
 
+    /// Opens a store from an `etcd://` URL (as [`crate::open`] does), typed.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_url(url).await
+    }
+
     /// How many times waiters of this store were woken to look at their
     /// queue again (for the no-thundering-herd test).
     pub fn wakeups(&self) -> u64 {

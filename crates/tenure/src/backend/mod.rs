@@ -14,3 +14,5 @@ pub mod redis;
 pub mod redlock;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;

@@ -1105,6 +1105,42 @@ pub async fn check_schedule_leader(t: &Target) {
     );
 }
 
+/// 64 waiters on one mutex: each release wakes exactly one of them, by the
+/// store's own count of wake-ups (`wakeups`).
+pub async fn check_no_thundering_herd(store: &Arc<dyn Store>, wakeups: impl Fn() -> u64) {
+    const WAITERS: usize = 64;
+    let name = unique("herd");
+    let holder = Session::new(store).await.unwrap();
+    let mut guard = Some(Mutex::new(&holder, &name).unwrap().lock().await.unwrap());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..WAITERS {
+        let s = Session::new(store).await.unwrap();
+        let (tx, name) = (tx.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+            tx.send(g).unwrap();
+        });
+    }
+    wait_queue_len(store, &name, WAITERS + 1).await;
+    // Let every waiter reach its watch.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut last = 0;
+    for i in 0..WAITERS {
+        let before = wakeups();
+        let g = guard.take().unwrap();
+        assert!(g.token() > last, "tokens not increasing");
+        last = g.token();
+        g.release().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the next waiter was granted")
+            .unwrap();
+        let woken = wakeups() - before;
+        assert_eq!(woken, 1, "release {i} woke {woken} waiters");
+        guard = Some(next);
+    }
+}
+
 /// Server killed while a lock is held: the holder's lost() fires within the
 /// TTL; after a restart the same store object reconnects, locks are taken
 /// again and tokens still increase.

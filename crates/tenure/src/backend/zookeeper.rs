@@ -1,0 +1,916 @@
+//! `zk://[user:password@]host:port[,host:port…][/path]`: ZooKeeper, the
+//! recipe of Curator's `InterProcessMutex` over the tenure contract.
+//!
+//! - A tenure session is a ZooKeeper session of its own (one client
+//!   connection), with the TTL as its session timeout; a server that
+//!   negotiates a shorter timeout is refused, since the holder would learn of
+//!   an expiry too late. The client library pings by itself; a renewal is a
+//!   round trip that also checks that every entry of the session still
+//!   exists, so an evicted holder learns of it at its next renewal.
+//! - A name's queue is the ephemeral-sequential children of one persistent
+//!   node per name, `PATH/q/NAME`. A child's name carries the session's tag
+//!   and the entry's kind, so one listing says who is granted
+//!   ([`crate::queue::grants`]); its data holds the hold count, label and
+//!   value. The fencing token is the child's `czxid`: ZooKeeper's
+//!   transaction id never goes back, even if a parent node were recreated
+//!   (which resets the sequence counter).
+//! - A waiter watches only the child whose deletion can grant it (the one
+//!   just ahead for a mutex, the last writer ahead for a reader; a
+//!   semaphore waiter watches the list of children), and reports an expired
+//!   session instead of waiting on.
+//! - Disconnected is not lost: the library reconnects within the session.
+//!   But a renewal that cannot be confirmed leaves the local deadline where
+//!   it was, so `lost()` fires once the session may have expired; a session
+//!   that expired is never replaced silently by a new one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use zookeeper_client as zk;
+
+use crate::error::{Error, Result};
+use crate::store::{
+    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
+};
+
+const BACKEND: &str = "zookeeper";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the store looks for sessions nobody renews any more.
+const REAP_EVERY: Duration = Duration::from_millis(50);
+/// How often an observer looks again for value changes it has no watch on.
+const OBSERVE_POLL: Duration = Duration::from_millis(200);
+
+/// The ZooKeeper backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        backend: BACKEND,
+        fencing: true,
+        durable: true,
+        multi_process: true,
+        fifo: true,
+        shared: true,
+        permits: true,
+        wake: Wake::NextOnly,
+        clock: "the ZooKeeper server's session clock",
+        // The server's minSessionTimeout (2 × tickTime) may be higher.
+        min_ttl: Duration::from_millis(400),
+        max_ttl: Duration::from_secs(24 * 3600),
+        grant_times: false,
+        round_trips: "acquire: 2 (create + list), release: 1 (delete), renew: 1 (a multi-read of the session's entries)",
+    }
+}
+
+/// A store in one ZooKeeper ensemble.
+#[derive(Clone)]
+pub struct ZkStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Connect string (no chroot: paths below are absolute).
+    hosts: String,
+    auth: Option<Vec<u8>>,
+    base: String,
+    url: String,
+    caps: Capabilities,
+    /// For reads that belong to no session (queue, names, observers).
+    admin: zk::Client,
+    sessions: std::sync::Mutex<HashMap<SessionKey, Arc<ZkSession>>>,
+    wakeups: AtomicU64,
+}
+
+/// A tenure session: its own ZooKeeper client, and where its entries are.
+struct ZkSession {
+    client: zk::Client,
+    tag: String,
+    label: String,
+    ttl: Duration,
+    /// When the session ends unless renewed: the client library pings the
+    /// server by itself, so the store ends a session nobody renews, as a
+    /// lease would end (see [`ZkStore::reap`]).
+    deadline: std::sync::Mutex<tokio::time::Instant>,
+    entries: tokio::sync::Mutex<HashMap<Name, Mine>>,
+}
+
+/// One entry of this session.
+#[derive(Debug, Clone)]
+struct Mine {
+    child: String,
+    seq: u64,
+    kind: EntryKind,
+    holds: u32,
+    value: Vec<u8>,
+}
+
+impl std::fmt::Debug for ZkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkStore")
+            .field("url", &self.inner.url)
+            .field("base", &self.inner.base)
+            .finish()
+    }
+}
+
+fn zk_err(e: zk::Error) -> Error {
+    match e {
+        zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved => lost(),
+        zk::Error::AuthFailed | zk::Error::NoAuth => Error::Auth {
+            backend: BACKEND,
+            reason: e.to_string(),
+        },
+        zk::Error::ConnectionLoss
+        | zk::Error::Timeout
+        | zk::Error::NoHosts
+        | zk::Error::Throttled
+        | zk::Error::Custom(_) => Error::unavailable(BACKEND, e.to_string()),
+        other => Error::backend(BACKEND, other.to_string()),
+    }
+}
+
+fn lost() -> Error {
+    Error::SessionLost("the ZooKeeper session expired or was closed")
+}
+
+type ZkResult<T> = std::result::Result<T, zk::Error>;
+
+/// Bounds a call; the outer error is the timeout, the inner ZooKeeper's.
+async fn call_raw<T>(fut: impl std::future::Future<Output = ZkResult<T>>) -> Result<ZkResult<T>> {
+    tokio::time::timeout(CALL_TIMEOUT, fut)
+        .await
+        .map_err(|_| Error::unavailable(BACKEND, format!("no answer within {CALL_TIMEOUT:?}")))
+}
+
+async fn call<T>(fut: impl std::future::Future<Output = ZkResult<T>>) -> Result<T> {
+    call_raw(fut).await?.map_err(zk_err)
+}
+
+/// A name as one path segment: bytes outside `[A-Za-z0-9_-]` as `%XX`.
+fn encode_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn decode_name(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A child's name before the sequence: `TAG_KIND_`, where KIND is `X`,
+/// `S` or `P<count>of<limit>`.
+fn child_prefix(tag: &str, kind: EntryKind) -> String {
+    match kind {
+        EntryKind::Exclusive => format!("{tag}_X_"),
+        EntryKind::Shared => format!("{tag}_S_"),
+        EntryKind::Permits { count, limit } => format!("{tag}_P{count}of{limit}_"),
+    }
+}
+
+/// One child as its name tells: (tag, kind, sequence).
+fn parse_child(child: &str) -> Option<(&str, EntryKind, i64)> {
+    let mut f = child.splitn(3, '_');
+    let (tag, kind, seq) = (f.next()?, f.next()?, f.next()?);
+    let kind = match kind {
+        "X" => EntryKind::Exclusive,
+        "S" => EntryKind::Shared,
+        p => {
+            let (count, limit) = p.strip_prefix('P')?.split_once("of")?;
+            EntryKind::Permits {
+                count: count.parse().ok()?,
+                limit: limit.parse().ok()?,
+            }
+        }
+    };
+    Some((tag, kind, seq.parse().ok()?))
+}
+
+/// An entry's data: `HOLDS\tLABEL\n` then the value.
+fn encode_data(holds: u32, label: &str, value: &[u8]) -> Vec<u8> {
+    let mut out = format!("{holds}\t{label}\n").into_bytes();
+    out.extend_from_slice(value);
+    out
+}
+
+fn decode_data(raw: &[u8]) -> (u32, String, Vec<u8>) {
+    let nl = raw.iter().position(|b| *b == b'\n').unwrap_or(raw.len());
+    let head = String::from_utf8_lossy(&raw[..nl]);
+    let (holds, label) = head.split_once('\t').unwrap_or((&head, ""));
+    (
+        holds.parse().unwrap_or(1),
+        label.to_string(),
+        raw.get(nl + 1..).map(<[u8]>::to_vec).unwrap_or_default(),
+    )
+}
+
+/// A name's children in queue order.
+struct Listing {
+    children: Vec<(String, String, EntryKind)>, // (child, tag, kind)
+    granted: Vec<bool>,
+}
+
+fn listing(mut names: Vec<String>) -> Listing {
+    let mut parsed: Vec<(i64, String, String, EntryKind)> = names
+        .drain(..)
+        .filter_map(|c| {
+            let (tag, kind, seq) = parse_child(&c)?;
+            Some((seq, tag.to_string(), c.clone(), kind))
+        })
+        .collect();
+    parsed.sort_by_key(|p| p.0);
+    let kinds: Vec<EntryKind> = parsed.iter().map(|p| p.3).collect();
+    Listing {
+        granted: crate::queue::grants(&kinds),
+        children: parsed.into_iter().map(|(_, t, c, k)| (c, t, k)).collect(),
+    }
+}
+
+impl Listing {
+    fn position(&self, child: &str) -> Option<usize> {
+        self.children.iter().position(|c| c.0 == child)
+    }
+
+    /// The child whose deletion may grant the one at `i` (None: watch the
+    /// whole list, for a semaphore).
+    fn blocker(&self, i: usize) -> Option<&str> {
+        let ahead = &self.children[..i];
+        let pick = match self.children[i].2 {
+            EntryKind::Permits { .. } => return None,
+            EntryKind::Shared => ahead
+                .iter()
+                .rev()
+                .find(|c| c.2 != EntryKind::Shared)
+                .or(ahead.last()),
+            EntryKind::Exclusive => ahead.last(),
+        };
+        pick.map(|c| c.0.as_str())
+    }
+}
+
+/// What a `zk://` URL asks for.
+struct Parsed {
+    hosts: String,
+    auth: Option<Vec<u8>>,
+    base: String,
+}
+
+fn parse_url(url: &str) -> Result<Parsed> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: mask_password(url),
+        reason,
+    };
+    let rest = url
+        .split_once("://")
+        .map(|(_, r)| r)
+        .ok_or_else(|| invalid("expected zk://host:port[,host:port…][/path]".into()))?;
+    if rest.contains('?') {
+        return Err(invalid("zk:// takes no options".into()));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    for host in hosts.split(',') {
+        let ok = host
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if !ok {
+            return Err(invalid(format!("server {host:?} needs host:port")));
+        }
+    }
+    let base = match path.trim_end_matches('/') {
+        "" => "/tenure".to_string(),
+        p if p
+            .split('/')
+            .skip(1)
+            .all(|s| !s.is_empty() && s != "." && s != "..") =>
+        {
+            p.to_string()
+        }
+        p => return Err(invalid(format!("bad path {p:?}"))),
+    };
+    Ok(Parsed {
+        hosts: hosts.to_string(),
+        auth: userinfo.map(|u| u.as_bytes().to_vec()),
+        base,
+    })
+}
+
+impl ZkStore {
+    pub(crate) async fn open_url(url: &str) -> Result<Self> {
+        let parsed = parse_url(url)?;
+        let admin = connect(
+            &parsed.hosts,
+            parsed.auth.as_deref(),
+            Duration::from_secs(10),
+        )
+        .await?;
+        let store = ZkStore {
+            inner: Arc::new(Inner {
+                hosts: parsed.hosts,
+                auth: parsed.auth,
+                base: parsed.base,
+                url: mask_password(url),
+                caps: capabilities(),
+                admin,
+                sessions: std::sync::Mutex::new(HashMap::new()),
+                wakeups: AtomicU64::new(0),
+            }),
+        };
+        let acls = store.acls();
+        let options = zk::CreateMode::Persistent.with_acls(acls);
+        call(
+            store
+                .inner
+                .admin
+                .mkdir(&format!("{}/q", store.inner.base), &options),
+        )
+        .await?;
+        let weak = Arc::downgrade(&store.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REAP_EVERY).await;
+                let Some(inner) = weak.upgrade() else { return };
+                ZkStore { inner }.reap().await;
+            }
+        });
+        Ok(store)
+    }
+
+    /// Ends the sessions whose renewals stopped (a detached session, or one
+    /// whose owner stopped renewing) at their deadline.
+    async fn reap(&self) {
+        let now = tokio::time::Instant::now();
+        let expired: Vec<SessionKey> = {
+            let sessions = self
+                .inner
+                .sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            sessions
+                .iter()
+                .filter(|(_, s)| *s.deadline.lock().unwrap_or_else(|e| e.into_inner()) <= now)
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        for key in expired {
+            let _ = self.close_session(&key).await;
+        }
+    }
+
+    /// Opens a store from a `zk://` URL (as [`crate::open`] does), typed.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_url(url).await
+    }
+
+    /// How many times waiters of this store were woken to look at their
+    /// queue again (for the no-thundering-herd test).
+    pub fn wakeups(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    fn acls(&self) -> zk::Acls<'static> {
+        // With digest credentials, nodes belong to that user.
+        if self.inner.auth.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    fn name_path(&self, name: &Name) -> String {
+        format!("{}/q/{}", self.inner.base, encode_name(name.as_str()))
+    }
+
+    fn session(&self, key: &SessionKey) -> Result<Arc<ZkSession>> {
+        let sessions = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        sessions.get(key).cloned().ok_or_else(lost)
+    }
+
+    fn forget(&self, key: &SessionKey) -> Option<Arc<ZkSession>> {
+        let mut sessions = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        sessions.remove(key)
+    }
+
+    async fn list(&self, client: &zk::Client, name: &Name) -> Result<Listing> {
+        match call_raw(client.list_children(&self.name_path(name))).await? {
+            Ok(children) => Ok(listing(children)),
+            Err(zk::Error::NoNode) => Ok(listing(Vec::new())),
+            Err(e) => Err(zk_err(e)),
+        }
+    }
+
+    /// The queue with each child's data and stat.
+    async fn read(&self, name: &Name) -> Result<(Listing, Vec<Option<(Vec<u8>, zk::Stat)>>)> {
+        let admin = &self.inner.admin;
+        let list = self.list(admin, name).await?;
+        let dir = self.name_path(name);
+        let mut reader = admin.new_multi_reader();
+        for (child, _, _) in &list.children {
+            reader
+                .add_get_data(&format!("{dir}/{child}"))
+                .map_err(zk_err)?;
+        }
+        let results = if list.children.is_empty() {
+            Vec::new()
+        } else {
+            call(reader.commit()).await?
+        };
+        let data = results
+            .into_iter()
+            .map(|r| match r {
+                zk::MultiReadResult::Data { data, stat } => Some((data, stat)),
+                _ => None,
+            })
+            .collect();
+        Ok((list, data))
+    }
+}
+
+async fn connect(hosts: &str, auth: Option<&[u8]>, timeout: Duration) -> Result<zk::Client> {
+    let mut connector = zk::Client::connector()
+        .with_session_timeout(timeout)
+        .with_connection_timeout(CONNECT_TIMEOUT.min(timeout));
+    if let Some(auth) = auth {
+        connector = connector.with_auth("digest", auth);
+    }
+    let connector = connector.with_fail_eagerly();
+    tokio::time::timeout(
+        CONNECT_TIMEOUT + Duration::from_secs(1),
+        connector.connect(hosts),
+    )
+    .await
+    .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
+    .map_err(zk_err)
+}
+
+/// A version for a queue: a hash of its children's ids and data versions.
+fn fingerprint(data: &[Option<(Vec<u8>, zk::Stat)>]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |v: i64| {
+        for b in v.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (_, stat) in data.iter().flatten() {
+        eat(stat.czxid);
+        eat(stat.mzxid);
+    }
+    h
+}
+
+#[async_trait]
+impl Store for ZkStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let client = connect(&self.inner.hosts, self.inner.auth.as_deref(), spec.ttl).await?;
+        let negotiated = client.session_timeout();
+        if negotiated < spec.ttl {
+            return Err(Error::InvalidArgument {
+                what: "session TTL",
+                reason: format!(
+                    "the ZooKeeper server allows at most {negotiated:?} (its maxSessionTimeout), less than the TTL {:?}",
+                    spec.ttl
+                ),
+            });
+        }
+        let tag = crate::session::random_hex(6)?;
+        let key = SessionKey::new(crate::session::random_hex(16)?);
+        let label: String = spec
+            .label
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let session = Arc::new(ZkSession {
+            client,
+            tag: tag.clone(),
+            label,
+            ttl: spec.ttl,
+            deadline: std::sync::Mutex::new(tokio::time::Instant::now() + spec.ttl),
+            entries: tokio::sync::Mutex::new(HashMap::new()),
+        });
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), session);
+        Ok(OpenedSession { key, tag })
+    }
+
+    async fn keep_alive(&self, key: &SessionKey) -> Result<()> {
+        let session = self.session(key)?;
+        let expired = *session.deadline.lock().unwrap_or_else(|e| e.into_inner())
+            <= tokio::time::Instant::now();
+        if expired || session.client.state().is_terminated() {
+            // Never revive a session past its deadline.
+            let _ = self.close_session(key).await;
+            return Err(lost());
+        }
+        let entries: Vec<(Name, Mine)> = session
+            .entries
+            .lock()
+            .await
+            .iter()
+            .map(|(n, m)| (n.clone(), m.clone()))
+            .collect();
+        let sent = tokio::time::Instant::now();
+        // One round trip that proves the session alive now and finds out
+        // whether an entry was removed (evicted) behind its back.
+        let mut reader = session.client.new_multi_reader();
+        reader.add_get_data(&self.inner.base).map_err(zk_err)?;
+        for (name, mine) in &entries {
+            reader
+                .add_get_data(&format!("{}/{}", self.name_path(name), mine.child))
+                .map_err(zk_err)?;
+        }
+        let results = call(reader.commit()).await.inspect_err(|e| {
+            if matches!(e, Error::SessionLost(_)) {
+                self.forget(key);
+            }
+        })?;
+        let gone = results
+            .iter()
+            .skip(1)
+            .any(|r| !matches!(r, zk::MultiReadResult::Data { .. }));
+        if gone {
+            // Never go on with a session that lost an entry.
+            self.forget(key);
+            return Err(Error::SessionLost(
+                "an entry of this session was removed (evicted)",
+            ));
+        }
+        let mut deadline = session.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        *deadline = (*deadline).max(sent + session.ttl);
+        Ok(())
+    }
+
+    async fn close_session(&self, key: &SessionKey) -> Result<()> {
+        let Some(session) = self.forget(key) else {
+            return Ok(());
+        };
+        // Remove the entries now rather than when the server gets to the
+        // session's end, so the next holder need not wait for it.
+        let entries: Vec<(Name, Mine)> = session.entries.lock().await.drain().collect();
+        let deletes = entries.iter().map(|(name, mine)| {
+            let path = format!("{}/{}", self.name_path(name), mine.child);
+            let client = session.client.clone();
+            async move { call(client.delete(&path, None)).await }
+        });
+        futures_util::future::join_all(deletes).await;
+        drop(session);
+        Ok(())
+    }
+
+    async fn join(
+        &self,
+        key: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        value: &[u8],
+        mode: JoinMode,
+    ) -> Result<Option<Joined>> {
+        crate::queue::check_compatible(name, kind, [])?;
+        let session = self.session(key)?;
+        let mut entries = session.entries.lock().await;
+        let dir = self.name_path(name);
+        if let Some(mine) = entries.get(name).cloned() {
+            // Reentrant: one more hold of the same entry.
+            if mine.kind != kind {
+                return Err(Error::Conflict {
+                    name: name.to_string(),
+                    reason: "this session already has another kind of entry here".into(),
+                });
+            }
+            let list = self.list(&session.client, name).await?;
+            let i = list.position(&mine.child).ok_or_else(lost)?;
+            if mode == JoinMode::IfGranted && !list.granted[i] {
+                return Ok(None);
+            }
+            let holds = mine.holds + 1;
+            let path = format!("{dir}/{}", mine.child);
+            call(session.client.set_data(
+                &path,
+                &encode_data(holds, &session.label, &mine.value),
+                None,
+            ))
+            .await?;
+            entries.insert(
+                name.clone(),
+                Mine {
+                    holds,
+                    ..mine.clone()
+                },
+            );
+            return Ok(Some(Joined {
+                seq: mine.seq,
+                granted: list.granted[i],
+                holds,
+                first: false,
+            }));
+        }
+        let prefix = child_prefix(&session.tag, kind);
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let data = encode_data(1, &session.label, value);
+        let path = format!("{dir}/{prefix}");
+        let (stat, sequence) = match call_raw(session.client.create(&path, &data, &options)).await?
+        {
+            Ok(created) => created,
+            Err(zk::Error::NoNode) => {
+                // The name's first use: make its node, then try again.
+                let parent = zk::CreateMode::Persistent.with_acls(self.acls());
+                match call_raw(session.client.create(&dir, &[], &parent)).await? {
+                    Ok(_) | Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(zk_err(e)),
+                }
+                call(session.client.create(&path, &data, &options)).await?
+            }
+            Err(e) => return Err(zk_err(e)),
+        };
+        let child = format!("{prefix}{sequence}");
+        let seq = u64::try_from(stat.czxid).map_err(|e| Error::backend(BACKEND, e))?;
+        let list = self.list(&session.client, name).await?;
+        let i = list
+            .position(&child)
+            .ok_or_else(|| Error::backend(BACKEND, "the new entry is not in the list"))?;
+        let others = list
+            .children
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, c)| c.2);
+        let refuse = match crate::queue::check_compatible(name, kind, others) {
+            Err(e) => Some(Err(e)),
+            Ok(()) if mode == JoinMode::IfGranted && !list.granted[i] => Some(Ok(None)),
+            Ok(()) => None,
+        };
+        if let Some(answer) = refuse {
+            call(session.client.delete(&format!("{dir}/{child}"), None)).await?;
+            return answer;
+        }
+        entries.insert(
+            name.clone(),
+            Mine {
+                child,
+                seq,
+                kind,
+                holds: 1,
+                value: value.to_vec(),
+            },
+        );
+        Ok(Some(Joined {
+            seq,
+            granted: list.granted[i],
+            holds: 1,
+            // The parent's first child ever has sequence 0.
+            first: sequence.into_i64() == 0,
+        }))
+    }
+
+    async fn leave(&self, key: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let session = self.session(key)?;
+        let mut entries = session.entries.lock().await;
+        let Some(mine) = entries.get(name).filter(|m| m.seq == seq).cloned() else {
+            return Err(Error::NotHeld("this session holds no such entry"));
+        };
+        let path = format!("{}/{}", self.name_path(name), mine.child);
+        if mine.holds > 1 {
+            let holds = mine.holds - 1;
+            call(session.client.set_data(
+                &path,
+                &encode_data(holds, &session.label, &mine.value),
+                None,
+            ))
+            .await?;
+            entries.insert(name.clone(), Mine { holds, ..mine });
+            return Ok(holds);
+        }
+        match call_raw(session.client.delete(&path, None)).await? {
+            // Gone already (evicted): the hold is gone all the same.
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(zk_err(e)),
+        }
+        entries.remove(name);
+        Ok(0)
+    }
+
+    async fn await_grant(&self, key: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        let session = self.session(key)?;
+        let child = {
+            let entries = session.entries.lock().await;
+            match entries.get(name) {
+                Some(m) if m.seq == seq => m.child.clone(),
+                _ => return Err(Error::NotHeld("this session holds no such entry")),
+            }
+        };
+        let dir = self.name_path(name);
+        loop {
+            let list = self.list(&session.client, name).await?;
+            let Some(i) = list.position(&child) else {
+                return Err(Error::NotHeld("the entry is no longer in the queue"));
+            };
+            if list.granted[i] {
+                return Ok(());
+            }
+            let event = match list.blocker(i) {
+                Some(blocker) => {
+                    let (stat, watcher) = call(
+                        session
+                            .client
+                            .check_and_watch_stat(&format!("{dir}/{blocker}")),
+                    )
+                    .await?;
+                    if stat.is_none() {
+                        continue;
+                    }
+                    watcher.changed().await
+                }
+                None => {
+                    let (_, watcher) = call(session.client.list_and_watch_children(&dir)).await?;
+                    watcher.changed().await
+                }
+            };
+            if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
+                return Err(lost());
+            }
+            self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
+        let session = self.session(key)?;
+        let mut entries = session.entries.lock().await;
+        let Some(mine) = entries.get(name).filter(|m| m.seq == seq).cloned() else {
+            return Err(Error::NotHeld("this session holds no such entry"));
+        };
+        let list = self.list(&session.client, name).await?;
+        match list.position(&mine.child) {
+            Some(i) if list.granted[i] => {}
+            _ => return Err(Error::NotHeld("this session's entry is not granted")),
+        }
+        let path = format!("{}/{}", self.name_path(name), mine.child);
+        call(
+            session
+                .client
+                .set_data(&path, &encode_data(mine.holds, &session.label, value), None),
+        )
+        .await?;
+        entries.insert(
+            name.clone(),
+            Mine {
+                value: value.to_vec(),
+                ..mine
+            },
+        );
+        Ok(())
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        let (list, data) = self.read(name).await?;
+        let version = fingerprint(&data);
+        let mut entries = Vec::new();
+        for (((_, tag, kind), granted), item) in list.children.iter().zip(&list.granted).zip(data) {
+            // A child that went between the listing and the read is gone.
+            let Some((raw, stat)) = item else { continue };
+            let (holds, label, value) = decode_data(&raw);
+            entries.push(Entry {
+                seq: u64::try_from(stat.czxid).unwrap_or(0),
+                kind: *kind,
+                session_tag: tag.clone(),
+                label,
+                value,
+                granted: *granted,
+                granted_at: None,
+                // ZooKeeper does not tell how long a session has left.
+                expires_in: Duration::ZERO,
+                holds,
+            });
+        }
+        Ok(Queue { version, entries })
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        let dir = self.name_path(name);
+        loop {
+            // Children changes are pushed; value changes (a proclaim) are
+            // seen by looking again every OBSERVE_POLL.
+            let watch = call(self.inner.admin.list_and_watch_children(&dir)).await;
+            let now = self.queue(name).await?.version;
+            if now != version {
+                return Ok(now);
+            }
+            match watch {
+                Ok((_, watcher)) => {
+                    let _ = tokio::time::timeout(OBSERVE_POLL, watcher.changed()).await;
+                }
+                Err(_) => tokio::time::sleep(OBSERVE_POLL).await,
+            }
+        }
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let admin = &self.inner.admin;
+        let all = call(admin.list_children(&format!("{}/q", self.inner.base))).await?;
+        let mut names = Vec::new();
+        for segment in all {
+            let Some(name) = decode_name(&segment) else {
+                continue;
+            };
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let Ok(name) = Name::new(&name) else { continue };
+            if !self.list(admin, &name).await?.children.is_empty() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        // ZooKeeper cannot end another client's session: the holders'
+        // entries are deleted, and each holder learns it at its next renewal.
+        let list = self.list(&self.inner.admin, name).await?;
+        let dir = self.name_path(name);
+        let mut evicted = 0;
+        for ((child, _, _), granted) in list.children.iter().zip(&list.granted) {
+            if *granted
+                && call(self.inner.admin.delete(&format!("{dir}/{child}"), None))
+                    .await
+                    .is_ok()
+            {
+                evicted += 1;
+            }
+        }
+        Ok(evicted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_children() {
+        for name in ["a", "x'); DROP --", "a/b", ".", "..", "é ü"] {
+            let e = encode_name(name);
+            assert!(!e.contains('/') && e != "." && e != "..", "{e}");
+            assert_eq!(decode_name(&e).as_deref(), Some(name));
+        }
+        let kind = EntryKind::Permits { count: 2, limit: 5 };
+        let child = format!("{}{}", child_prefix("abc", kind), "0000000007");
+        assert_eq!(parse_child(&child), Some(("abc", kind, 7)));
+        let (h, l, v) = decode_data(&encode_data(3, "host 1", b"v\nw"));
+        assert_eq!((h, l.as_str(), v.as_slice()), (3, "host 1", &b"v\nw"[..]));
+    }
+
+    #[test]
+    fn urls() {
+        let p = parse_url("zk://u:p@a:1,b:2/app/locks").unwrap();
+        assert_eq!(p.hosts, "a:1,b:2");
+        assert_eq!(p.base, "/app/locks");
+        assert_eq!(p.auth.as_deref(), Some(&b"u:p"[..]));
+        assert_eq!(parse_url("zk://a:1").unwrap().base, "/tenure");
+        for bad in ["zk://a", "zk://a:1/x/../y", "zk://a:1?x=1", "zk://a:1//x"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+}

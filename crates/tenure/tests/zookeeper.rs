@@ -1,0 +1,48 @@
+//! The conformance suite on `zk://`, against a real ZooKeeper (Debian's
+//! zookeeper package) the test kit starts, plus fault tests.
+#![cfg(feature = "zookeeper")]
+
+mod conformance;
+
+use std::sync::OnceLock;
+
+use tenure_testkit::ZkEnsemble;
+
+/// One single server for the whole test binary.
+fn shared() -> Option<&'static ZkEnsemble> {
+    static SERVER: OnceLock<Option<ZkEnsemble>> = OnceLock::new();
+    SERVER.get_or_init(|| ZkEnsemble::start_or_skip(1)).as_ref()
+}
+
+async fn target() -> Option<conformance::Target> {
+    let server = shared()?;
+    Some(conformance::Target::new(server.url()).await)
+}
+
+conformance_tests!(target());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_and_restarted() {
+    let Some(mut server) = ZkEnsemble::start_or_skip(1) else {
+        return;
+    };
+    conformance::check_server_killed_and_restarted(&mut server).await;
+}
+
+#[tokio::test]
+async fn server_down_at_start_is_unavailable_in_time() {
+    let port = tenure_testkit::free_port();
+    conformance::check_down_at_start(&format!("zk://127.0.0.1:{port}")).await;
+}
+
+/// 64 waiters on one mutex: each release wakes exactly one of them (each
+/// waiter watches only the child just ahead of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_thundering_herd() {
+    let Some(server) = shared() else { return };
+    let zk = tenure::backend::zookeeper::ZkStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(zk.clone());
+    conformance::check_no_thundering_herd(&store, || zk.wakeups()).await;
+}
