@@ -542,23 +542,10 @@ impl EtcdStore {
     /// The key whose deletion may grant the entry at `i`, and whether it is
     /// a prefix (a semaphore waiter watches its whole queue).
     fn blocker(&self, name: &Name, read: &Read, i: usize) -> (Vec<u8>, bool) {
-        match read.rows[i].kind {
-            EntryKind::Permits { .. } => (self.queue_prefix(name), true),
-            EntryKind::Shared => {
-                let writer = read.rows[..i]
-                    .iter()
-                    .rev()
-                    .find(|r| r.kind != EntryKind::Shared)
-                    .or_else(|| read.rows[..i].last());
-                (writer.map(|r| r.key.clone()).unwrap_or_default(), false)
-            }
-            EntryKind::Exclusive => (
-                read.rows[..i]
-                    .last()
-                    .map(|r| r.key.clone())
-                    .unwrap_or_default(),
-                false,
-            ),
+        let kinds: Vec<EntryKind> = read.rows.iter().map(|r| r.kind).collect();
+        match super::poll::blocker(&kinds, i) {
+            Some(j) => (read.rows[j].key.clone(), false),
+            None => (self.queue_prefix(name), true),
         }
     }
 }
@@ -577,19 +564,11 @@ fn lease_of(hex: &[u8]) -> Result<i64> {
 
 /// A version for a queue: a hash of what can change in it.
 fn fingerprint(read: &Read) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |v: u64| {
-        for b in v.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    for r in &read.rows {
-        eat(r.seq);
-        eat(r.mod_rev as u64);
-        eat(u64::from(r.holds));
-    }
-    h
+    super::poll::fingerprint(
+        read.rows
+            .iter()
+            .flat_map(|r| [r.seq, r.mod_rev as u64, u64::from(r.holds)]),
+    )
 }
 
 #[async_trait]
@@ -609,11 +588,7 @@ impl Store for EtcdStore {
         })?;
         let mut client = self.client();
         let lease = call(client.lease_grant(ttl, None)).await?.id();
-        let label: String = spec
-            .label
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
+        let label = super::poll::printable(&spec.label);
         let on_lease = || Some(PutOptions::new().with_lease(lease));
         let txn = Txn::new().and_then(vec![
             TxnOp::put(self.secret_key(lease), secret.clone(), on_lease()),

@@ -7,8 +7,11 @@
     not(all(
         feature = "sqlite",
         feature = "redis",
+        feature = "redlock",
         feature = "postgres",
-        feature = "mysql"
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper"
     )),
     allow(dead_code)
 )]
@@ -257,5 +260,42 @@ impl Drop for Listening {
         if let (true, Some(f)) = (last, self.on_last.take()) {
             f(std::mem::take(&mut self.key));
         }
+    }
+}
+
+/// A version for a queue whose store keeps none: a hash (FNV-1a) of what
+/// can change in it, so it differs whenever the queue does.
+pub(crate) fn fingerprint(parts: impl IntoIterator<Item = u64>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// A session label as a store keeps it: control characters (which separate
+/// fields in some stores' records) become spaces.
+pub(crate) fn printable(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// Whose leaving can grant the waiting entry at `i` of a queue of `kinds`:
+/// for a mutex the entry just ahead, for a reader the last writer ahead; a
+/// semaphore waiter depends on every entry ahead (`None`: watch them all).
+/// Watching only this one is what keeps a release from waking every waiter.
+pub(crate) fn blocker(kinds: &[EntryKind], i: usize) -> Option<usize> {
+    match kinds[i] {
+        EntryKind::Permits { .. } => None,
+        EntryKind::Shared => kinds[..i]
+            .iter()
+            .rposition(|k| *k != EntryKind::Shared)
+            .or_else(|| i.checked_sub(1)),
+        EntryKind::Exclusive => i.checked_sub(1),
     }
 }

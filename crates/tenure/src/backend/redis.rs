@@ -361,11 +361,7 @@ impl RedisStore {
     ) -> Result<()> {
         let ttl = spec.ttl.as_millis().to_string();
         // Tabs and newlines separate fields in the script's records.
-        let label: String = spec
-            .label
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
+        let label = poll::printable(&spec.label);
         self.call(
             "open",
             &[

@@ -1038,22 +1038,12 @@ fn most_common(mut values: Vec<Vec<u8>>) -> Vec<u8> {
 /// A version for a merged queue: a hash of what observers can see, so it
 /// changes whenever the queue does (the nodes' own versions differ).
 fn fingerprint(entries: &[Entry]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    for e in entries {
-        eat(&e.seq.to_le_bytes());
-        eat(&[u8::from(e.granted)]);
-        eat(&e.holds.to_le_bytes());
-        eat(&(e.value.len() as u64).to_le_bytes());
-        eat(&e.value);
-        eat(e.session_tag.as_bytes());
-    }
-    h
+    super::poll::fingerprint(entries.iter().flat_map(|e| {
+        let mut parts = vec![e.seq, u64::from(e.granted), u64::from(e.holds)];
+        parts.extend(e.value.iter().map(|b| u64::from(*b)));
+        parts.extend(e.session_tag.bytes().map(u64::from));
+        parts
+    }))
 }
 
 #[cfg(test)]

@@ -255,17 +255,8 @@ impl Listing {
     /// The child whose deletion may grant the one at `i` (None: watch the
     /// whole list, for a semaphore).
     fn blocker(&self, i: usize) -> Option<&str> {
-        let ahead = &self.children[..i];
-        let pick = match self.children[i].2 {
-            EntryKind::Permits { .. } => return None,
-            EntryKind::Shared => ahead
-                .iter()
-                .rev()
-                .find(|c| c.2 != EntryKind::Shared)
-                .or(ahead.last()),
-            EntryKind::Exclusive => ahead.last(),
-        };
-        pick.map(|c| c.0.as_str())
+        let kinds: Vec<EntryKind> = self.children.iter().map(|c| c.2).collect();
+        super::poll::blocker(&kinds, i).map(|j| self.children[j].0.as_str())
     }
 }
 
@@ -480,18 +471,11 @@ async fn connect(hosts: &str, auth: Option<&[u8]>, timeout: Duration) -> Result<
 
 /// A version for a queue: a hash of its children's ids and data versions.
 fn fingerprint(data: &[Option<(Vec<u8>, zk::Stat)>]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |v: i64| {
-        for b in v.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    for (_, stat) in data.iter().flatten() {
-        eat(stat.czxid);
-        eat(stat.mzxid);
-    }
-    h
+    super::poll::fingerprint(
+        data.iter()
+            .flatten()
+            .flat_map(|(_, stat)| [stat.czxid as u64, stat.mzxid as u64]),
+    )
 }
 
 #[async_trait]
@@ -514,11 +498,7 @@ impl Store for ZkStore {
         }
         let tag = crate::session::random_hex(6)?;
         let key = SessionKey::new(crate::session::random_hex(16)?);
-        let label: String = spec
-            .label
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
+        let label = super::poll::printable(&spec.label);
         let session = Arc::new(ZkSession {
             client,
             tag: tag.clone(),
