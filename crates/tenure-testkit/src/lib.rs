@@ -799,6 +799,57 @@ impl EtcdCluster {
         self.nodes.is_empty()
     }
 
+    /// POSTs a JSON body to member `i`'s gRPC gateway; the answer's body.
+    fn gateway(&self, i: usize, path: &str, body: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let port = self.nodes[i].client_port;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).ok()?;
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        if !answer.starts_with("HTTP/1.1 200") {
+            return None;
+        }
+        answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    }
+
+    /// The index of the raft leader, as the members that answer say.
+    pub fn leader(&self) -> Option<usize> {
+        let field = |body: &str, key: &str| -> Option<String> {
+            let at = body.find(&format!("\"{key}\":\""))? + key.len() + 4;
+            let rest = &body[at..];
+            Some(rest[..rest.find('"')?].to_string())
+        };
+        (0..self.nodes.len()).find(|i| {
+            self.nodes[*i].child.is_some()
+                && self
+                    .gateway(*i, "/v3/maintenance/status", "{}")
+                    .is_some_and(|b| {
+                        field(&b, "leader").is_some()
+                            && field(&b, "leader") == field(&b, "member_id")
+                    })
+        })
+    }
+
+    /// Waits (bounded) until some member is the raft leader; its index.
+    pub fn wait_leader(&self, within: Duration) -> Option<usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(i) = self.leader() {
+                return Some(i);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Turns on authentication with a `root` user of this password, through
     /// etcd's JSON gateway (so the kit needs no etcd client).
     pub fn enable_auth(&self, password: &str) {
@@ -1086,3 +1137,25 @@ impl_server!(
     EtcdCluster,
     ZkEnsemble
 );
+
+/// A replicated store whose members a test kills one by one.
+pub trait Cluster {
+    /// A URL over every member.
+    fn url(&self) -> String;
+    /// SIGKILLs member `i`.
+    fn kill_member(&mut self, i: usize);
+    /// Starts member `i` again on its data.
+    fn restart_member(&mut self, i: usize);
+}
+
+macro_rules! impl_cluster {
+    ($($t:ty),*) => {$(
+        impl Cluster for $t {
+            fn url(&self) -> String { <$t>::url(self) }
+            fn kill_member(&mut self, i: usize) { <$t>::kill_member(self, i) }
+            fn restart_member(&mut self, i: usize) { <$t>::restart_member(self, i) }
+        }
+    )*};
+}
+
+impl_cluster!(EtcdCluster, ZkEnsemble);

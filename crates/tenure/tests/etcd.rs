@@ -72,3 +72,17 @@ async fn no_thundering_herd() {
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(etcd.clone());
     conformance::check_no_thundering_herd(&store, || etcd.wakeups()).await;
 }
+
+/// A 3-member cluster: the raft leader killed while a lock is held and two
+/// waiters wait, then a follower: the holder keeps its lease, no two
+/// holders at once, waiters proceed in order, tokens keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_leader_and_member_killed() {
+    let Some(mut cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let leader = cluster
+        .wait_leader(std::time::Duration::from_secs(20))
+        .expect("a leader");
+    conformance::check_cluster_failover(&mut cluster, leader).await;
+}

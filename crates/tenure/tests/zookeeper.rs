@@ -46,3 +46,14 @@ async fn no_thundering_herd() {
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(zk.clone());
     conformance::check_no_thundering_herd(&store, || zk.wakeups()).await;
 }
+
+/// A 3-server ensemble: the leader killed while a lock is held and two
+/// waiters wait, then another server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_leader_and_member_killed() {
+    let Some(mut ensemble) = ZkEnsemble::start_or_skip(3) else {
+        return;
+    };
+    let leader = ensemble.leader().expect("a leader");
+    conformance::check_cluster_failover(&mut ensemble, leader).await;
+}

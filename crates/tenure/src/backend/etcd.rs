@@ -149,6 +149,29 @@ async fn call<T>(
         .map_err(etcd_err)
 }
 
+/// How long a call that failed for a passing reason (a leader change, a
+/// member down) is tried again.
+const RETRY_FOR: Duration = Duration::from_secs(5);
+
+/// Runs `op` until it succeeds, fails for good, or [`RETRY_FOR`] passed.
+/// Only for operations that may safely run twice.
+async fn retrying<T, F, Fut>(mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + RETRY_FOR;
+    loop {
+        match op().await {
+            Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "etcd call failed; trying again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// What an `etcd://` URL asks for.
 struct Parsed {
     endpoints: Vec<String>,
@@ -248,22 +271,23 @@ fn kind_text(kind: EntryKind) -> String {
     }
 }
 
-/// An entry's value: `KIND\tCOUNT\tLIMIT\n` then the user's value.
-fn encode(kind: EntryKind, value: &[u8]) -> Vec<u8> {
-    let mut out = kind_text(kind).into_bytes();
-    out.push(b'\n');
+/// An entry's value: `KIND\tCOUNT\tLIMIT\tNONCE\n` then the user's value.
+/// The nonce names the join that put it, so a join tried again after a lost
+/// answer knows its own entry.
+fn encode(kind: EntryKind, nonce: &str, value: &[u8]) -> Vec<u8> {
+    let mut out = format!("{}\t{nonce}\n", kind_text(kind)).into_bytes();
     out.extend_from_slice(value);
     out
 }
 
-fn decode(raw: &[u8]) -> Result<(EntryKind, Vec<u8>)> {
+fn decode(raw: &[u8]) -> Result<(EntryKind, String, Vec<u8>)> {
     let nl = raw
         .iter()
         .position(|b| *b == b'\n')
         .ok_or_else(|| bad("an entry without a header"))?;
     let head = std::str::from_utf8(&raw[..nl]).map_err(bad)?;
     let mut f = head.split('\t');
-    let (k, c, l) = (f.next(), f.next(), f.next());
+    let (k, c, l, nonce) = (f.next(), f.next(), f.next(), f.next());
     let num = |v: Option<&str>| -> Result<u32> {
         v.and_then(|v| v.parse().ok())
             .ok_or_else(|| bad("an entry header"))
@@ -277,7 +301,11 @@ fn decode(raw: &[u8]) -> Result<(EntryKind, Vec<u8>)> {
         },
         _ => return Err(bad("an entry kind")),
     };
-    Ok((kind, raw[nl + 1..].to_vec()))
+    Ok((
+        kind,
+        nonce.unwrap_or_default().to_string(),
+        raw[nl + 1..].to_vec(),
+    ))
 }
 
 /// One entry of a queue as read from etcd.
@@ -288,6 +316,7 @@ struct Row {
     mod_rev: i64,
     lease: i64,
     kind: EntryKind,
+    nonce: String,
     value: Vec<u8>,
     holds: u32,
 }
@@ -372,6 +401,12 @@ impl EtcdStore {
         self.inner.client.clone()
     }
 
+    /// One transaction, bounded by [`CALL_TIMEOUT`].
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        let mut client = self.client();
+        call(client.txn(txn)).await
+    }
+
     fn key(&self, rest: &str) -> Vec<u8> {
         format!("{}/{rest}", self.inner.prefix).into_bytes()
     }
@@ -433,13 +468,14 @@ impl EtcdStore {
         for kv in kvs {
             let key = kv.key();
             if let Some(hex) = key.strip_prefix(qp.as_slice()) {
-                let (kind, value) = decode(kv.value())?;
+                let (kind, nonce, value) = decode(kv.value())?;
                 rows.push(Row {
                     key: key.to_vec(),
                     seq: u64::try_from(kv.create_revision()).map_err(bad)?,
                     mod_rev: kv.mod_revision(),
                     lease: lease_of(hex)?,
                     kind,
+                    nonce,
                     value,
                     holds: 1,
                 });
@@ -473,7 +509,7 @@ impl EtcdStore {
             TxnOp::get(self.secret_key(lease), None),
             self.read_op(name),
         ]);
-        let resp = call(self.client().txn(txn)).await?;
+        let resp = retrying(|| self.txn(txn.clone())).await?;
         let ops = resp.op_responses();
         let alive = !get_kvs(ops.first())?.is_empty();
         let read = self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))?;
@@ -587,7 +623,12 @@ impl Store for EtcdStore {
             }
         })?;
         let mut client = self.client();
-        let lease = call(client.lease_grant(ttl, None)).await?.id();
+        let lease = retrying(|| async {
+            let mut client = self.client();
+            call(client.lease_grant(ttl, None)).await
+        })
+        .await?
+        .id();
         let label = super::poll::printable(&spec.label);
         let on_lease = || Some(PutOptions::new().with_lease(lease));
         let txn = Txn::new().and_then(vec![
@@ -598,7 +639,7 @@ impl Store for EtcdStore {
                 on_lease(),
             ),
         ]);
-        if let Err(e) = call(client.txn(txn)).await {
+        if let Err(e) = retrying(|| self.txn(txn.clone())).await {
             let _ = call(client.lease_revoke(lease)).await;
             return Err(e);
         }
@@ -671,6 +712,10 @@ impl Store for EtcdStore {
         let (lease, secret) = split_key(session)?;
         let entry = self.entry_key(name, lease);
         let qp = self.queue_prefix(name);
+        let nonce = crate::session::random_hex(8)?;
+        let deadline = tokio::time::Instant::now() + RETRY_FOR;
+        // Whether an earlier attempt may have taken effect unseen.
+        let mut unsure = false;
         for _ in 0..CAS_ATTEMPTS {
             let mut when = vec![
                 self.secret_matches(lease, secret),
@@ -716,7 +761,7 @@ impl Store for EtcdStore {
                     TxnOp::put(self.seen_key(name), "", None),
                     TxnOp::put(
                         entry.clone(),
-                        encode(kind, value),
+                        encode(kind, &nonce, value),
                         Some(PutOptions::new().with_lease(lease)),
                     ),
                     self.read_op(name),
@@ -725,14 +770,31 @@ impl Store for EtcdStore {
                     TxnOp::get(self.secret_key(lease), None),
                     self.read_op(name),
                 ]);
-            let resp = call(self.client().txn(txn)).await?;
+            let resp = match call(self.client().txn(txn)).await {
+                Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
+                    unsure = true;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                other => other?,
+            };
             let ops = resp.op_responses();
             if !resp.succeeded() {
                 if get_kvs(ops.first())?.is_empty() {
                     return Err(lost());
                 }
                 let read = self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))?;
-                if read.position(lease).is_some() {
+                if let Some(i) = read.position(lease) {
+                    if unsure && read.rows[i].nonce == nonce {
+                        // An earlier attempt of this join took effect (whether
+                        // the name was new is not known: say no).
+                        return Ok(Some(Joined {
+                            seq: read.rows[i].seq,
+                            granted: read.granted[i],
+                            holds: 1,
+                            first: false,
+                        }));
+                    }
                     return self.rejoin(session, name, kind, mode, read).await;
                 }
                 if mode == JoinMode::IfGranted && kind == EntryKind::Exclusive {
@@ -771,6 +833,8 @@ impl Store for EtcdStore {
         let entry = self.entry_key(name, lease);
         let holds_key = self.holds_key(name, lease);
         let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        let deadline = tokio::time::Instant::now() + RETRY_FOR;
+        let mut unsure = false;
         for _ in 0..CAS_ATTEMPTS {
             // The usual case, one hold: delete the entry if it is still the
             // one acquired with this seq.
@@ -786,7 +850,14 @@ impl Store for EtcdStore {
                     TxnOp::get(entry.clone(), None),
                     TxnOp::get(holds_key.clone(), None),
                 ]);
-            let resp = call(self.client().txn(txn)).await?;
+            let resp = match call(self.client().txn(txn)).await {
+                Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
+                    unsure = true;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                other => other?,
+            };
             if resp.succeeded() {
                 return Ok(0);
             }
@@ -796,6 +867,10 @@ impl Store for EtcdStore {
             }
             let mine = get_kvs(ops.get(1))?;
             if mine.first().map(|kv| kv.create_revision()) != Some(seq) {
+                if unsure && mine.is_empty() {
+                    // An earlier attempt deleted it; its answer was lost.
+                    return Ok(0);
+                }
                 return Err(Error::NotHeld("this session holds no such entry"));
             }
             let Some(h) = get_kvs(ops.get(2))?.first() else {
@@ -832,7 +907,14 @@ impl Store for EtcdStore {
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
         let (lease, _) = split_key(session)?;
         loop {
-            let (alive, read) = self.read(lease, name).await?;
+            // The session's own deadline ends a wait that cannot reach etcd.
+            let (alive, read) = match self.read(lease, name).await {
+                Err(e) if e.is_temporary() => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                other => other?,
+            };
             if !alive {
                 return Err(lost());
             }
@@ -922,7 +1004,7 @@ impl Store for EtcdStore {
                 ])
                 .and_then(vec![TxnOp::put(
                     row.key.clone(),
-                    encode(row.kind, value),
+                    encode(row.kind, &row.nonce, value),
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
             if call(self.client().txn(txn)).await?.succeeded() {
@@ -1014,11 +1096,7 @@ impl Store for EtcdStore {
 impl EtcdStore {
     /// The queue and the revision it was read at.
     async fn queue_at(&self, name: &Name) -> Result<(Queue, i64)> {
-        let resp = call(
-            self.client()
-                .txn(Txn::new().and_then(vec![self.read_op(name)])),
-        )
-        .await?;
+        let resp = retrying(|| self.txn(Txn::new().and_then(vec![self.read_op(name)]))).await?;
         let revision = revision_of(&resp);
         let read = self.parse_read(name, get_kvs(resp.op_responses().first())?, revision)?;
         let version = fingerprint(&read);
@@ -1105,8 +1183,11 @@ mod tests {
     #[test]
     fn entries_round_trip() {
         let kind = EntryKind::Permits { count: 2, limit: 5 };
-        let raw = encode(kind, b"a\nb\tc");
-        assert_eq!(decode(&raw).unwrap(), (kind, b"a\nb\tc".to_vec()));
+        let raw = encode(kind, "n1", b"a\nb\tc");
+        assert_eq!(
+            decode(&raw).unwrap(),
+            (kind, "n1".to_string(), b"a\nb\tc".to_vec())
+        );
         assert_eq!(range_end(b"ab"), b"ac");
         assert_eq!(range_end(b"a\xff"), b"b");
     }

@@ -149,6 +149,29 @@ async fn call<T>(fut: impl std::future::Future<Output = ZkResult<T>>) -> Result<
     call_raw(fut).await?.map_err(zk_err)
 }
 
+/// How long a call that failed for a passing reason (a lost connection,
+/// a server down) is tried again.
+const RETRY_FOR: Duration = Duration::from_secs(5);
+
+/// Runs `op` until it succeeds, fails for good, or [`RETRY_FOR`] passed.
+/// Only for operations that may safely run twice.
+async fn retrying<T, F, Fut>(mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + RETRY_FOR;
+    loop {
+        match op().await {
+            Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "ZooKeeper call failed; trying again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A name as one path segment: bytes outside `[A-Za-z0-9_-]` as `%XX`.
 fn encode_name(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
@@ -418,10 +441,67 @@ impl ZkStore {
     }
 
     async fn list(&self, client: &zk::Client, name: &Name) -> Result<Listing> {
-        match call_raw(client.list_children(&self.name_path(name))).await? {
-            Ok(children) => Ok(listing(children)),
-            Err(zk::Error::NoNode) => Ok(listing(Vec::new())),
-            Err(e) => Err(zk_err(e)),
+        let dir = self.name_path(name);
+        retrying(|| async {
+            match call_raw(client.list_children(&dir)).await? {
+                Ok(children) => Ok(listing(children)),
+                Err(zk::Error::NoNode) => Ok(listing(Vec::new())),
+                Err(e) => Err(zk_err(e)),
+            }
+        })
+        .await
+    }
+
+    /// Creates the session's child for `name` (and the name's node on first
+    /// use). A create whose answer was lost may have happened: the child is
+    /// then found by its prefix, which only this session uses, rather than
+    /// made twice. Returns its stat, name and sequence.
+    async fn create_entry(
+        &self,
+        session: &ZkSession,
+        name: &Name,
+        prefix: &str,
+        data: &[u8],
+        options: &zk::CreateOptions<'_>,
+    ) -> Result<(zk::Stat, String, i64)> {
+        let dir = self.name_path(name);
+        let path = format!("{dir}/{prefix}");
+        let deadline = tokio::time::Instant::now() + RETRY_FOR;
+        let mut unsure = false;
+        loop {
+            if unsure {
+                let children = call(session.client.list_children(&dir)).await;
+                if let Ok(children) = children {
+                    if let Some(child) = children.into_iter().find(|c| c.starts_with(prefix)) {
+                        let stat =
+                            call(session.client.check_stat(&format!("{dir}/{child}"))).await?;
+                        if let (Some(stat), Some((_, _, seq))) = (stat, parse_child(&child)) {
+                            return Ok((stat, child, seq));
+                        }
+                    }
+                }
+            }
+            let failure = match call_raw(session.client.create(&path, data, options)).await {
+                Ok(Ok((stat, sequence))) => {
+                    let seq = sequence.into_i64();
+                    return Ok((stat, format!("{prefix}{sequence}"), seq));
+                }
+                Ok(Err(zk::Error::NoNode)) => {
+                    // The name's first use: make its node, then try again.
+                    let parent = zk::CreateMode::Persistent.with_acls(self.acls());
+                    match call_raw(session.client.create(&dir, &[], &parent)).await? {
+                        Ok(_) | Err(zk::Error::NodeExists) => continue,
+                        Err(e) => zk_err(e),
+                    }
+                }
+                Ok(Err(e)) => zk_err(e),
+                Err(timeout) => timeout,
+            };
+            if !failure.is_temporary() || tokio::time::Instant::now() >= deadline {
+                return Err(failure);
+            }
+            unsure = true;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -629,22 +709,9 @@ impl Store for ZkStore {
         let prefix = child_prefix(&session.tag, kind);
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let data = encode_data(1, &session.label, value);
-        let path = format!("{dir}/{prefix}");
-        let (stat, sequence) = match call_raw(session.client.create(&path, &data, &options)).await?
-        {
-            Ok(created) => created,
-            Err(zk::Error::NoNode) => {
-                // The name's first use: make its node, then try again.
-                let parent = zk::CreateMode::Persistent.with_acls(self.acls());
-                match call_raw(session.client.create(&dir, &[], &parent)).await? {
-                    Ok(_) | Err(zk::Error::NodeExists) => {}
-                    Err(e) => return Err(zk_err(e)),
-                }
-                call(session.client.create(&path, &data, &options)).await?
-            }
-            Err(e) => return Err(zk_err(e)),
-        };
-        let child = format!("{prefix}{sequence}");
+        let (stat, child, sequence) = self
+            .create_entry(&session, name, &prefix, &data, &options)
+            .await?;
         let seq = u64::try_from(stat.czxid).map_err(|e| Error::backend(BACKEND, e))?;
         let list = self.list(&session.client, name).await?;
         let i = list
@@ -680,7 +747,7 @@ impl Store for ZkStore {
             granted: list.granted[i],
             holds: 1,
             // The parent's first child ever has sequence 0.
-            first: sequence.into_i64() == 0,
+            first: sequence == 0,
         }))
     }
 
@@ -702,11 +769,15 @@ impl Store for ZkStore {
             entries.insert(name.clone(), Mine { holds, ..mine });
             return Ok(holds);
         }
-        match call_raw(session.client.delete(&path, None)).await? {
-            // Gone already (evicted): the hold is gone all the same.
-            Ok(()) | Err(zk::Error::NoNode) => {}
-            Err(e) => return Err(zk_err(e)),
-        }
+        retrying(|| async {
+            match call_raw(session.client.delete(&path, None)).await? {
+                // Gone already (evicted, or an earlier try whose answer was
+                // lost): the hold is gone all the same.
+                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                Err(e) => Err(zk_err(e)),
+            }
+        })
+        .await?;
         entries.remove(name);
         Ok(0)
     }
@@ -729,23 +800,41 @@ impl Store for ZkStore {
             if list.granted[i] {
                 return Ok(());
             }
-            let event = match list.blocker(i) {
-                Some(blocker) => {
-                    let (stat, watcher) = call(
-                        session
-                            .client
-                            .check_and_watch_stat(&format!("{dir}/{blocker}")),
-                    )
-                    .await?;
-                    if stat.is_none() {
-                        continue;
-                    }
-                    watcher.changed().await
+            let watched = match list.blocker(i) {
+                Some(blocker) => call(
+                    session
+                        .client
+                        .check_and_watch_stat(&format!("{dir}/{blocker}")),
+                )
+                .await
+                .map(|(stat, watcher)| stat.map(|_| watcher)),
+                // Set against the children as they are now: if they
+                // changed since the listing, look again instead of waiting.
+                None => call(session.client.list_and_watch_children(&dir))
+                    .await
+                    .map(|(children, watcher)| {
+                        let now = listing(children);
+                        let same = now.children.len() == list.children.len()
+                            && now
+                                .children
+                                .iter()
+                                .zip(&list.children)
+                                .all(|(a, b)| a.0 == b.0);
+                        same.then_some(watcher)
+                    }),
+            };
+            let event = match watched {
+                Ok(Some(watcher)) => watcher.changed().await,
+                // The blocker went (or the list changed) between the
+                // listing and the watch.
+                Ok(None) => continue,
+                // The session's own deadline ends a wait that cannot reach
+                // the ensemble.
+                Err(e) if e.is_temporary() => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
                 }
-                None => {
-                    let (_, watcher) = call(session.client.list_and_watch_children(&dir)).await?;
-                    watcher.changed().await
-                }
+                Err(e) => return Err(e),
             };
             if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
                 return Err(lost());
