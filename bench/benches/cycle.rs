@@ -352,6 +352,130 @@ async fn rslock_contended(urls: &[String], tasks: usize, rounds: usize) -> Stats
     )
 }
 
+/// The etcd floor: a transaction that creates the key if absent (with a
+/// lease, as a lock would) to take, a delete to release.
+async fn etcd_floor(url: &str, cycles: usize) -> Stats {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let endpoints: Vec<String> = url
+        .trim_start_matches("etcd://")
+        .split(',')
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+    let lease = client.lease_grant(30, None).await.unwrap().id();
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let take = Txn::new()
+            .when(vec![Compare::create_revision("floor", CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(
+                "floor",
+                "me",
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        assert!(client.txn(take).await.unwrap().succeeded());
+        client.delete("floor", None).await.unwrap();
+        samples.push(t.elapsed());
+    }
+    stats(
+        "etcd raw floor (txn put-if-absent + delete)",
+        samples,
+        start.elapsed(),
+    )
+}
+
+/// etcd's own server-side Lock API (the etcd-client crate's lock client) on
+/// the same server: lock + unlock under a lease.
+async fn etcd_lock_api(url: &str, cycles: usize) -> Stats {
+    let endpoints: Vec<String> = url
+        .trim_start_matches("etcd://")
+        .split(',')
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+    let lease = client.lease_grant(30, None).await.unwrap().id();
+    let options = || Some(etcd_client::LockOptions::new().with_lease(lease));
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let key = client.lock("api", options()).await.unwrap().key().to_vec();
+        client.unlock(key).await.unwrap();
+        samples.push(t.elapsed());
+    }
+    stats(
+        "etcd Lock API (etcd-client lock + unlock, peer)",
+        samples,
+        start.elapsed(),
+    )
+}
+
+/// etcd's Lock API with 16 contenders, each with a lease of its own.
+async fn etcd_lock_api_contended(url: &str, tasks: usize, rounds: usize) -> Stats {
+    let endpoints: Vec<String> = url
+        .trim_start_matches("etcd://")
+        .split(',')
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let mut client = client.clone();
+        handles.push(tokio::spawn(async move {
+            let lease = client.lease_grant(30, None).await.unwrap().id();
+            let mut samples = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let options = etcd_client::LockOptions::new().with_lease(lease);
+                let key = client
+                    .lock("api-contended", Some(options))
+                    .await
+                    .unwrap()
+                    .key()
+                    .to_vec();
+                samples.push(t.elapsed());
+                tokio::task::yield_now().await;
+                client.unlock(key).await.unwrap();
+            }
+            samples
+        }));
+    }
+    let mut samples = Vec::new();
+    for h in handles {
+        samples.extend(h.await.unwrap());
+    }
+    stats(
+        format!("etcd Lock API (peer), {tasks} contenders"),
+        samples,
+        start.elapsed(),
+    )
+}
+
+/// The ZooKeeper floor: create an ephemeral node to take, delete it to
+/// release.
+async fn zk_floor(url: &str, cycles: usize) -> Stats {
+    use zookeeper_client as zk;
+    let client = zk::Client::connect(url.trim_start_matches("zk://"))
+        .await
+        .unwrap();
+    let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        client.create("/floor", b"me", &options).await.unwrap();
+        client.delete("/floor", None).await.unwrap();
+        samples.push(t.elapsed());
+    }
+    stats(
+        "zookeeper raw floor (create ephemeral + delete)",
+        samples,
+        start.elapsed(),
+    )
+}
+
 fn main() {
     let cycles: usize = std::env::var("BENCH_CYCLES")
         .ok()
@@ -411,6 +535,19 @@ fn main() {
             rows.push(redlock_floor(&node_urls, cycles).await);
             rows.push(rslock_uncontended(&node_urls, cycles).await);
         }
+        let etcd = tenure_testkit::EtcdCluster::start_or_skip(1);
+        if let Some(etcd) = &etcd {
+            let store = tenure::open(&etcd.url()).await.unwrap();
+            rows.push(uncontended(&store, cycles).await);
+            rows.push(etcd_floor(&etcd.url(), cycles).await);
+            rows.push(etcd_lock_api(&etcd.url(), cycles).await);
+        }
+        let zk = tenure_testkit::ZkEnsemble::start_or_skip(1);
+        if let Some(zk) = &zk {
+            let store = tenure::open(&zk.url()).await.unwrap();
+            rows.push(uncontended(&store, cycles).await);
+            rows.push(zk_floor(&zk.url(), cycles).await);
+        }
         let pg = tenure_testkit::PostgresServer::start_or_skip();
         if let Some(pg) = &pg {
             let store = tenure::open(&pg.url()).await.unwrap();
@@ -433,6 +570,15 @@ fn main() {
             let store = tenure::open(&redlock_url).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
             rows.push(rslock_contended(&node_urls, 16, (cycles / 64).max(5)).await);
+        }
+        if let Some(etcd) = &etcd {
+            let store = tenure::open(&etcd.url()).await.unwrap();
+            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+            rows.push(etcd_lock_api_contended(&etcd.url(), 16, (cycles / 64).max(5)).await);
+        }
+        if let Some(zk) = &zk {
+            let store = tenure::open(&zk.url()).await.unwrap();
+            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
         }
         if let Some(pg) = &pg {
             let store = tenure::open(&pg.url()).await.unwrap();

@@ -231,3 +231,25 @@ async fn memory_and_mysql_agree() {
         run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
     }
 }
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_etcd_agree() {
+    let Some(server) = tenure_testkit::EtcdCluster::start_or_skip(1) else {
+        return;
+    };
+    for seed in 1..=6u64 {
+        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
+    }
+}
+
+#[cfg(feature = "zookeeper")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_zookeeper_agree() {
+    let Some(server) = tenure_testkit::ZkEnsemble::start_or_skip(1) else {
+        return;
+    };
+    for seed in 1..=6u64 {
+        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
+    }
+}

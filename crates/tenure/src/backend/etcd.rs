@@ -798,6 +798,9 @@ impl Store for EtcdStore {
                     return self.rejoin(session, name, kind, mode, read).await;
                 }
                 if mode == JoinMode::IfGranted && kind == EntryKind::Exclusive {
+                    // Not into an empty queue: taken, unless it was never
+                    // allowed at all.
+                    crate::queue::check_compatible(name, kind, read.rows.iter().map(|r| r.kind))?;
                     return Ok(None);
                 }
                 // The queue changed between our read and the write: again.
