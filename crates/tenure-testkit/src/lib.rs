@@ -712,15 +712,31 @@ struct EtcdNode {
 pub struct EtcdCluster {
     dir: tempfile::TempDir,
     nodes: Vec<EtcdNode>,
+    tls: Option<TlsFiles>,
 }
 
 impl EtcdCluster {
     /// Starts `members` members, or `None` (after [`missing`]) without `etcd`.
     pub fn start_or_skip(members: usize) -> Option<EtcdCluster> {
+        Self::start_with(members, false)
+    }
+
+    /// One member that serves clients only over TLS, with a certificate of
+    /// a test CA; its [`EtcdCluster::url`] is `etcds://…?tls_ca=…`.
+    pub fn start_tls_or_skip() -> Option<EtcdCluster> {
+        Self::start_with(1, true)
+    }
+
+    fn start_with(members: usize, tls: bool) -> Option<EtcdCluster> {
         if find("etcd", &["/usr/bin/etcd"]).is_none() {
             missing("etcd", "etcd-server");
             return None;
         }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tls = match tls {
+            true => Some(TlsFiles::make(dir.path())?),
+            false => None,
+        };
         let nodes = (0..members)
             .map(|i| EtcdNode {
                 name: format!("n{i}"),
@@ -729,10 +745,7 @@ impl EtcdCluster {
                 child: None,
             })
             .collect();
-        let mut cluster = EtcdCluster {
-            dir: tempfile::tempdir().expect("temp dir"),
-            nodes,
-        };
+        let mut cluster = EtcdCluster { dir, nodes, tls };
         for i in 0..members {
             cluster.launch(i, "new");
         }
@@ -752,9 +765,16 @@ impl EtcdCluster {
             .map(|n| format!("{}=http://127.0.0.1:{}", n.name, n.peer_port))
             .collect();
         let node = &self.nodes[i];
-        let client = format!("http://127.0.0.1:{}", node.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", node.client_port);
         let peer = format!("http://127.0.0.1:{}", node.peer_port);
         let mut cmd = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key);
+        }
         cmd.args(["--name", &node.name])
             .arg("--data-dir")
             .arg(self.dir.path().join(&node.name))
@@ -781,7 +801,10 @@ impl EtcdCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.client_port))
             .collect();
-        format!("etcd://{}", hosts.join(","))
+        match &self.tls {
+            Some(tls) => format!("etcds://{}?tls_ca={}", hosts.join(","), tls.ca.display()),
+            None => format!("etcd://{}", hosts.join(",")),
+        }
     }
 
     /// Member `i`'s client URL (`http://127.0.0.1:PORT`).

@@ -86,3 +86,22 @@ async fn cluster_leader_and_member_killed() {
         .expect("a leader");
     conformance::check_cluster_failover(&mut cluster, leader).await;
 }
+
+/// `etcds://` against a member that serves clients only over TLS: locks
+/// work with the test CA trusted, and are refused without it.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls() {
+    let Some(server) = EtcdCluster::start_tls_or_skip() else {
+        return;
+    };
+    let store = tenure::open(&server.url()).await.unwrap();
+    let s = tenure::Session::new(&store).await.unwrap();
+    let g = tenure::Mutex::new(&s, "tls").unwrap().lock().await.unwrap();
+    assert!(g.token() > 0);
+    g.release().await.unwrap();
+    let untrusted = server.url().split_once('?').unwrap().0.to_string();
+    assert!(tenure::open(&untrusted).await.is_err());
+    let plain = untrusted.replace("etcds://", "etcd://");
+    assert!(tenure::open(&plain).await.is_err());
+}

@@ -177,6 +177,8 @@ struct Parsed {
     endpoints: Vec<String>,
     user: Option<(String, String)>,
     prefix: String,
+    /// `etcds://`: TLS, trusting the system's roots or this CA file.
+    tls: Option<Option<String>>,
 }
 
 fn parse_url(url: &str) -> Result<Parsed> {
@@ -187,10 +189,11 @@ fn parse_url(url: &str) -> Result<Parsed> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| invalid("expected etcd://host:port[,host:port…]".into()))?;
-    if scheme.eq_ignore_ascii_case("etcds") {
+    let tls = scheme.eq_ignore_ascii_case("etcds");
+    if tls && !cfg!(feature = "tls") {
         return Err(Error::Unsupported {
             backend: BACKEND,
-            what: "TLS (etcds://) in this build",
+            what: "TLS (etcds://) without the cargo feature `tls`",
         });
     }
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -220,23 +223,25 @@ fn parse_url(url: &str) -> Result<Parsed> {
         if h.is_empty() || h.contains('/') || port.parse::<u16>().is_err() {
             return Err(invalid(format!("endpoint {host:?} needs host:port")));
         }
-        endpoints.push(format!("http://{host}"));
+        let scheme = if tls { "https" } else { "http" };
+        endpoints.push(format!("{scheme}://{host}"));
     }
     let mut prefix = "tenure".to_string();
+    let mut ca = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("prefix", v)) if !v.is_empty() && !v.contains('\0') => prefix = v.to_string(),
-            _ => {
-                return Err(invalid(format!(
-                    "unknown or bad option {pair:?}; known: prefix=NAME"
-                )))
-            }
+            Some(("tls_ca", v)) if tls && !v.is_empty() => ca = Some(v.to_string()),
+            _ => return Err(invalid(format!(
+                "unknown or bad option {pair:?}; known: prefix=NAME, tls_ca=PATH (etcds:// only)"
+            ))),
         }
     }
     Ok(Parsed {
         endpoints,
         user,
         prefix,
+        tls: tls.then_some(ca),
     })
 }
 
@@ -355,6 +360,18 @@ impl EtcdStore {
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
         if let Some((name, password)) = &parsed.user {
             options = options.with_user(name.clone(), password.clone());
+        }
+        #[cfg(feature = "tls")]
+        if let Some(ca) = &parsed.tls {
+            let mut config = etcd_client::OpenSslClientConfig::default();
+            if let Some(path) = ca {
+                let pem = std::fs::read(path).map_err(|e| Error::InvalidUrl {
+                    url: mask_password(url),
+                    reason: format!("tls_ca={path}: {e}"),
+                })?;
+                config = config.ca_cert_pem(&pem);
+            }
+            options = options.with_openssl_tls(config);
         }
         let client = tokio::time::timeout(
             CONNECT_TIMEOUT + Duration::from_secs(1),
@@ -1180,7 +1197,8 @@ mod tests {
             panic!("a URL without a port was taken");
         };
         assert!(!e.to_string().contains("hunter2"));
-        assert!(parse_url("etcds://a:1").is_err());
+        assert_eq!(parse_url("etcds://a:1").is_ok(), cfg!(feature = "tls"));
+        assert!(parse_url("etcd://a:1?tls_ca=/x").is_err());
     }
 
     #[test]
