@@ -43,6 +43,38 @@ fn find(binary: &str, candidates: &[&str]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Sends `signal` to `pid` and to every process below it (a server's
+/// worker processes, as PostgreSQL's backends), parents first.
+fn signal_tree(pid: u32, signal: i32) {
+    let mut pids = vec![pid];
+    let mut i = 0;
+    while i < pids.len() {
+        let parent = pids[i];
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for entry in dir.flatten() {
+                let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces.
+                let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+                let ppid = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .and_then(|p| p.parse::<u32>().ok());
+                if ppid == Some(parent) && !pids.contains(&child) {
+                    pids.push(child);
+                }
+            }
+        }
+        i += 1;
+    }
+    for pid in pids {
+        // SAFETY: kill(2) on a pid; no memory is involved.
+        unsafe { libc::kill(pid as i32, signal) };
+    }
+}
+
 /// Waits until something accepts TCP connections on `port`.
 fn wait_for_port(port: u16, within: Duration) -> bool {
     let deadline = Instant::now() + within;
@@ -573,10 +605,26 @@ impl PostgresServer {
         let _ = std::fs::remove_file(self.dir.path().join("data/postmaster.pid"));
         self.launch();
     }
+
+    /// SIGSTOP to the postmaster and every backend: the server stops
+    /// answering but keeps its connections.
+    pub fn pause(&self) {
+        if let Some(child) = &self.child {
+            signal_tree(child.id(), libc::SIGSTOP);
+        }
+    }
+
+    /// SIGCONT after [`PostgresServer::pause`].
+    pub fn resume(&self) {
+        if let Some(child) = &self.child {
+            signal_tree(child.id(), libc::SIGCONT);
+        }
+    }
 }
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
+        self.resume();
         if let Some(child) = &self.child {
             // SIGQUIT: immediate shutdown of the postmaster and its backends.
             unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
@@ -690,10 +738,25 @@ impl MariaDbServer {
         self.kill();
         self.launch();
     }
+
+    /// SIGSTOP: the server stops answering but keeps its connections.
+    pub fn pause(&self) {
+        if let Some(child) = &self.child {
+            signal_tree(child.id(), libc::SIGSTOP);
+        }
+    }
+
+    /// SIGCONT after [`MariaDbServer::pause`].
+    pub fn resume(&self) {
+        if let Some(child) = &self.child {
+            signal_tree(child.id(), libc::SIGCONT);
+        }
+    }
 }
 
 impl Drop for MariaDbServer {
     fn drop(&mut self) {
+        self.resume();
         self.kill();
     }
 }
@@ -939,6 +1002,24 @@ impl EtcdCluster {
         }
     }
 
+    /// SIGSTOP to every member.
+    pub fn pause(&self) {
+        for node in &self.nodes {
+            if let Some(child) = &node.child {
+                signal_tree(child.id(), libc::SIGSTOP);
+            }
+        }
+    }
+
+    /// SIGCONT after [`EtcdCluster::pause`].
+    pub fn resume(&self) {
+        for node in &self.nodes {
+            if let Some(child) = &node.child {
+                signal_tree(child.id(), libc::SIGCONT);
+            }
+        }
+    }
+
     /// Starts every member again on its data.
     pub fn restart(&mut self) {
         self.kill();
@@ -956,6 +1037,7 @@ impl EtcdCluster {
 
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
+        self.resume();
         self.kill();
     }
 }
@@ -1113,6 +1195,24 @@ impl ZkEnsemble {
         }
     }
 
+    /// SIGSTOP to every server.
+    pub fn pause(&self) {
+        for node in &self.nodes {
+            if let Some(child) = &node.child {
+                signal_tree(child.id(), libc::SIGSTOP);
+            }
+        }
+    }
+
+    /// SIGCONT after [`ZkEnsemble::pause`].
+    pub fn resume(&self) {
+        for node in &self.nodes {
+            if let Some(child) = &node.child {
+                signal_tree(child.id(), libc::SIGCONT);
+            }
+        }
+    }
+
     /// Starts every server again on its data.
     pub fn restart(&mut self) {
         self.kill();
@@ -1130,6 +1230,7 @@ impl ZkEnsemble {
 
 impl Drop for ZkEnsemble {
     fn drop(&mut self) {
+        self.resume();
         self.kill();
     }
 }
@@ -1141,6 +1242,11 @@ pub trait Server {
     fn kill(&mut self);
     /// Starts it again on the same port (and data, where it keeps any).
     fn restart(&mut self);
+    /// SIGSTOPs it (every process of it): it stops answering but keeps its
+    /// connections.
+    fn pause(&self);
+    /// SIGCONT after [`Server::pause`].
+    fn resume(&self);
 }
 
 macro_rules! impl_server {
@@ -1149,6 +1255,8 @@ macro_rules! impl_server {
             fn url(&self) -> String { <$t>::url(self) }
             fn kill(&mut self) { <$t>::kill(self) }
             fn restart(&mut self) { <$t>::restart(self) }
+            fn pause(&self) { <$t>::pause(self) }
+            fn resume(&self) { <$t>::resume(self) }
         }
     )*};
 }

@@ -105,3 +105,11 @@ async fn tls() {
     let plain = untrusted.replace("etcds://", "etcd://");
     assert!(tenure::open(&plain).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_paused_while_held() {
+    let Some(mut server) = EtcdCluster::start_or_skip(1) else {
+        return;
+    };
+    conformance::check_server_paused(&mut server).await;
+}

@@ -63,3 +63,11 @@ async fn a_prefix_of_its_own_and_bad_options() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_paused_while_held() {
+    let Some(mut server) = MariaDbServer::start_or_skip() else {
+        return;
+    };
+    conformance::check_server_paused(&mut server).await;
+}

@@ -67,3 +67,11 @@ async fn a_schema_of_its_own_and_bad_options() {
         .unwrap_err();
     assert!(!e.is_temporary() && e.to_string().contains("TLS"), "{e:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_paused_while_held() {
+    let Some(mut server) = PostgresServer::start_or_skip() else {
+        return;
+    };
+    conformance::check_server_paused(&mut server).await;
+}

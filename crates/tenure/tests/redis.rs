@@ -47,3 +47,11 @@ async fn wrong_password_is_an_auth_error_without_the_password() {
     assert!(!e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"));
     assert!(tenure::open(&server.url()).await.is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_paused_while_held() {
+    let Some(mut server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    conformance::check_server_paused(&mut server).await;
+}

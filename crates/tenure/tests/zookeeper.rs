@@ -57,3 +57,11 @@ async fn cluster_leader_and_member_killed() {
     let leader = ensemble.leader().expect("a leader");
     conformance::check_cluster_failover(&mut ensemble, leader).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_paused_while_held() {
+    let Some(mut server) = ZkEnsemble::start_or_skip(1) else {
+        return;
+    };
+    conformance::check_server_paused(&mut server).await;
+}

@@ -1253,6 +1253,47 @@ pub async fn check_server_killed_and_restarted(server: &mut dyn tenure_testkit::
     g2.release().await.unwrap();
 }
 
+/// Server paused (SIGSTOP) while a lock is held: no error comes back, yet
+/// the holder's lost() fires within the TTL; after SIGCONT the same store
+/// takes the lock again, with a higher token.
+pub async fn check_server_paused(server: &mut dyn tenure_testkit::Server) {
+    let store = tenure::open(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(1).max(store.capabilities().min_ttl);
+    let s = Session::with_options(&store, SessionOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let name = unique("paused");
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let before = guard.token();
+    let paused = Instant::now();
+    server.pause();
+    let lost = tokio::time::timeout(ttl + Duration::from_millis(500), guard.lost()).await;
+    let lost_after = paused.elapsed();
+    server.resume();
+    assert!(lost.is_ok(), "lost() did not fire while the server was paused");
+    assert!(lost_after <= ttl, "lost() after the TTL: {lost_after:?}");
+    drop(guard);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let again = loop {
+        let attempt = async {
+            let s2 = Session::with_options(&store, SessionOptions::new().ttl(ttl)).await?;
+            let g = tokio::time::timeout(Duration::from_secs(10), Mutex::new(&s2, &name)?.lock())
+                .await
+                .map_err(|_| Error::Timeout(Duration::from_secs(10)))??;
+            Ok::<_, Error>((g, s2))
+        };
+        match attempt.await {
+            Ok(done) => break done,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no lock after the resume: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(again.0.token() > before, "token went back after a pause");
+    again.0.release().await.unwrap();
+}
+
 /// A server that is down at start: a typed "unavailable" error, in time.
 pub async fn check_down_at_start(url: &str) {
     let start = Instant::now();
