@@ -52,7 +52,10 @@ fn signal_tree(pid: u32, signal: i32) {
         let parent = pids[i];
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for entry in dir.flatten() {
-                let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok())
+                let Some(child) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
                 else {
                     continue;
                 };

@@ -232,9 +232,11 @@ fn parse_url(url: &str) -> Result<Parsed> {
         match pair.split_once('=') {
             Some(("prefix", v)) if !v.is_empty() && !v.contains('\0') => prefix = v.to_string(),
             Some(("tls_ca", v)) if tls && !v.is_empty() => ca = Some(v.to_string()),
-            _ => return Err(invalid(format!(
+            _ => {
+                return Err(invalid(format!(
                 "unknown or bad option {pair:?}; known: prefix=NAME, tls_ca=PATH (etcds:// only)"
-            ))),
+            )))
+            }
         }
     }
     Ok(Parsed {

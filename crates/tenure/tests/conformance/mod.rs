@@ -1270,7 +1270,10 @@ pub async fn check_server_paused(server: &mut dyn tenure_testkit::Server) {
     let lost = tokio::time::timeout(ttl + Duration::from_millis(500), guard.lost()).await;
     let lost_after = paused.elapsed();
     server.resume();
-    assert!(lost.is_ok(), "lost() did not fire while the server was paused");
+    assert!(
+        lost.is_ok(),
+        "lost() did not fire while the server was paused"
+    );
     assert!(lost_after <= ttl, "lost() after the TTL: {lost_after:?}");
     drop(guard);
     let deadline = Instant::now() + Duration::from_secs(30);
