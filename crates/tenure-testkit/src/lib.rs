@@ -697,8 +697,17 @@ impl MariaDbServer {
     }
 
     fn launch(&mut self) {
+        use std::os::unix::process::CommandExt;
+        let Some((uid, gid)) = system_user("mysql") else {
+            panic!("the mysql user vanished");
+        };
         let mut cmd = Command::new("mariadbd");
-        cmd.args(["--user=mysql", "--bind-address=127.0.0.1", "--skip-log-bin"])
+        // Started as the mysql user rather than with --user=mysql: a process
+        // that changes its own user loses its parent-death signal, and the
+        // server would outlive a test that dies.
+        cmd.uid(uid)
+            .gid(gid)
+            .args(["--bind-address=127.0.0.1", "--skip-log-bin"])
             .args([
                 "--innodb-flush-log-at-trx-commit=2",
                 "--max-connections=300",
@@ -764,7 +773,6 @@ impl Drop for MariaDbServer {
     }
 }
 
-/// What fault tests do to any of the kit's servers.
 /// One member of an [`EtcdCluster`].
 struct EtcdNode {
     name: String,
@@ -1238,6 +1246,7 @@ impl Drop for ZkEnsemble {
     }
 }
 
+/// What fault tests do to any of the kit's servers.
 pub trait Server {
     /// A URL for the store, with working credentials.
     fn url(&self) -> String;
