@@ -43,6 +43,22 @@ fn find(binary: &str, candidates: &[&str]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// A temp dir in memory (`/dev/shm`) where there is one: etcd and
+/// ZooKeeper fsync every write, which on a busy disk makes tests slow for no
+/// gain (the tests kill servers, not machines).
+fn memory_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::Builder::new()
+            .prefix("tenure-testkit-")
+            .tempdir_in(shm)
+        {
+            return dir;
+        }
+    }
+    tempfile::tempdir().expect("temp dir")
+}
+
 /// Sends `signal` to `pid` and to every process below it (a server's
 /// worker processes, as PostgreSQL's backends), parents first.
 fn signal_tree(pid: u32, signal: i32) {
@@ -806,7 +822,7 @@ impl EtcdCluster {
             missing("etcd", "etcd-server");
             return None;
         }
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = memory_dir();
         let tls = match tls {
             true => Some(TlsFiles::make(dir.path())?),
             false => None,
@@ -1076,7 +1092,7 @@ impl ZkEnsemble {
             missing("ZooKeeper (zkServer.sh) and java", "zookeeper");
             return None;
         }
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = memory_dir();
         let quorum: Vec<(u16, u16)> = (0..servers).map(|_| (free_port(), free_port())).collect();
         let mut nodes = Vec::new();
         for i in 0..servers {
@@ -1087,7 +1103,7 @@ impl ZkEnsemble {
             let mut cfg = format!(
                 "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client_port}\n\
                  clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                 4lw.commands.whitelist=srvr,ruok\nmaxClientCnxns=0\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
+                 4lw.commands.whitelist=srvr,ruok\nmaxClientCnxns=0\nforceSync=no\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
                 data.display()
             );
             if servers > 1 {

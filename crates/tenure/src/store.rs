@@ -420,16 +420,17 @@ pub fn mask_password(url: &str) -> String {
     // Mask by hand as well as through `url`, so that even a URL that does not
     // parse never shows what sits between `user:` and `@`.
     if let Some((scheme, rest)) = url.split_once("://") {
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
-        if let Some(at) = authority.rfind('@') {
-            let userinfo = &authority[..at];
-            let hosts = &authority[at + 1..];
+        // The last `@` of all: a password may itself hold `/`, `?`, `#` or
+        // `@`, so everything before that `@` after `user:` is hidden (an `@`
+        // in a query option hides more than needed, never less).
+        if let Some(at) = rest.rfind('@') {
+            let userinfo = &rest[..at];
+            let tail = &rest[at + 1..];
             let user = match userinfo.split_once(':') {
                 Some((user, _)) => format!("{user}:***"),
                 None => userinfo.to_string(),
             };
-            return format!("{scheme}://{user}@{hosts}{tail}");
+            return format!("{scheme}://{user}@{tail}");
         }
     }
     url.to_string()
@@ -558,6 +559,17 @@ mod tests {
         );
         assert_eq!(mask_password("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
         assert!(!mask_password("etcd://u:p@ss@h1:1,h2:2").contains("p@ss"));
+        for url in [
+            "etcd://u:ab/cd@h:1",
+            "redis://:a#b@h:1/0",
+            "zk://u:x/y?z@h:1/app",
+        ] {
+            let masked = mask_password(url);
+            assert!(
+                !masked.contains("ab/cd") && !masked.contains("a#b") && !masked.contains("x/y"),
+                "{masked}"
+            );
+        }
     }
 
     #[test]

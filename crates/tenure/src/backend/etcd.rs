@@ -365,15 +365,18 @@ impl EtcdStore {
         }
         #[cfg(feature = "tls")]
         if let Some(ca) = &parsed.tls {
-            let mut config = etcd_client::OpenSslClientConfig::default();
-            if let Some(path) = ca {
-                let pem = std::fs::read(path).map_err(|e| Error::InvalidUrl {
-                    url: mask_password(url),
-                    reason: format!("tls_ca={path}: {e}"),
-                })?;
-                config = config.ca_cert_pem(&pem);
+            let mut config = etcd_client::TlsOptions::new();
+            match ca {
+                Some(path) => {
+                    let pem = std::fs::read(path).map_err(|e| Error::InvalidUrl {
+                        url: mask_password(url),
+                        reason: format!("tls_ca={path}: {e}"),
+                    })?;
+                    config = config.ca_certificate(etcd_client::Certificate::from_pem(pem));
+                }
+                None => config = config.with_native_roots(),
             }
-            options = options.with_openssl_tls(config);
+            options = options.with_tls(config);
         }
         let client = tokio::time::timeout(
             CONNECT_TIMEOUT + Duration::from_secs(1),
@@ -670,16 +673,21 @@ impl Store for EtcdStore {
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
         let (lease, _) = split_key(session)?;
-        let keeper = {
-            let mut keepers = self.inner.keepers.lock().await;
-            match keepers.get(&lease) {
-                Some(k) => k.clone(),
-                None => {
-                    let (keeper, stream) = call(self.client().lease_keep_alive(lease)).await?;
-                    let k = Arc::new(tokio::sync::Mutex::new(Keeper { keeper, stream }));
-                    keepers.insert(lease, k.clone());
-                    k
-                }
+        let known = self.inner.keepers.lock().await.get(&lease).cloned();
+        let keeper = match known {
+            Some(k) => k,
+            None => {
+                // Made outside the map's lock: making it may take a while
+                // (a leader election), and other sessions renew meanwhile.
+                let (keeper, stream) = call(self.client().lease_keep_alive(lease)).await?;
+                let k = Arc::new(tokio::sync::Mutex::new(Keeper { keeper, stream }));
+                self.inner
+                    .keepers
+                    .lock()
+                    .await
+                    .entry(lease)
+                    .or_insert(k)
+                    .clone()
             }
         };
         let mut k = keeper.lock().await;
@@ -754,7 +762,16 @@ impl Store for EtcdStore {
                     if !alive {
                         return Err(lost());
                     }
-                    if read.position(lease).is_some() {
+                    if let Some(i) = read.position(lease) {
+                        if unsure && read.rows[i].nonce == nonce {
+                            // An earlier attempt of this join took effect.
+                            return Ok(Some(Joined {
+                                seq: read.rows[i].seq,
+                                granted: read.granted[i],
+                                holds: 1,
+                                first: false,
+                            }));
+                        }
                         return self.rejoin(session, name, kind, mode, read).await;
                     }
                     let mut kinds: Vec<EntryKind> = read.rows.iter().map(|r| r.kind).collect();

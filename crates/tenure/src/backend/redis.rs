@@ -314,7 +314,14 @@ impl RedisStore {
         if first {
             let mut sink = self.inner.wakeups.sink.lock().await;
             if sink.is_none() {
-                match self.inner.client.get_async_pubsub().await {
+                let connect =
+                    tokio::time::timeout(CONNECT_TIMEOUT, self.inner.client.get_async_pubsub());
+                match connect.await.unwrap_or_else(|_| {
+                    Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "pub/sub connect timed out",
+                    )))
+                }) {
                     Ok(pubsub) => {
                         let (new_sink, mut stream) = pubsub.split();
                         let listeners = self.inner.wakeups.listeners.clone();
@@ -329,9 +336,12 @@ impl RedisStore {
                 }
             }
             if let Some(s) = sink.as_mut() {
-                if let Err(e) = s.subscribe(&channel).await {
-                    tracing::debug!(error = %e, "subscribe failed; waiters poll");
-                    *sink = None;
+                match tokio::time::timeout(RESPONSE_TIMEOUT, s.subscribe(&channel)).await {
+                    Ok(Ok(())) => {}
+                    failed => {
+                        tracing::debug!(?failed, "subscribe failed; waiters poll");
+                        *sink = None;
+                    }
                 }
             }
         }

@@ -74,7 +74,9 @@ pub fn capabilities() -> Capabilities {
         multi_process: true,
         fifo: true,
         shared: true,
-        permits: true,
+        // Per-node admission cannot bound a count of three or more entries
+        // (they need not share a node): no semaphores above one permit.
+        permits: false,
         wake: Wake::PubSub {
             fallback_poll: POLL_MAX,
         },
@@ -651,6 +653,14 @@ impl Store for RedlockStore {
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
         crate::queue::check_compatible(name, kind, [])?;
+        if let EntryKind::Permits { limit, .. } = kind {
+            if limit > 1 {
+                return Err(Error::Unsupported {
+                    backend: BACKEND,
+                    what: "semaphores with more than one permit (a majority of nodes cannot bound a count)",
+                });
+            }
+        }
         let gate = self.with_session(session, |state| state.joining.clone());
         let _one_join_at_a_time = gate.lock().await;
         let (dead, placement) = self.with_session(session, |state| {
@@ -688,11 +698,16 @@ impl Store for RedlockStore {
                             granted |= bit(i);
                         }
                     }
-                    NodeJoin::Placed(_) => {
-                        // The node has another entry of this session here
-                        // (an undo that never arrived): not ours to use.
+                    NodeJoin::Placed(old) => {
+                        // The node still has an older entry of this session
+                        // here (a release that never arrived; it just took
+                        // one more hold of it): remove it, and do not count
+                        // the node this time.
                         tally.ok &= !bit(i);
                         tally.failed |= bit(i);
+                        for _ in 0..old.holds {
+                            self.undo_detached(session, name, old.seq, bit(i));
+                        }
                     }
                     NodeJoin::Behind(f) => {
                         floor = floor.max(f);
@@ -763,6 +778,11 @@ impl Store for RedlockStore {
             .await;
         self.mark_dead(session, tally.lost);
         let holds = answers.iter().map(|(_, h)| *h).max().unwrap_or(0);
+        if holds == 0 && !answers.is_empty() {
+            // The nodes that did not answer keep the entry (their renewals
+            // would keep it for the session's life): try them again.
+            self.undo_detached(session, name, seq, tally.failed);
+        }
         let gone: Mask = answers
             .iter()
             .filter(|(_, h)| *h == 0)

@@ -626,10 +626,23 @@ impl Store for ZkStore {
                 self.forget(key);
             }
         })?;
-        let gone = results
+        let missing: Vec<&(Name, Mine)> = results
             .iter()
             .skip(1)
-            .any(|r| !matches!(r, zk::MultiReadResult::Data { .. }));
+            .zip(&entries)
+            .filter(|(r, _)| !matches!(r, zk::MultiReadResult::Data { .. }))
+            .map(|(_, e)| e)
+            .collect();
+        // An entry released while this renewal was under way is not gone
+        // behind the session's back: only one it still has counts.
+        let gone = if missing.is_empty() {
+            false
+        } else {
+            let now = session.entries.lock().await;
+            missing
+                .iter()
+                .any(|(name, mine)| now.get(name).is_some_and(|m| m.child == mine.child))
+        };
         if gone {
             // Never go on with a session that lost an entry.
             self.forget(key);
@@ -712,8 +725,31 @@ impl Store for ZkStore {
         let (stat, child, sequence) = self
             .create_entry(&session, name, &prefix, &data, &options)
             .await?;
-        let seq = u64::try_from(stat.czxid).map_err(|e| Error::backend(BACKEND, e))?;
-        let list = self.list(&session.client, name).await?;
+        let path = format!("{dir}/{child}");
+        // From here on, a failure must not leave the child behind unknown
+        // to the session: it would block the name until the session ends.
+        let remove = || async {
+            retrying(|| async {
+                match call_raw(session.client.delete(&path, None)).await? {
+                    Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                    Err(e) => Err(zk_err(e)),
+                }
+            })
+            .await
+        };
+        let seq = u64::try_from(stat.czxid).map_err(|e| Error::backend(BACKEND, e));
+        let list = match (seq.as_ref(), self.list(&session.client, name).await) {
+            (Ok(_), Ok(list)) if list.position(&child).is_some() => list,
+            (_, Err(e)) => {
+                remove().await?;
+                return Err(e);
+            }
+            _ => {
+                remove().await?;
+                return Err(Error::backend(BACKEND, "the new entry is not in the list"));
+            }
+        };
+        let seq = seq?;
         let i = list
             .position(&child)
             .ok_or_else(|| Error::backend(BACKEND, "the new entry is not in the list"))?;
@@ -729,7 +765,7 @@ impl Store for ZkStore {
             Ok(()) => None,
         };
         if let Some(answer) = refuse {
-            call(session.client.delete(&format!("{dir}/{child}"), None)).await?;
+            remove().await?;
             return answer;
         }
         entries.insert(
@@ -793,6 +829,8 @@ impl Store for ZkStore {
         };
         let dir = self.name_path(name);
         loop {
+            // Closed or ended by the store (no renewals) while waiting.
+            self.session(key)?;
             let list = self.list(&session.client, name).await?;
             let Some(i) = list.position(&child) else {
                 return Err(Error::NotHeld("the entry is no longer in the queue"));
