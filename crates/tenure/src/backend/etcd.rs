@@ -608,6 +608,18 @@ impl EtcdStore {
     }
 }
 
+/// The session's entry at `i`, if an earlier attempt of this very join
+/// (same nonce) put it and its answer was lost: this join's result, rather
+/// than one more hold. Whether the name was new is not known: say no.
+fn own_earlier_attempt(read: &Read, i: usize, unsure: bool, nonce: &str) -> Option<Joined> {
+    (unsure && read.rows[i].nonce == nonce).then(|| Joined {
+        seq: read.rows[i].seq,
+        granted: read.granted[i],
+        holds: 1,
+        first: false,
+    })
+}
+
 fn lost() -> Error {
     Error::SessionLost("etcd no longer has this session's lease (expired or revoked)")
 }
@@ -763,14 +775,8 @@ impl Store for EtcdStore {
                         return Err(lost());
                     }
                     if let Some(i) = read.position(lease) {
-                        if unsure && read.rows[i].nonce == nonce {
-                            // An earlier attempt of this join took effect.
-                            return Ok(Some(Joined {
-                                seq: read.rows[i].seq,
-                                granted: read.granted[i],
-                                holds: 1,
-                                first: false,
-                            }));
+                        if let Some(joined) = own_earlier_attempt(&read, i, unsure, &nonce) {
+                            return Ok(Some(joined));
                         }
                         return self.rejoin(session, name, kind, mode, read).await;
                     }
@@ -821,15 +827,8 @@ impl Store for EtcdStore {
                 }
                 let read = self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))?;
                 if let Some(i) = read.position(lease) {
-                    if unsure && read.rows[i].nonce == nonce {
-                        // An earlier attempt of this join took effect (whether
-                        // the name was new is not known: say no).
-                        return Ok(Some(Joined {
-                            seq: read.rows[i].seq,
-                            granted: read.granted[i],
-                            holds: 1,
-                            first: false,
-                        }));
+                    if let Some(joined) = own_earlier_attempt(&read, i, unsure, &nonce) {
+                        return Ok(Some(joined));
                     }
                     return self.rejoin(session, name, kind, mode, read).await;
                 }
