@@ -94,6 +94,13 @@ fn signal_tree(pid: u32, signal: i32) {
     }
 }
 
+/// [`signal_tree`] for each running child of a server.
+fn signal_all<'a>(children: impl IntoIterator<Item = &'a Option<Child>>, signal: i32) {
+    for child in children.into_iter().flatten() {
+        signal_tree(child.id(), signal);
+    }
+}
+
 /// Waits until something accepts TCP connections on `port`.
 fn wait_for_port(port: u16, within: Duration) -> bool {
     let deadline = Instant::now() + within;
@@ -628,16 +635,12 @@ impl PostgresServer {
     /// SIGSTOP to the postmaster and every backend: the server stops
     /// answering but keeps its connections.
     pub fn pause(&self) {
-        if let Some(child) = &self.child {
-            signal_tree(child.id(), libc::SIGSTOP);
-        }
+        signal_all([&self.child], libc::SIGSTOP);
     }
 
     /// SIGCONT after [`PostgresServer::pause`].
     pub fn resume(&self) {
-        if let Some(child) = &self.child {
-            signal_tree(child.id(), libc::SIGCONT);
-        }
+        signal_all([&self.child], libc::SIGCONT);
     }
 }
 
@@ -773,16 +776,12 @@ impl MariaDbServer {
 
     /// SIGSTOP: the server stops answering but keeps its connections.
     pub fn pause(&self) {
-        if let Some(child) = &self.child {
-            signal_tree(child.id(), libc::SIGSTOP);
-        }
+        signal_all([&self.child], libc::SIGSTOP);
     }
 
     /// SIGCONT after [`MariaDbServer::pause`].
     pub fn resume(&self) {
-        if let Some(child) = &self.child {
-            signal_tree(child.id(), libc::SIGCONT);
-        }
+        signal_all([&self.child], libc::SIGCONT);
     }
 }
 
@@ -1035,20 +1034,12 @@ impl EtcdCluster {
 
     /// SIGSTOP to every member.
     pub fn pause(&self) {
-        for node in &self.nodes {
-            if let Some(child) = &node.child {
-                signal_tree(child.id(), libc::SIGSTOP);
-            }
-        }
+        signal_all(self.nodes.iter().map(|n| &n.child), libc::SIGSTOP);
     }
 
     /// SIGCONT after [`EtcdCluster::pause`].
     pub fn resume(&self) {
-        for node in &self.nodes {
-            if let Some(child) = &node.child {
-                signal_tree(child.id(), libc::SIGCONT);
-            }
-        }
+        signal_all(self.nodes.iter().map(|n| &n.child), libc::SIGCONT);
     }
 
     /// Starts every member again on its data.
@@ -1228,20 +1219,12 @@ impl ZkEnsemble {
 
     /// SIGSTOP to every server.
     pub fn pause(&self) {
-        for node in &self.nodes {
-            if let Some(child) = &node.child {
-                signal_tree(child.id(), libc::SIGSTOP);
-            }
-        }
+        signal_all(self.nodes.iter().map(|n| &n.child), libc::SIGSTOP);
     }
 
     /// SIGCONT after [`ZkEnsemble::pause`].
     pub fn resume(&self) {
-        for node in &self.nodes {
-            if let Some(child) = &node.child {
-                signal_tree(child.id(), libc::SIGCONT);
-            }
-        }
+        signal_all(self.nodes.iter().map(|n| &n.child), libc::SIGCONT);
     }
 
     /// Starts every server again on its data.

@@ -149,28 +149,7 @@ async fn call<T>(
         .map_err(etcd_err)
 }
 
-/// How long a call that failed for a passing reason (a leader change, a
-/// member down) is tried again.
-const RETRY_FOR: Duration = Duration::from_secs(5);
-
-/// Runs `op` until it succeeds, fails for good, or [`RETRY_FOR`] passed.
-/// Only for operations that may safely run twice.
-async fn retrying<T, F, Fut>(mut op: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let deadline = tokio::time::Instant::now() + RETRY_FOR;
-    loop {
-        match op().await {
-            Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
-                tracing::debug!(error = %e, "etcd call failed; trying again");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => return other,
-        }
-    }
-}
+use super::poll::{retrying, RETRY_FOR};
 
 /// What an `etcd://` URL asks for.
 struct Parsed {

@@ -263,17 +263,55 @@ impl Drop for Listening {
     }
 }
 
+/// How long a call that failed for a passing reason (a leader change, a
+/// server or member down, a lost connection) is tried again.
+pub(crate) const RETRY_FOR: Duration = Duration::from_secs(5);
+
+/// Runs `op` until it succeeds, fails for good, or [`RETRY_FOR`] passed.
+/// Only for operations that may safely run twice.
+pub(crate) async fn retrying<T, F, Fut>(mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + RETRY_FOR;
+    loop {
+        match op().await {
+            Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "store call failed; trying again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A version for a queue whose store keeps none: a hash (FNV-1a) of what
 /// can change in it, so it differs whenever the queue does.
 pub(crate) fn fingerprint(parts: impl IntoIterator<Item = u64>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut f = Fingerprint::default();
     for part in parts {
-        for b in part.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+        f.bytes(&part.to_le_bytes());
+    }
+    f.0
+}
+
+/// The hasher behind [`fingerprint`], for fields that are bytes.
+pub(crate) struct Fingerprint(pub(crate) u64);
+
+impl Default for Fingerprint {
+    fn default() -> Self {
+        Fingerprint(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fingerprint {
+    pub(crate) fn bytes(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
         }
     }
-    h
 }
 
 /// A session label as a store keeps it: control characters (which separate

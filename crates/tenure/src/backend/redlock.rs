@@ -593,9 +593,10 @@ impl Store for RedlockStore {
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
-        let (dead, entries): (Mask, Vec<Placement>) = self.with_session(session, |state| {
-            (state.dead, state.entries.values().copied().collect())
-        });
+        let (dead, entries): (Mask, Vec<Placement>) = lock(&self.inner.sessions)
+            .get(session)
+            .map(|state| (state.dead, state.entries.values().copied().collect()))
+            .unwrap_or_default();
         let (_, tally) = self
             .tally(self.inner.all & !dead, |node| async move {
                 node.keep_alive(session).await
@@ -630,7 +631,9 @@ impl Store for RedlockStore {
     }
 
     async fn close_session(&self, session: &SessionKey) -> Result<()> {
-        let dead = self.with_session(session, |state| state.dead);
+        let dead = lock(&self.inner.sessions)
+            .get(session)
+            .map_or(0, |state| state.dead);
         let (_, tally) = self
             .tally(self.inner.all & !dead, |node| async move {
                 node.close_session(session).await
@@ -1058,12 +1061,16 @@ fn most_common(mut values: Vec<Vec<u8>>) -> Vec<u8> {
 /// A version for a merged queue: a hash of what observers can see, so it
 /// changes whenever the queue does (the nodes' own versions differ).
 fn fingerprint(entries: &[Entry]) -> u64 {
-    super::poll::fingerprint(entries.iter().flat_map(|e| {
-        let mut parts = vec![e.seq, u64::from(e.granted), u64::from(e.holds)];
-        parts.extend(e.value.iter().map(|b| u64::from(*b)));
-        parts.extend(e.session_tag.bytes().map(u64::from));
-        parts
-    }))
+    let mut f = super::poll::Fingerprint::default();
+    for e in entries {
+        f.bytes(&e.seq.to_le_bytes());
+        f.bytes(&[u8::from(e.granted)]);
+        f.bytes(&e.holds.to_le_bytes());
+        f.bytes(&(e.value.len() as u64).to_le_bytes());
+        f.bytes(&e.value);
+        f.bytes(e.session_tag.as_bytes());
+    }
+    f.0
 }
 
 #[cfg(test)]

@@ -149,28 +149,7 @@ async fn call<T>(fut: impl std::future::Future<Output = ZkResult<T>>) -> Result<
     call_raw(fut).await?.map_err(zk_err)
 }
 
-/// How long a call that failed for a passing reason (a lost connection,
-/// a server down) is tried again.
-const RETRY_FOR: Duration = Duration::from_secs(5);
-
-/// Runs `op` until it succeeds, fails for good, or [`RETRY_FOR`] passed.
-/// Only for operations that may safely run twice.
-async fn retrying<T, F, Fut>(mut op: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let deadline = tokio::time::Instant::now() + RETRY_FOR;
-    loop {
-        match op().await {
-            Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
-                tracing::debug!(error = %e, "ZooKeeper call failed; trying again");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => return other,
-        }
-    }
-}
+use super::poll::{retrying, RETRY_FOR};
 
 /// A name as one path segment: bytes outside `[A-Za-z0-9_-]` as `%XX`.
 fn encode_name(name: &str) -> String {
