@@ -3,7 +3,8 @@
 //! and a contended run. Prints a table and writes `bench/cycle.json`.
 //!
 //! Run: `cargo bench --manifest-path bench/Cargo.toml` (set `BENCH_CYCLES`
-//! to change the number of measured cycles, `BENCH_OUT` the JSON's path).
+//! to change the number of measured cycles, `BENCH_OUT` the JSON's path,
+//! `BENCH_ONLY=redis,postgres` to run only some server backends).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -481,6 +482,13 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
+    // BENCH_ONLY=redis,postgres runs just those backends (memory and SQLite
+    // always run: they need no server).
+    let only = std::env::var("BENCH_ONLY").ok();
+    let want = |backend: &str| {
+        only.as_deref()
+            .is_none_or(|list| list.split(',').any(|b| b.trim() == backend))
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -512,7 +520,7 @@ fn main() {
         rows.push(tokio::task::block_in_place(|| {
             sqlite_floor(&dir.path().join("floor.db"), cycles)
         }));
-        let server = tenure_testkit::RedisServer::start();
+        let server = want("redis").then(tenure_testkit::RedisServer::start).flatten();
         match &server {
             Some(server) => {
                 let redis = tenure::open(&server.url()).await.unwrap();
@@ -521,9 +529,9 @@ fn main() {
             }
             None => eprintln!("redis-server is not installed: no Redis rows"),
         }
-        let nodes: Option<Vec<tenure_testkit::RedisServer>> = (0..3)
-            .map(|_| tenure_testkit::RedisServer::start())
-            .collect();
+        let nodes: Option<Vec<tenure_testkit::RedisServer>> = want("redlock")
+            .then(|| (0..3).map(|_| tenure_testkit::RedisServer::start()).collect())
+            .flatten();
         let node_urls: Vec<String> = nodes.iter().flatten().map(|s| s.url()).collect();
         let redlock_url = nodes
             .as_deref()
@@ -535,26 +543,26 @@ fn main() {
             rows.push(redlock_floor(&node_urls, cycles).await);
             rows.push(rslock_uncontended(&node_urls, cycles).await);
         }
-        let etcd = tenure_testkit::EtcdCluster::start_or_skip(1);
+        let etcd = want("etcd").then(|| tenure_testkit::EtcdCluster::start_or_skip(1)).flatten();
         if let Some(etcd) = &etcd {
             let store = tenure::open(&etcd.url()).await.unwrap();
             rows.push(uncontended(&store, cycles).await);
             rows.push(etcd_floor(&etcd.url(), cycles).await);
             rows.push(etcd_lock_api(&etcd.url(), cycles).await);
         }
-        let zk = tenure_testkit::ZkEnsemble::start_or_skip(1);
+        let zk = want("zookeeper").then(|| tenure_testkit::ZkEnsemble::start_or_skip(1)).flatten();
         if let Some(zk) = &zk {
             let store = tenure::open(&zk.url()).await.unwrap();
             rows.push(uncontended(&store, cycles).await);
             rows.push(zk_floor(&zk.url(), cycles).await);
         }
-        let pg = tenure_testkit::PostgresServer::start_or_skip();
+        let pg = want("postgres").then(tenure_testkit::PostgresServer::start_or_skip).flatten();
         if let Some(pg) = &pg {
             let store = tenure::open(&pg.url()).await.unwrap();
             rows.push(uncontended(&store, cycles).await);
             rows.push(postgres_floor(&pg.url(), cycles).await);
         }
-        let my = tenure_testkit::MariaDbServer::start_or_skip();
+        let my = want("mysql").then(tenure_testkit::MariaDbServer::start_or_skip).flatten();
         if let Some(my) = &my {
             let store = tenure::open(&my.url()).await.unwrap();
             rows.push(uncontended(&store, cycles).await);

@@ -5,28 +5,85 @@
 -- share one cluster slot and one script may touch sessions and queues.
 --   P:sessions          zset  secret -> expiry (ms, Redis clock)
 --   P:sinfo             hash  secret -> "tag\tttl_ms\tlabel"
---   P:names             set   names that have entries
 --   P:se:<secret>       set   names where the session has an entry
---   P:c:<name>          fencing counter (kept for ever; seeded from TIME in
---                       microseconds when missing, so it never goes back)
+--   P:c:<name>          the name's counter: each new entry's seq (its fencing
+--                       token) and, bumped on every change, the name's
+--                       version. Kept for ever; seeded from TIME in
+--                       microseconds when missing, so it never goes back.
 --   P:cs:<name>         set while P:c:<name> is a seed no entry used (Redlock)
---   P:ver:<name>        change version
---   P:q:<name>          zset  seq -> seq (queue order)
---   P:e:<name>          hash  seq -> "secret\tkind\tcount\tlimit\tholds\tgranted_ms"
---   P:v:<name>          hash  seq -> value
---   P:o:<name>          hash  secret -> seq
+--   P:e:<name>          hash, the name's queue (queue order = seq order):
+--                         <seq>      "secret\tkind\tcount\tlimit\tholds\tgranted_ms"
+--                         v<seq>     the entry's value, when not empty
+--                         o<secret>  the seq of that session's entry
 -- Wake-ups: PUBLISH P:w:<name>:<seq> when an entry is granted (only its
 -- waiter listens), PUBLISH P:ch:<name> on any change (observers).
 --
 -- KEYS[1] = P:sessions (routes the call); ARGV[1] = P; ARGV[2] = operation.
+--
+-- A redis.call costs about as much as the command itself (a microsecond or
+-- so): the common case, a name nobody else is queued on, has fast paths
+-- with as few calls as the layout allows.
 
 local P = ARGV[1]
 local op = ARGV[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local SESS = P .. ':sessions'
+
+if op == 'join' and (ARGV[10] or '') == '' then
+  -- Fast path: an empty queue grants at once (a semaphore entry if it fits).
+  local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
+  local ekey = P .. ':e:' .. name
+  if redis.call('EXISTS', ekey) == 0 and (kind ~= 'P' or tonumber(ARGV[6]) <= tonumber(ARGV[7])) then
+    local e = redis.call('ZSCORE', SESS, secret)
+    if not e or tonumber(e) <= now then return {'lost'} end
+    local ckey = P .. ':c:' .. name
+    local first = 0
+    -- Numbers go to redis.call and back in the reply as they are: Redis
+    -- writes them with 17 digits (Lua's own tostring keeps 14, too few for
+    -- a seq), which saves the string.format calls of the general path.
+    local seq = redis.call('INCR', ckey)
+    if seq == 1 then
+      first = 1
+      seq = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      redis.call('SET', ckey, seq)
+    end
+    local rec = secret .. '\t' .. kind .. '\t' .. ARGV[6] .. '\t' .. ARGV[7] .. '\t1\t' .. now
+    if ARGV[8] == '' then
+      redis.call('HSET', ekey, seq, rec, 'o' .. secret, seq)
+    else
+      -- (A concatenated number keeps only 14 digits: format this one.)
+      redis.call('HSET', ekey, seq, rec, 'v' .. string.format('%.0f', seq), ARGV[8], 'o' .. secret, seq)
+    end
+    redis.call('SADD', P .. ':se:' .. secret, name)
+    redis.call('PUBLISH', P .. ':ch:' .. name, 'changed')
+    return {'ok', seq, 1, 1, first}
+  end
+elseif op == 'leave' then
+  -- Fast path: the last hold of the only entry; the queue empties and there
+  -- is nobody to grant.
+  local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
+  local e = redis.call('ZSCORE', SESS, secret)
+  if not e or tonumber(e) <= now then return {'lost'} end
+  local ekey = P .. ':e:' .. name
+  local f = redis.call('HGETALL', ekey)
+  if #f == 4 or #f == 6 then
+    local fields = {}
+    for i = 1, #f, 2 do fields[f[i]] = f[i + 1] end
+    local rec = fields[seq]
+    if rec and fields['o' .. secret] == seq and (#f == 4 or fields['v' .. seq])
+        and string.match(rec, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t(%d+)') == '1' then
+      redis.call('DEL', ekey)
+      redis.call('SREM', P .. ':se:' .. secret, name)
+      local ckey = P .. ':c:' .. name
+      if redis.call('INCR', ckey) == 1 then redis.call('DEL', ckey) end
+      redis.call('PUBLISH', P .. ':ch:' .. name, 'changed')
+      return {'ok', 0}
+    end
+  end
+end
+
 local SINFO = P .. ':sinfo'
-local NAMES = P .. ':names'
 
 local function k(kind, name) return P .. ':' .. kind .. ':' .. name end
 local function fmt(n) return string.format('%.0f', n) end
@@ -60,21 +117,39 @@ local function record(r)
   return table.concat({r.secret, r.kind, fmt(r.count), fmt(r.limit), fmt(r.holds), r.granted}, '\t')
 end
 
--- The name's entries in queue order.
+local function parse(seq, rec)
+  local f = split(rec)
+  return {seq = seq, secret = f[1], kind = f[2], count = tonumber(f[3]),
+          limit = tonumber(f[4]), holds = tonumber(f[5]), granted = f[6] or ''}
+end
+
+-- Bumps the name's version. A missing counter stays missing: the name has
+-- had no entry since Redis lost its data, and a join must still seed it.
+local function bump(name)
+  if redis.call('INCR', k('c', name)) == 1 then redis.call('DEL', k('c', name)) end
+end
+
+-- The name's entries in queue order, with their values and liveness.
 local function rows(name)
+  local f = redis.call('HGETALL', k('e', name))
   local out = {}
-  local seqs = redis.call('ZRANGE', k('q', name), 0, -1)
-  for _, seq in ipairs(seqs) do
-    local rec = redis.call('HGET', k('e', name), seq)
-    if rec then
-      local f = split(rec)
-      local e = expiry(f[1])
-      out[#out + 1] = {
-        seq = seq, secret = f[1], kind = f[2], count = tonumber(f[3]),
-        limit = tonumber(f[4]), holds = tonumber(f[5]), granted = f[6],
-        live = e ~= nil and e > now, exp = e or 0,
-      }
+  local values = {}
+  for i = 1, #f, 2 do
+    local b = string.byte(f[i], 1)
+    if b and b >= 48 and b <= 57 then
+      local r = parse(f[i], f[i + 1])
+      r.n = tonumber(f[i])
+      out[#out + 1] = r
+    elseif b == 118 then
+      values[string.sub(f[i], 2)] = f[i + 1]
     end
+  end
+  table.sort(out, function(a, b) return a.n < b.n end)
+  for _, r in ipairs(out) do
+    local e = expiry(r.secret)
+    r.live = e ~= nil and e > now
+    r.exp = e or 0
+    r.value = values[r.seq] or ''
   end
   return out
 end
@@ -103,10 +178,7 @@ local function grants(rs)
 end
 
 local function remove_entry(name, seq, secret)
-  redis.call('HDEL', k('e', name), seq)
-  redis.call('HDEL', k('v', name), seq)
-  redis.call('ZREM', k('q', name), seq)
-  redis.call('HDEL', k('o', name), secret)
+  redis.call('HDEL', k('e', name), seq, 'v' .. seq, 'o' .. secret)
   redis.call('SREM', k('se', secret), name)
 end
 
@@ -114,8 +186,8 @@ end
 local function end_session(secret)
   local names = redis.call('SMEMBERS', k('se', secret))
   for _, name in ipairs(names) do
-    local seq = redis.call('HGET', k('o', name), secret)
-    if seq then remove_entry(name, seq, secret) end
+    local seq = redis.call('HGET', k('e', name), 'o' .. secret)
+    if seq then redis.call('HDEL', k('e', name), seq, 'v' .. seq, 'o' .. secret) end
   end
   redis.call('DEL', k('se', secret))
   redis.call('ZREM', SESS, secret)
@@ -161,11 +233,8 @@ local function settle(first_name, changed)
         touched[name] = true
       end
     end
-    -- The queue's own keys vanish with their last field; only the index
-    -- of names needs telling.
-    if #rs == 0 and touched[name] then redis.call('SREM', NAMES, name) end
     if touched[name] then
-      redis.call('INCR', k('ver', name))
+      bump(name)
       redis.call('PUBLISH', k('ch', name), 'changed')
     end
     if name == first_name then first_rows = rs end
@@ -182,13 +251,11 @@ local function collect()
 end
 
 local function own(secret, name)
-  local seq = redis.call('HGET', k('o', name), secret)
+  local seq = redis.call('HGET', k('e', name), 'o' .. secret)
   if not seq then return nil end
   local rec = redis.call('HGET', k('e', name), seq)
   if not rec then return nil end
-  local f = split(rec)
-  return {seq = seq, secret = f[1], kind = f[2], count = tonumber(f[3]),
-          limit = tonumber(f[4]), holds = tonumber(f[5]), granted = f[6]}
+  return parse(seq, rec)
 end
 
 if op == 'open' then
@@ -235,7 +302,6 @@ elseif op == 'join' then
     redis.call('HSET', k('e', name), mine.seq, record(mine))
     return {'ok', mine.seq, granted and 1 or 0, mine.holds, 0}
   end
-  local was_empty = #rs == 0
   for _, r in ipairs(rs) do
     local permits_a, permits_b = kind == 'P', r.kind == 'P'
     if permits_a ~= permits_b then
@@ -270,22 +336,23 @@ elseif op == 'join' then
     if redis.call('DEL', k('cs', name)) == 1 then first = 1 end
     seq = proposed
     redis.call('SET', ckey, fmt(seq))
-  elseif redis.call('EXISTS', ckey) == 0 then
-    first = 1
-    seq = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', ckey, fmt(seq))
   else
     seq = redis.call('INCR', ckey)
+    if seq == 1 then
+      first = 1
+      seq = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      redis.call('SET', ckey, fmt(seq))
+    end
   end
   seq = fmt(seq)
   if granted then entry.granted = fmt(now) end
-  redis.call('HSET', k('e', name), seq, record(entry))
-  if value ~= '' then redis.call('HSET', k('v', name), seq, value) end
-  redis.call('ZADD', k('q', name), seq, seq)
-  redis.call('HSET', k('o', name), secret, seq)
-  if was_empty then redis.call('SADD', NAMES, name) end
+  if value ~= '' then
+    redis.call('HSET', k('e', name), seq, record(entry), 'v' .. seq, value, 'o' .. secret, seq)
+  else
+    redis.call('HSET', k('e', name), seq, record(entry), 'o' .. secret, seq)
+  end
   redis.call('SADD', k('se', secret), name)
-  redis.call('INCR', k('ver', name))
+  -- The new seq is also the name's new version.
   redis.call('PUBLISH', k('ch', name), 'changed')
   return {'ok', seq, granted and 1 or 0, 1, first}
 
@@ -331,17 +398,17 @@ elseif op == 'setvalue' then
   settle(name, false)
   local mine = own(secret, name)
   if not mine or mine.seq ~= seq or mine.granted == '' then return {'notheld'} end
-  redis.call('HSET', k('v', name), seq, ARGV[6])
-  redis.call('INCR', k('ver', name))
+  redis.call('HSET', k('e', name), 'v' .. seq, ARGV[6])
+  bump(name)
   redis.call('PUBLISH', k('ch', name), 'changed')
   return {'ok'}
 
 elseif op == 'queue' then
   -- ARGV: name. Returns version, then 10 fields per entry.
   local name = ARGV[3]
-  settle(name, false)
-  local out = {'ok', fmt(tonumber(redis.call('GET', k('ver', name)) or '0'))}
-  for _, r in ipairs(rows(name)) do
+  local rs = settle(name, false)
+  local out = {'ok', redis.call('GET', k('c', name)) or '0'}
+  for _, r in ipairs(rs) do
     local info = split(redis.call('HGET', SINFO, r.secret) or '\t0\t')
     local label = info[3] or ''
     for j = 4, #info do label = label .. '\t' .. info[j] end
@@ -351,7 +418,7 @@ elseif op == 'queue' then
     out[#out + 1] = fmt(r.limit)
     out[#out + 1] = info[1]
     out[#out + 1] = label
-    out[#out + 1] = redis.call('HGET', k('v', name), r.seq) or ''
+    out[#out + 1] = r.value
     out[#out + 1] = r.granted
     out[#out + 1] = fmt(r.exp - now)
     out[#out + 1] = fmt(r.holds)
@@ -359,14 +426,18 @@ elseif op == 'queue' then
   return out
 
 elseif op == 'version' then
-  return {'ok', fmt(tonumber(redis.call('GET', k('ver', ARGV[3])) or '0'))}
+  return {'ok', redis.call('GET', k('c', ARGV[3])) or '0'}
 
 elseif op == 'names' then
+  -- ARGV: prefix. The names where a live session has an entry.
   local out = {'ok'}
-  for _, name in ipairs(redis.call('SMEMBERS', NAMES)) do
-    if string.sub(name, 1, #ARGV[3]) == ARGV[3] then
-      for _, r in ipairs(rows(name)) do
-        if r.live then out[#out + 1] = name break end
+  local seen = {}
+  for _, secret in ipairs(redis.call('ZRANGEBYSCORE', SESS, '(' .. fmt(now), '+inf')) do
+    for _, name in ipairs(redis.call('SMEMBERS', k('se', secret))) do
+      if not seen[name] and string.sub(name, 1, #ARGV[3]) == ARGV[3]
+          and redis.call('HEXISTS', k('e', name), 'o' .. secret) == 1 then
+        seen[name] = true
+        out[#out + 1] = name
       end
     end
   end
