@@ -6,6 +6,8 @@
 //! to change the number of measured cycles, `BENCH_OUT` the JSON's path,
 //! `BENCH_ONLY=redis,postgres` to run only some server backends).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,25 +16,65 @@ use tenure::{Mutex, Session, SessionOptions, Store};
 
 struct Stats {
     label: String,
-    cycles: usize,
-    per_sec: f64,
-    p50_us: f64,
-    p99_us: f64,
+    samples: Vec<Duration>,
+    total: Duration,
 }
 
-fn stats(label: impl Into<String>, mut samples: Vec<Duration>, total: Duration) -> Stats {
-    samples.sort();
-    let pct = |p: f64| {
-        let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
-        samples[i].as_secs_f64() * 1e6
-    };
+impl Stats {
+    fn cycles(&self) -> usize {
+        self.samples.len()
+    }
+
+    fn per_sec(&self) -> f64 {
+        self.samples.len() as f64 / self.total.as_secs_f64()
+    }
+
+    fn percentile_us(&self, p: f64) -> f64 {
+        let mut sorted = self.samples.clone();
+        sorted.sort();
+        let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+        sorted[i].as_secs_f64() * 1e6
+    }
+}
+
+fn stats(label: impl Into<String>, samples: Vec<Duration>, total: Duration) -> Stats {
     Stats {
         label: label.into(),
-        cycles: samples.len(),
-        per_sec: samples.len() as f64 / total.as_secs_f64(),
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
+        samples,
+        total,
     }
+}
+
+/// One measured run of `n` cycles (a tenure backend, its floor or a peer).
+type Runner<'a> = Box<dyn FnMut(usize) -> Pin<Box<dyn Future<Output = Stats> + 'a>> + 'a>;
+
+fn runner<'a, F, Fut>(mut f: F) -> Runner<'a>
+where
+    F: FnMut(usize) -> Fut + 'a,
+    Fut: Future<Output = Stats> + 'a,
+{
+    Box::new(move |n| Box::pin(f(n)))
+}
+
+/// Runs every runner `cycles` times in all, in ten turns taken in order, so
+/// that a slow spell of the machine (a VM's neighbours) falls on each of them
+/// alike and the ratios between them stay fair.
+async fn interleaved(cycles: usize, mut runners: Vec<Runner<'_>>) -> Vec<Stats> {
+    const TURNS: usize = 10;
+    let mut out: Vec<Option<Stats>> = runners.iter().map(|_| None).collect();
+    for _ in 0..TURNS {
+        for (slot, run) in out.iter_mut().zip(runners.iter_mut()) {
+            let turn = run((cycles / TURNS).max(1)).await;
+            match slot {
+                Some(all) => {
+                    all.samples.extend(turn.samples);
+                    all.total += turn.total;
+                }
+                None => *slot = Some(turn),
+            }
+        }
+    }
+    out.into_iter().flatten().collect()
 }
 
 async fn uncontended(store: &Arc<dyn Store>, cycles: usize) -> Stats {
@@ -516,21 +558,46 @@ fn main() {
         session.close().await.unwrap();
 
         let mut rows = vec![uncontended(&memory, cycles).await];
-        rows.push(uncontended(&sqlite, cycles).await);
-        rows.push(tokio::task::block_in_place(|| {
-            sqlite_floor(&dir.path().join("floor.db"), cycles)
-        }));
-        let server = want("redis").then(tenure_testkit::RedisServer::start).flatten();
+        let floor_db = dir.path().join("floor.db");
+        rows.extend(
+            interleaved(
+                cycles,
+                vec![
+                    runner(|n| uncontended(&sqlite, n)),
+                    runner(|n| {
+                        let path = &floor_db;
+                        async move { tokio::task::block_in_place(|| sqlite_floor(path, n)) }
+                    }),
+                ],
+            )
+            .await,
+        );
+        let server = want("redis")
+            .then(tenure_testkit::RedisServer::start)
+            .flatten();
         match &server {
             Some(server) => {
                 let redis = tenure::open(&server.url()).await.unwrap();
-                rows.push(uncontended(&redis, cycles).await);
-                rows.push(redis_floor(&server.url(), cycles).await);
+                let url = server.url();
+                rows.extend(
+                    interleaved(
+                        cycles,
+                        vec![
+                            runner(|n| uncontended(&redis, n)),
+                            runner(|n| redis_floor(&url, n)),
+                        ],
+                    )
+                    .await,
+                );
             }
             None => eprintln!("redis-server is not installed: no Redis rows"),
         }
         let nodes: Option<Vec<tenure_testkit::RedisServer>> = want("redlock")
-            .then(|| (0..3).map(|_| tenure_testkit::RedisServer::start()).collect())
+            .then(|| {
+                (0..3)
+                    .map(|_| tenure_testkit::RedisServer::start())
+                    .collect()
+            })
             .flatten();
         let node_urls: Vec<String> = nodes.iter().flatten().map(|s| s.url()).collect();
         let redlock_url = nodes
@@ -539,34 +606,86 @@ fn main() {
             .unwrap_or_default();
         if nodes.is_some() {
             let store = tenure::open(&redlock_url).await.unwrap();
-            rows.push(uncontended(&store, cycles).await);
-            rows.push(redlock_floor(&node_urls, cycles).await);
-            rows.push(rslock_uncontended(&node_urls, cycles).await);
+            rows.extend(
+                interleaved(
+                    cycles,
+                    vec![
+                        runner(|n| uncontended(&store, n)),
+                        runner(|n| redlock_floor(&node_urls, n)),
+                        runner(|n| rslock_uncontended(&node_urls, n)),
+                    ],
+                )
+                .await,
+            );
         }
-        let etcd = want("etcd").then(|| tenure_testkit::EtcdCluster::start_or_skip(1)).flatten();
+        let etcd = want("etcd")
+            .then(|| tenure_testkit::EtcdCluster::start_or_skip(1))
+            .flatten();
         if let Some(etcd) = &etcd {
             let store = tenure::open(&etcd.url()).await.unwrap();
-            rows.push(uncontended(&store, cycles).await);
-            rows.push(etcd_floor(&etcd.url(), cycles).await);
-            rows.push(etcd_lock_api(&etcd.url(), cycles).await);
+            let url = etcd.url();
+            rows.extend(
+                interleaved(
+                    cycles,
+                    vec![
+                        runner(|n| uncontended(&store, n)),
+                        runner(|n| etcd_floor(&url, n)),
+                        runner(|n| etcd_lock_api(&url, n)),
+                    ],
+                )
+                .await,
+            );
         }
-        let zk = want("zookeeper").then(|| tenure_testkit::ZkEnsemble::start_or_skip(1)).flatten();
+        let zk = want("zookeeper")
+            .then(|| tenure_testkit::ZkEnsemble::start_or_skip(1))
+            .flatten();
         if let Some(zk) = &zk {
             let store = tenure::open(&zk.url()).await.unwrap();
-            rows.push(uncontended(&store, cycles).await);
-            rows.push(zk_floor(&zk.url(), cycles).await);
+            let url = zk.url();
+            rows.extend(
+                interleaved(
+                    cycles,
+                    vec![
+                        runner(|n| uncontended(&store, n)),
+                        runner(|n| zk_floor(&url, n)),
+                    ],
+                )
+                .await,
+            );
         }
-        let pg = want("postgres").then(tenure_testkit::PostgresServer::start_or_skip).flatten();
+        let pg = want("postgres")
+            .then(tenure_testkit::PostgresServer::start_or_skip)
+            .flatten();
         if let Some(pg) = &pg {
             let store = tenure::open(&pg.url()).await.unwrap();
-            rows.push(uncontended(&store, cycles).await);
-            rows.push(postgres_floor(&pg.url(), cycles).await);
+            let url = pg.url();
+            rows.extend(
+                interleaved(
+                    cycles,
+                    vec![
+                        runner(|n| uncontended(&store, n)),
+                        runner(|n| postgres_floor(&url, n)),
+                    ],
+                )
+                .await,
+            );
         }
-        let my = want("mysql").then(tenure_testkit::MariaDbServer::start_or_skip).flatten();
+        let my = want("mysql")
+            .then(tenure_testkit::MariaDbServer::start_or_skip)
+            .flatten();
         if let Some(my) = &my {
             let store = tenure::open(&my.url()).await.unwrap();
-            rows.push(uncontended(&store, cycles).await);
-            rows.push(mysql_floor(&my.url(), cycles).await);
+            let url = my.url();
+            rows.extend(
+                interleaved(
+                    cycles,
+                    vec![
+                        runner(|n| uncontended(&store, n)),
+                        runner(|n| mysql_floor(&url, n)),
+                    ],
+                )
+                .await,
+            );
         }
         rows.push(contended(&memory, 16, (cycles / 16).max(10)).await);
         rows.push(contended(&sqlite, 16, (cycles / 64).max(5)).await);
@@ -602,7 +721,7 @@ fn main() {
     let floor_of = |backend: &str| {
         rows.iter()
             .find(|r| r.label.starts_with(backend) && r.label.contains("floor"))
-            .map(|r| r.per_sec)
+            .map(|r| r.per_sec())
     };
     println!(
         "{:<58} {:>10} {:>12} {:>10} {:>10} {:>9}",
@@ -615,17 +734,22 @@ fn main() {
         let ratio = match floor_of(backend) {
             Some(floor) if !r.label.contains("contenders") => {
                 if r.label.contains("tenure") {
-                    ratios.insert(backend.to_string(), serde_json::json!(floor / r.per_sec));
+                    ratios.insert(backend.to_string(), serde_json::json!(floor / r.per_sec()));
                 } else if r.label.contains("peer") {
-                    peers.insert(r.label.clone(), serde_json::json!(floor / r.per_sec));
+                    peers.insert(r.label.clone(), serde_json::json!(floor / r.per_sec()));
                 }
-                format!("{:.2}×", floor / r.per_sec)
+                format!("{:.2}×", floor / r.per_sec())
             }
             _ => "-".into(),
         };
         println!(
             "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1} {:>9}",
-            r.label, r.cycles, r.per_sec, r.p50_us, r.p99_us, ratio
+            r.label,
+            r.cycles(),
+            r.per_sec(),
+            r.percentile_us(0.50),
+            r.percentile_us(0.99),
+            ratio
         );
     }
     println!("sqlite statements per operation: acquire {acquire}, release {release}, renew {renew} (BEGIN/COMMIT included)");
@@ -634,8 +758,8 @@ fn main() {
         "cycles": cycles,
         "machine": { "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0) },
         "runs": rows.iter().map(|r| serde_json::json!({
-            "run": r.label, "cycles": r.cycles, "per_sec": r.per_sec,
-            "p50_us": r.p50_us, "p99_us": r.p99_us,
+            "run": r.label, "cycles": r.cycles(), "per_sec": r.per_sec(),
+            "p50_us": r.percentile_us(0.50), "p99_us": r.percentile_us(0.99),
         })).collect::<Vec<_>>(),
         "sqlite_statements": { "acquire": acquire, "release": release, "renew": renew },
         "uncontended_cycle_vs_floor": ratios,

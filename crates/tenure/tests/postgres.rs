@@ -68,6 +68,48 @@ async fn a_schema_of_its_own_and_bad_options() {
     assert!(!e.is_temporary() && e.to_string().contains("TLS"), "{e:?}");
 }
 
+#[tokio::test]
+async fn an_older_schema_is_upgraded_and_a_newer_one_refused() {
+    let Some(server) = shared() else { return };
+    let url = format!("{}?schema=upgrading", server.url());
+    drop(tenure::open(&url).await.unwrap());
+    let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let version = || async {
+        let row = client
+            .query_one("SELECT value FROM upgrading.meta WHERE key = 'schema'", &[])
+            .await
+            .unwrap();
+        row.get::<_, String>(0)
+    };
+    let current = version().await;
+    // Version 1's functions: a join that fails, so an upgrade must replace it.
+    client
+        .batch_execute(
+            "UPDATE upgrading.meta SET value = '1' WHERE key = 'schema';
+             CREATE OR REPLACE FUNCTION upgrading.now_ms() RETURNS bigint LANGUAGE sql AS 'SELECT NULL::bigint';",
+        )
+        .await
+        .unwrap();
+    let store = tenure::open(&url).await.unwrap();
+    assert_eq!(version().await, current, "upgraded in place");
+    let s = Session::new(&store).await.unwrap();
+    let g = Mutex::new(&s, "x").unwrap().lock().await.unwrap();
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+    client
+        .batch_execute("UPDATE upgrading.meta SET value = '99' WHERE key = 'schema'")
+        .await
+        .unwrap();
+    let e = tenure::open(&url).await.unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidUrl { .. }) && e.to_string().contains("version 99"),
+        "{e:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_paused_while_held() {
     let Some(mut server) = PostgresServer::start_or_skip() else {

@@ -25,7 +25,11 @@ use crate::store::{
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "1";
+const SCHEMA_VERSION: &str = "2";
+/// Schema versions this build upgrades in place: the schema's DDL is
+/// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
+/// version 1 differs only in its functions.
+const UPGRADES_FROM: &[&str] = &["1"];
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -301,10 +305,10 @@ impl PostgresStore {
             }),
         };
         store.connected().await?;
-        // Start listening now, so the first waiter need not wait for a
-        // second connection (and its authentication) to be set up.
-        let listener = store.clone();
-        tokio::spawn(async move { listener.ensure_listener().await });
+        // The LISTEN connection opens with the first wait, not now: while
+        // this process listens, every NOTIFY in the database wakes its
+        // backend and this process, which a process that only takes free
+        // locks need not pay for.
         Ok(store)
     }
 
@@ -379,39 +383,45 @@ impl PostgresStore {
         Ok(connected)
     }
 
-    /// Creates the schema once per database, under an advisory lock so that
-    /// concurrent first users do not race.
+    /// Creates the schema once per database, or upgrades one of a version in
+    /// [`UPGRADES_FROM`], under an advisory lock so that concurrent first
+    /// users do not race. A newer schema is never rewritten.
     async fn create_schema(&self, client: &Client) -> Result<()> {
         let s = &self.inner.schema;
-        let done = client
-            .query_opt(
-                &format!("SELECT value FROM {s}.meta WHERE key = 'schema'"),
-                &[],
-            )
-            .await;
-        if let Ok(Some(row)) = &done {
+        let select = format!("SELECT value FROM {s}.meta WHERE key = 'schema'");
+        if let Ok(Some(row)) = client.query_opt(&select, &[]).await {
             let v: String = row.get(0);
-            return self.check_version(&v);
+            if !UPGRADES_FROM.contains(&v.as_str()) {
+                return self.check_version(&v);
+            }
         }
-        let ddl = SCHEMA_SQL.replace("@s", s);
-        let script = format!(
-            "BEGIN;
-             SELECT pg_advisory_xact_lock(hashtext('tenure schema {s}'));
-             CREATE SCHEMA IF NOT EXISTS {s};
-             {ddl}
-             INSERT INTO {s}.meta (key, value) VALUES ('schema', '{SCHEMA_VERSION}') ON CONFLICT (key) DO NOTHING;
-             COMMIT;"
-        );
-        client.batch_execute(&script).await.map_err(pg_err)?;
-        let row = client
-            .query_one(
-                &format!("SELECT value FROM {s}.meta WHERE key = 'schema'"),
-                &[],
-            )
+        client
+            .batch_execute(&format!(
+                "BEGIN;
+                 SELECT pg_advisory_xact_lock(hashtext('tenure schema {s}'));
+                 CREATE SCHEMA IF NOT EXISTS {s};
+                 CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL);"
+            ))
             .await
             .map_err(pg_err)?;
-        let v: String = row.get(0);
-        self.check_version(&v)
+        // Read again under the lock: another user may have just done it.
+        let found = client.query_opt(&select, &[]).await.map_err(pg_err)?;
+        if let Some(v) = found.map(|row| row.get::<_, String>(0)) {
+            if !UPGRADES_FROM.contains(&v.as_str()) {
+                client.batch_execute("COMMIT").await.map_err(pg_err)?;
+                return self.check_version(&v);
+            }
+        }
+        let ddl = SCHEMA_SQL.replace("@s", s);
+        client
+            .batch_execute(&format!(
+                "{ddl}
+                 INSERT INTO {s}.meta (key, value) VALUES ('schema', '{SCHEMA_VERSION}')
+                     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+                 COMMIT;"
+            ))
+            .await
+            .map_err(pg_err)
     }
 
     fn check_version(&self, v: &str) -> Result<()> {

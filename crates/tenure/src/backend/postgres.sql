@@ -1,4 +1,4 @@
--- tenure's PostgreSQL store, schema version 1. "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 2 (1 had no fast paths). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
 -- one transaction, judged by the database's clock (clock_timestamp()).
 -- A name's row in @s.names is locked FOR UPDATE by every change to its
@@ -105,7 +105,31 @@ DECLARE
     all_granted boolean := true;
     all_shared boolean := true;
     permits bigint := 0;
+    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 BEGIN
+    -- Fast path, for a known name with an empty queue: lock its row and take
+    -- the next seq in one statement, then insert the entry granted if the
+    -- queue is still empty (read after the lock) and the session alive.
+    IF p_kind <> 2 OR p_count <= p_lim THEN
+        UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1
+         WHERE n.name = p_name RETURNING n.last_seq INTO seq;
+        IF FOUND THEN
+            INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+            SELECT p_name, seq, p_secret, p_kind, p_count, p_lim, 1, p_value, now_ms
+              FROM @s.sessions s
+             WHERE s.id = p_secret AND s.expires_ms > now_ms
+               AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name);
+            IF FOUND THEN
+                status := 'ok'; granted := true; holds := 1; first := seq = 1;
+                PERFORM pg_notify('@s_change', p_name);
+                RETURN;
+            END IF;
+            -- Not taken: give the seq back (the row is still ours alone), so
+            -- that `first` stays exact; the general path decides.
+            UPDATE @s.names n SET last_seq = n.last_seq - 1, version = n.version - 1
+             WHERE n.name = p_name;
+        END IF;
+    END IF;
     IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     PERFORM @s.lock_name(p_name);
     PERFORM @s.settle(p_name, false);
@@ -158,6 +182,24 @@ CREATE OR REPLACE FUNCTION @s.leave(p_secret text, p_name text, p_seq bigint,
     OUT status text, OUT holds integer)
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- Fast path, for the last hold of an entry of a live session: lock the
+    -- name (bumping its version), delete the entry, and settle only if
+    -- others are queued.
+    UPDATE @s.names n SET version = n.version + 1 WHERE n.name = p_name;
+    DELETE FROM @s.entries e USING @s.sessions s
+     WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret AND e.holds = 1
+       AND s.id = p_secret AND s.expires_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF FOUND THEN
+        status := 'ok'; holds := 0;
+        IF EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name) THEN
+            PERFORM @s.settle(p_name, true);
+        ELSE
+            PERFORM pg_notify('@s_change', p_name);
+        END IF;
+        RETURN;
+    END IF;
+    -- Not this case: the version stays as it was.
+    UPDATE @s.names n SET version = n.version - 1 WHERE n.name = p_name;
     IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     PERFORM @s.lock_name(p_name);
     UPDATE @s.entries e SET holds = e.holds - 1

@@ -3,7 +3,12 @@
 --
 -- All keys start with the prefix P, a hash tag such as "{tenure}", so they
 -- share one cluster slot and one script may touch sessions and queues.
---   P:sessions          zset  secret -> expiry (ms, Redis clock)
+--   P:s:<secret>        the session's expiry (ms, Redis clock): what every
+--                       check of a session reads (a GET is much cheaper
+--                       than a ZSCORE); the key itself outlives it by a
+--                       minute, so sessions nobody ends still go away
+--   P:sessions          zset  secret -> expiry, the same: the index of
+--                       sessions, to find expired ones and list live ones
 --   P:sinfo             hash  secret -> "tag\tttl_ms\tlabel"
 --   P:se:<secret>       set   names where the session has an entry
 --   P:c:<name>          the name's counter: each new entry's seq (its fencing
@@ -35,7 +40,7 @@ if op == 'join' and (ARGV[10] or '') == '' then
   local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
   local ekey = P .. ':e:' .. name
   if redis.call('EXISTS', ekey) == 0 and (kind ~= 'P' or tonumber(ARGV[6]) <= tonumber(ARGV[7])) then
-    local e = redis.call('ZSCORE', SESS, secret)
+    local e = redis.call('GET', P .. ':s:' .. secret)
     if not e or tonumber(e) <= now then return {'lost'} end
     local ckey = P .. ':c:' .. name
     local first = 0
@@ -63,7 +68,7 @@ elseif op == 'leave' then
   -- Fast path: the last hold of the only entry; the queue empties and there
   -- is nobody to grant.
   local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
-  local e = redis.call('ZSCORE', SESS, secret)
+  local e = redis.call('GET', P .. ':s:' .. secret)
   if not e or tonumber(e) <= now then return {'lost'} end
   local ekey = P .. ':e:' .. name
   local f = redis.call('HGETALL', ekey)
@@ -103,7 +108,7 @@ local function split(s)
 end
 
 local function expiry(secret)
-  local e = redis.call('ZSCORE', SESS, secret)
+  local e = redis.call('GET', k('s', secret))
   if e then return tonumber(e) end
   return nil
 end
@@ -191,6 +196,7 @@ local function end_session(secret)
   end
   redis.call('DEL', k('se', secret))
   redis.call('ZREM', SESS, secret)
+  redis.call('DEL', k('s', secret))
   redis.call('HDEL', SINFO, secret)
   return names
 end
@@ -263,6 +269,7 @@ if op == 'open' then
   collect()
   local ttl = tonumber(ARGV[5])
   redis.call('ZADD', SESS, fmt(now + ttl), ARGV[3])
+  redis.call('SET', k('s', ARGV[3]), fmt(now + ttl), 'PX', fmt(ttl + 60000))
   redis.call('HSET', SINFO, ARGV[3], ARGV[4] .. '\t' .. ARGV[5] .. '\t' .. ARGV[6])
   return {'ok'}
 
@@ -274,6 +281,7 @@ elseif op == 'keepalive' then
   if not info then return {'lost'} end
   local ttl = tonumber(split(info)[2])
   redis.call('ZADD', SESS, 'XX', fmt(now + ttl), secret)
+  redis.call('SET', k('s', secret), fmt(now + ttl), 'PX', fmt(ttl + 60000))
   return {'ok'}
 
 elseif op == 'close' then
