@@ -156,7 +156,9 @@ struct Parsed {
     endpoints: Vec<String>,
     user: Option<(String, String)>,
     prefix: String,
-    /// `etcds://`: TLS, trusting the system's roots or this CA file.
+    /// `etcds://`: TLS, trusting the system's roots or this CA file. Read
+    /// only with the `tls` feature (without it, `etcds://` is refused).
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls: Option<Option<String>>,
 }
 

@@ -8,7 +8,8 @@
 //! waiter); a holder that expires silently is noticed by polling no later
 //! than its expiry. Fencing counters are seeded from Redis's `TIME` in
 //! microseconds when missing, so they do not go back even if Redis loses its
-//! data (as long as fewer than a million grants per second were made on a name).
+//! data (as long as a name saw fewer than a million changes per second on
+//! average: the counter also counts versions).
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
