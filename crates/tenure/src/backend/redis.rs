@@ -215,11 +215,11 @@ impl RedisStore {
         Self::open_with(url, CONNECT_TIMEOUT, RESPONSE_TIMEOUT).await
     }
 
-    /// One node of a Redlock store: connecting and every answer bounded by
-    /// the node timeout.
+    /// One node of a Redlock store: every answer bounded by the node
+    /// timeout, connecting by `connect`.
     #[cfg(feature = "redlock")]
-    pub(crate) async fn open_node(url: &str, timeout: Duration) -> Result<Self> {
-        Self::open_with(url, timeout, timeout).await
+    pub(crate) async fn open_node(url: &str, connect: Duration, timeout: Duration) -> Result<Self> {
+        Self::open_with(url, connect, timeout).await
     }
 
     async fn open_with(url: &str, connect: Duration, respond: Duration) -> Result<Self> {

@@ -55,6 +55,9 @@ const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
 /// How long a node that could not be reached is left alone before the next
 /// connection attempt (calls meanwhile fail at once).
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+/// Bound of one connection attempt to a node (TCP, TLS, AUTH, script load).
+/// Operations stay bounded by the node timeout; see [`Node::get`].
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Attempts to place an entry on a majority before giving up.
 const PLACE_ATTEMPTS: u32 = 16;
 /// Attempts of a try-lock whose votes split (granted on some nodes, but on
@@ -110,10 +113,22 @@ struct Node {
 }
 
 impl Node {
-    async fn get(&self, timeout: Duration) -> Result<RedisStore> {
+    /// The node's connection. Without one, a connection attempt bounded by
+    /// [`CONNECT_TIMEOUT`] runs in a task of its own, so that a caller who
+    /// stops waiting (an operation bounded by the shorter node timeout) does
+    /// not cancel it: a slow handshake (TLS on a busy host) still completes
+    /// and serves the next call.
+    async fn get(self: &Arc<Self>, node_timeout: Duration) -> Result<RedisStore> {
         if let Some(store) = lock(&self.store).clone() {
             return Ok(store);
         }
+        let node = Arc::clone(self);
+        tokio::spawn(async move { node.connect(node_timeout).await })
+            .await
+            .unwrap_or_else(|e| Err(Error::backend(BACKEND, format!("connect task failed: {e}"))))
+    }
+
+    async fn connect(&self, node_timeout: Duration) -> Result<RedisStore> {
         let _one_at_a_time = self.connecting.lock().await;
         if let Some(store) = lock(&self.store).clone() {
             return Ok(store);
@@ -124,7 +139,7 @@ impl Node {
                 format!("node {} was unreachable a moment ago", self.shown),
             ));
         }
-        match RedisStore::open_node(&self.url, timeout).await {
+        match RedisStore::open_node(&self.url, CONNECT_TIMEOUT, node_timeout).await {
             Ok(store) => {
                 *lock(&self.store) = Some(store.clone());
                 *lock(&self.failed_at) = None;
@@ -166,7 +181,7 @@ pub struct RedlockStore {
 }
 
 struct Inner {
-    nodes: Vec<Node>,
+    nodes: Vec<Arc<Node>>,
     majority: usize,
     all: Mask,
     node_timeout: Duration,
@@ -311,12 +326,14 @@ impl RedlockStore {
         let n = urls.len();
         let nodes = urls
             .into_iter()
-            .map(|u| Node {
-                shown: mask_password(&u),
-                url: u,
-                store: std::sync::Mutex::new(None),
-                failed_at: std::sync::Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(()),
+            .map(|u| {
+                Arc::new(Node {
+                    shown: mask_password(&u),
+                    url: u,
+                    store: std::sync::Mutex::new(None),
+                    failed_at: std::sync::Mutex::new(None),
+                    connecting: tokio::sync::Mutex::new(()),
+                })
             })
             .collect();
         let store = RedlockStore {
@@ -332,9 +349,16 @@ impl RedlockStore {
                 skew: AtomicU64::new(0),
             }),
         };
-        // Fail now, not at the first lock, unless a majority answers.
+        // Fail now, not at the first lock, unless a majority answers; the
+        // first connections get the connect timeout, not the node timeout.
         let all = store.inner.all;
-        let tally = store.tally(all, |_| async { Ok(()) }).await.1;
+        let mut tally = Tally::default();
+        let answers = store
+            .each_within(all, CONNECT_TIMEOUT + node_timeout, |_| async { Ok(()) })
+            .await;
+        for (i, result) in answers {
+            tally.note(i, result);
+        }
         store.majority_or_error(&tally)?;
         Ok(store)
     }
@@ -346,14 +370,28 @@ impl RedlockStore {
         F: Fn(RedisStore) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let timeout = self.inner.node_timeout;
+        self.each_within(mask, self.inner.node_timeout, op).await
+    }
+
+    /// [`Self::each`] with each node's call bounded by `timeout`.
+    async fn each_within<T, F, Fut>(
+        &self,
+        mask: Mask,
+        timeout: Duration,
+        op: F,
+    ) -> Vec<(usize, Result<T>)>
+    where
+        F: Fn(RedisStore) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let node_timeout = self.inner.node_timeout;
         let calls = (0..self.inner.nodes.len())
             .filter(|i| mask & bit(*i) != 0)
             .map(|i| {
                 let op = &op;
                 async move {
                     let call = async {
-                        let node = self.inner.nodes[i].get(timeout).await?;
+                        let node = self.inner.nodes[i].get(node_timeout).await?;
                         op(node).await
                     };
                     let result = tokio::time::timeout(timeout, call)
