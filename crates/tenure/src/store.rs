@@ -197,7 +197,10 @@ pub struct Entry {
 /// A name's queue in order, at one version.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Queue {
-    /// A number that changes whenever the queue changes; for [`Store::wait_changed`].
+    /// A number that changes whenever the queue changes (entries joining,
+    /// leaving or expiring, grants, values); for [`Store::wait_changed`].
+    /// A reentrant entry's hold count ([`Entry::holds`]) is not versioned:
+    /// taking or giving back an inner hold changes nobody else's view.
     pub version: u64,
     /// Live entries in queue order (expired sessions' entries left out).
     pub entries: Vec<Entry>,
@@ -332,7 +335,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn queue(&self, name: &Name) -> Result<Queue>;
 
     /// Resolves with the new version once `name`'s queue differs from
-    /// `version` (including changes through expiry).
+    /// `version` (including changes through expiry; hold counts aside, see
+    /// [`Queue::version`]).
     ///
     /// # Cancel safety
     ///

@@ -117,3 +117,53 @@ async fn server_paused_while_held() {
     };
     conformance::check_server_paused(&mut server).await;
 }
+
+/// A join that waited for the name's lock judges the session by the clock
+/// after the wait: a session that expired meanwhile is not granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_that_waited_for_the_name_reads_the_clock_after_the_wait() {
+    let Some(server) = shared() else { return };
+    let url = format!("{}?schema=staleclock", server.url());
+    drop(tenure::open(&url).await.unwrap());
+    let connect = || async {
+        let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+    };
+    let (holder, joiner) = (connect().await, connect().await);
+    holder
+        .batch_execute(
+            "INSERT INTO staleclock.names (name, last_seq, version) VALUES ('n', 5, 0);
+             INSERT INTO staleclock.sessions (id, tag, label, ttl_ms, expires_ms)
+                  VALUES ('secret', 't', '', 300, staleclock.now_ms() + 300);",
+        )
+        .await
+        .unwrap();
+    // (A separate message: the rows above must be committed first.)
+    holder
+        .batch_execute("BEGIN; SELECT 1 FROM staleclock.names WHERE name = 'n' FOR UPDATE;")
+        .await
+        .unwrap();
+    let join = tokio::spawn(async move {
+        joiner
+            .query_one(
+                "SELECT status FROM staleclock.join('secret', 'n', 0::smallint, 1, 1, ''::bytea, false)",
+                &[],
+            )
+            .await
+            .map(|row| row.get::<_, String>(0))
+    });
+    // The session expires while the join waits for the name's row.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    let status = join.await.unwrap().unwrap();
+    assert_eq!(status, "lost");
+    let entries: i64 = holder
+        .query_one("SELECT count(*) FROM staleclock.entries", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(entries, 0);
+}

@@ -55,3 +55,46 @@ async fn server_paused_while_held() {
     };
     conformance::check_server_paused(&mut server).await;
 }
+
+/// A prefix whose keys another key layout wrote is refused, with a reason;
+/// and a client of layout 1 (a zset at `P:sessions`) cannot write next to us.
+#[tokio::test]
+async fn a_prefix_of_another_key_layout_is_refused() {
+    let Some(server) = shared() else { return };
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let url = |p: &str| format!("{}?prefix={p}", server.url());
+
+    // Layout 1 kept the session index as a zset under P:sessions.
+    let _: () = redis::cmd("ZADD")
+        .arg("{layout-one}:sessions")
+        .arg(1)
+        .arg("a-secret")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let e = tenure::open(&url("layout-one")).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidUrl { .. }), "{e:?}");
+    assert!(e.to_string().contains("layout 1"), "{e}");
+
+    let _: () = redis::cmd("SET")
+        .arg("{layout-nine}:sessions")
+        .arg("9")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let e = tenure::open(&url("layout-nine")).await.unwrap_err();
+    assert!(e.to_string().contains("layout 9"), "{e}");
+
+    // A fresh prefix is marked, and a layout-1 client's index write fails.
+    let store = tenure::open(&url("layout-fresh")).await.unwrap();
+    tenure::Session::new(&store).await.unwrap();
+    let old_write: redis::RedisResult<i64> = redis::cmd("ZADD")
+        .arg("{layout-fresh}:sessions")
+        .arg(1)
+        .arg("old-client")
+        .query_async(&mut conn)
+        .await;
+    assert!(old_write.is_err(), "{old_write:?}");
+    assert!(tenure::open(&url("layout-fresh")).await.is_ok());
+}

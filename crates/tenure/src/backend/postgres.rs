@@ -25,11 +25,13 @@ use crate::store::{
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "2";
+const SCHEMA_VERSION: &str = "3";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
-/// version 1 differs only in its functions.
-const UPGRADES_FROM: &[&str] = &["1"];
+/// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
+/// fast join reads the clock after the name's lock, and `settle` re-checks
+/// an expiry as it ends the session).
+const UPGRADES_FROM: &[&str] = &["1", "2"];
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

@@ -1,4 +1,4 @@
--- tenure's PostgreSQL store, schema version 2 (1 had no fast paths). "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 3 (1 had no fast paths; 2 read the clock before the name's lock). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
 -- one transaction, judged by the database's clock (clock_timestamp()).
 -- A name's row in @s.names is locked FOR UPDATE by every change to its
@@ -53,9 +53,16 @@ BEGIN
       FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
      WHERE e.name = p_name AND s.expires_ms <= now_ms;
     IF dead IS NOT NULL THEN
-        UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(dead);
-        DELETE FROM @s.entries WHERE name = p_name AND session = ANY(dead);
-        changed := true;
+        -- Re-checked as it is ended: a renewal that committed since the
+        -- read above keeps its session (and its entries).
+        WITH ended AS (
+            UPDATE @s.sessions SET expires_ms = 0
+             WHERE id = ANY(dead) AND expires_ms <= now_ms RETURNING id)
+        SELECT array_agg(id) INTO dead FROM ended;
+        IF dead IS NOT NULL THEN
+            DELETE FROM @s.entries WHERE name = p_name AND session = ANY(dead);
+            changed := true;
+        END IF;
     END IF;
     FOR r IN SELECT e.seq, e.kind, e.count, e.lim, e.granted_ms
                FROM @s.entries e WHERE e.name = p_name ORDER BY e.seq LOOP
@@ -105,7 +112,7 @@ DECLARE
     all_granted boolean := true;
     all_shared boolean := true;
     permits bigint := 0;
-    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    now_ms bigint;
 BEGIN
     -- Fast path, for a known name with an empty queue: lock its row and take
     -- the next seq in one statement, then insert the entry granted if the
@@ -114,6 +121,8 @@ BEGIN
         UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1
          WHERE n.name = p_name RETURNING n.last_seq INTO seq;
         IF FOUND THEN
+            -- The clock is read after the lock: the wait for it may be long.
+            now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
             INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
             SELECT p_name, seq, p_secret, p_kind, p_count, p_lim, 1, p_value, now_ms
               FROM @s.sessions s
@@ -130,8 +139,9 @@ BEGIN
              WHERE n.name = p_name;
         END IF;
     END IF;
-    IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     PERFORM @s.lock_name(p_name);
+    -- Checked after the lock, by the clock of that moment.
+    IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     PERFORM @s.settle(p_name, false);
     SELECT * INTO mine FROM @s.entries e WHERE e.name = p_name AND e.session = p_secret;
     IF FOUND THEN

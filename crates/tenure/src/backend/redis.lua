@@ -7,7 +7,12 @@
 --                       check of a session reads (a GET is much cheaper
 --                       than a ZSCORE); the key itself outlives it by a
 --                       minute, so sessions nobody ends still go away
---   P:sessions          zset  secret -> expiry, the same: the index of
+--   P:sessions          the key layout's number ("2"), set by the first
+--                       client; a client of another layout refuses the
+--                       prefix (and a client of layout 1, which kept a zset
+--                       here, fails on it with WRONGTYPE instead of
+--                       granting next to us)
+--   P:live              zset  secret -> expiry, the same: the index of
 --                       sessions, to find expired ones and list live ones
 --   P:sinfo             hash  secret -> "tag\tttl_ms\tlabel"
 --   P:se:<secret>       set   names where the session has an entry
@@ -33,7 +38,7 @@ local P = ARGV[1]
 local op = ARGV[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local SESS = P .. ':sessions'
+local SESS = P .. ':live'
 
 if op == 'join' and (ARGV[10] or '') == '' then
   -- Fast path: an empty queue grants at once (a semaphore entry if it fits).
@@ -432,6 +437,18 @@ elseif op == 'queue' then
     out[#out + 1] = fmt(r.holds)
   end
   return out
+
+elseif op == 'layout' then
+  -- ARGV[3]: the layout this script writes. Called once per connection.
+  local marker = P .. ':sessions'
+  local kind = redis.call('TYPE', marker)['ok']
+  if kind == 'none' then
+    redis.call('SET', marker, ARGV[3])
+    return {'ok'}
+  end
+  local found = kind == 'string' and redis.call('GET', marker) or '1'
+  if found == ARGV[3] then return {'ok'} end
+  return {'layout', found}
 
 elseif op == 'version' then
   return {'ok', redis.call('GET', k('c', ARGV[3])) or '0'}

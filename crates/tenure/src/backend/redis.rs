@@ -30,6 +30,10 @@ const BACKEND: &str = "redis";
 const SCRIPT: &str = include_str!("redis.lua");
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
+/// The script's key layout (see the top of `redis.lua`); kept in the
+/// prefix's `sessions` key, so that clients of different layouts never share
+/// a prefix.
+const KEY_LAYOUT: &str = "2";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -249,8 +253,9 @@ impl RedisStore {
                 wakeups: Wakeups::default(),
             }),
         };
-        // Fail now, not at the first lock, if the server refuses us.
-        store.call("version", &[b"-"]).await?;
+        // Fail now, not at the first lock, if the server refuses us or the
+        // prefix holds another layout's keys.
+        store.call("layout", &[KEY_LAYOUT.as_bytes()]).await?;
         Ok(store)
     }
 
@@ -275,6 +280,16 @@ impl RedisStore {
                 "the store has no such session (expired or closed)",
             )),
             Some("notheld") => Err(Error::NotHeld("this session holds no such entry")),
+            Some("layout") => Err(Error::InvalidUrl {
+                url: self.inner.url.clone(),
+                reason: format!(
+                    "prefix {} holds tenure keys of layout {}; this build uses layout \
+                     {KEY_LAYOUT}: use another prefix=, or stop the other clients and delete \
+                     the prefix's keys",
+                    self.inner.prefix,
+                    reply.get(1).map(text).transpose()?.unwrap_or_default()
+                ),
+            }),
             Some("conflict") => Err(Error::Conflict {
                 name: args
                     .get(1)
