@@ -213,6 +213,51 @@ async fn redis_floor(url: &str, cycles: usize) -> Stats {
     )
 }
 
+/// tenure's own Redis script driven by the raw client, as the library sends
+/// it (a session opened by the script, then join + leave on an empty queue):
+/// the difference to the floor is the script's server time, the difference
+/// to the tenure row is the library's own cost.
+async fn redis_script_raw(url: &str, cycles: usize) -> Stats {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let script = redis::Script::new(include_str!("../../crates/tenure/src/backend/redis.lua"));
+    let call = |args: &[&str]| {
+        let mut invocation = script.key("{tenure}:sessions");
+        invocation.arg("{tenure}");
+        for a in args {
+            invocation.arg(*a);
+        }
+        invocation
+    };
+    let secret = "bench-raw-script-session";
+    let _: redis::Value = call(&["open", secret, "raw", "30000", "raw"])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let joined: redis::Value = call(&["join", secret, "raw", "X", "0", "0", "", "wait", ""])
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        // The fast join answers with the bare seq (negative when first).
+        let seq = match joined {
+            redis::Value::Int(n) => n.unsigned_abs().to_string(),
+            other => panic!("join reply {other:?}"),
+        };
+        let _: redis::Value = call(&["leave", secret, "raw", &seq])
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        samples.push(t.elapsed());
+    }
+    let total = start.elapsed();
+    let _: redis::Value = call(&["close", secret]).invoke_async(&mut conn).await.unwrap();
+    stats("redis its script alone, raw client (join + leave)", samples, total)
+}
+
 /// The PostgreSQL floor: one INSERT of a row with an expiry to take, one
 /// DELETE to release, prepared, autocommit.
 async fn postgres_floor(url: &str, cycles: usize) -> Stats {
@@ -585,6 +630,7 @@ fn main() {
                         vec![
                             runner(|n| uncontended(&redis, n)),
                             runner(|n| redis_floor(&url, n)),
+                            runner(|n| redis_script_raw(&url, n)),
                         ],
                     )
                     .await,

@@ -67,7 +67,10 @@ if op == 'join' and (ARGV[10] or '') == '' then
     end
     redis.call('SADD', P .. ':se:' .. secret, name)
     redis.call('PUBLISH', P .. ':ch:' .. name, 'changed')
-    return {'ok', seq, 1, 1, first}
+    -- A bare integer (a reply table costs more than a command): the seq,
+    -- granted with one hold; negated when the counter was new (`first`).
+    if first == 1 then return -seq end
+    return seq
   end
 elseif op == 'leave' then
   -- Fast path: the last hold of the only entry; the queue empties and there
@@ -88,7 +91,7 @@ elseif op == 'leave' then
       local ckey = P .. ':c:' .. name
       if redis.call('INCR', ckey) == 1 then redis.call('DEL', ckey) end
       redis.call('PUBLISH', P .. ':ch:' .. name, 'changed')
-      return {'ok', 0}
+      return 0
     end
   end
 end

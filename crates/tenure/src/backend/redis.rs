@@ -262,16 +262,39 @@ impl RedisStore {
     /// Runs one operation of the script: one round trip. Errors the script
     /// reports (`lost`, `notheld`, `conflict`) become typed errors.
     async fn call(&self, op: &str, args: &[&[u8]]) -> Result<Vec<Value>> {
+        match self.call_raw(op, args).await? {
+            Value::Array(reply) => self.status(reply, args),
+            other => Err(bad_reply(&format!("{other:?}"))),
+        }
+    }
+
+    /// [`Self::call`] for the operations whose fast paths answer with a bare
+    /// integer (building a reply table costs the script more than the
+    /// commands it saves): `Ok(Err(n))` is that integer.
+    async fn call_fast(
+        &self,
+        op: &str,
+        args: &[&[u8]],
+    ) -> Result<std::result::Result<Vec<Value>, i64>> {
+        match self.call_raw(op, args).await? {
+            Value::Int(n) => Ok(Err(n)),
+            Value::Array(reply) => self.status(reply, args).map(Ok),
+            other => Err(bad_reply(&format!("{other:?}"))),
+        }
+    }
+
+    async fn call_raw(&self, op: &str, args: &[&[u8]]) -> Result<Value> {
         let mut invocation = self.inner.script.key(&self.inner.sessions_key);
         invocation.arg(&self.inner.prefix).arg(op);
         for a in args {
             invocation.arg(*a);
         }
         let mut conn = self.inner.conn.clone();
-        let reply: Vec<Value> = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_err)?;
+        invocation.invoke_async(&mut conn).await.map_err(redis_err)
+    }
+
+    /// Turns the script's status word (`reply[0]`) into a result.
+    fn status(&self, reply: Vec<Value>, args: &[&[u8]]) -> Result<Vec<Value>> {
         match reply.first().map(text).transpose()?.as_deref() {
             Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind") => {
                 Ok(reply)
@@ -421,7 +444,7 @@ impl RedisStore {
         };
         let proposed = proposed.map(|p| p.to_string()).unwrap_or_default();
         let reply = self
-            .call(
+            .call_fast(
                 "join",
                 &[
                     session.secret().as_bytes(),
@@ -435,6 +458,19 @@ impl RedisStore {
                 ],
             )
             .await?;
+        let reply = match reply {
+            Ok(reply) => reply,
+            // The fast path's answer: granted, one hold; negative if the
+            // name's counter was new.
+            Err(n) => {
+                return Ok(NodeJoin::Placed(Joined {
+                    seq: n.unsigned_abs(),
+                    granted: true,
+                    holds: 1,
+                    first: n < 0,
+                }))
+            }
+        };
         let field = |i: usize| reply.get(i).ok_or_else(|| bad_reply("short join reply"));
         match text(field(0)?)?.as_str() {
             "none" => Ok(NodeJoin::NotGranted),
@@ -518,7 +554,7 @@ impl Store for RedisStore {
 
     async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
         let reply = self
-            .call(
+            .call_fast(
                 "leave",
                 &[
                     session.secret().as_bytes(),
@@ -527,6 +563,8 @@ impl Store for RedisStore {
                 ],
             )
             .await?;
+        // The fast path answers 0: the last hold was given back.
+        let Ok(reply) = reply else { return Ok(0) };
         let holds = reply.get(1).ok_or_else(|| bad_reply("short leave reply"))?;
         u32::try_from(number(holds)?).map_err(|_| bad_reply("holds"))
     }
