@@ -186,14 +186,16 @@ impl MysqlStore {
     async fn create_schema(&self) -> Result<()> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;
-        let version: Option<String> = conn
+        // Rows, not typed values: mysql_async panics on a value it cannot
+        // convert, and a server's answer must not panic us.
+        let version: Option<Row> = conn
             .query_first(format!("SELECT v FROM {p}meta WHERE k = 'schema'"))
             .await
             .unwrap_or(None);
-        if let Some(v) = version {
+        if let Some(v) = version.map(|row| col::<String>(&row, 0)).transpose()? {
             return self.check_version(&v);
         }
-        let _: Option<i64> = conn
+        let _: Option<Row> = conn
             .exec_first("SELECT GET_LOCK(?, 30)", (format!("tenure schema {p}"),))
             .await
             .map_err(my_err)?;
@@ -221,10 +223,11 @@ impl MysqlStore {
             .exec_drop("DO RELEASE_LOCK(?)", (format!("tenure schema {p}"),))
             .await;
         result?;
-        let v: Option<String> = conn
+        let v: Option<Row> = conn
             .query_first(format!("SELECT v FROM {p}meta WHERE k = 'schema'"))
             .await
             .map_err(my_err)?;
+        let v = v.map(|row| col::<String>(&row, 0)).transpose()?;
         self.check_version(v.as_deref().unwrap_or(""))
     }
 
@@ -325,12 +328,14 @@ impl Store for MysqlStore {
         let p = &self.inner.prefix;
         let names: Vec<String> = {
             let mut conn = self.conn().await?;
-            conn.exec(
-                format!("SELECT DISTINCT name FROM {p}entries WHERE session = ?"),
-                (session.secret(),),
-            )
-            .await
-            .map_err(my_err)?
+            let rows: Vec<Row> = conn
+                .exec(
+                    format!("SELECT DISTINCT name FROM {p}entries WHERE session = ?"),
+                    (session.secret(),),
+                )
+                .await
+                .map_err(my_err)?;
+            rows.iter().map(|row| col(row, 0)).collect::<Result<_>>()?
         };
         self.call("close", vec![session.secret().into()]).await?;
         for name in names {
@@ -469,13 +474,14 @@ impl Store for MysqlStore {
                     )
                     .await
                     .map_err(my_err)?;
-                let version: Option<i64> = conn
+                let version: Option<Row> = conn
                     .exec_first(
                         format!("SELECT version FROM {p}names WHERE name = ?"),
                         (name.as_str(),),
                     )
                     .await
                     .map_err(my_err)?;
+                let version = version.map(|row| col::<i64>(&row, 0)).transpose()?;
                 (rows, version.unwrap_or(0))
             };
             let mut entries = Vec::with_capacity(rows.len());
@@ -522,7 +528,7 @@ impl Store for MysqlStore {
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;
-        let names: Vec<String> = conn
+        let names: Vec<Row> = conn
             .exec(
                 format!(
                     "SELECT DISTINCT e.name FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
@@ -532,7 +538,10 @@ impl Store for MysqlStore {
             )
             .await
             .map_err(my_err)?;
-        names.into_iter().map(Name::new).collect()
+        names
+            .iter()
+            .map(|row| Name::new(col::<String>(row, 0)?))
+            .collect()
     }
 
     async fn evict(&self, name: &Name) -> Result<usize> {

@@ -290,6 +290,15 @@ fn to_u64(v: i64) -> Result<u64> {
     u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
 }
 
+/// A column of one of our rows; a type other than the one expected (a
+/// schema changed under us) is an error, not the panic of `Row::get`.
+fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a tokio_postgres::Row,
+    i: usize,
+) -> Result<T> {
+    row.try_get(i).map_err(|e| Error::backend(BACKEND, e))
+}
+
 impl PostgresStore {
     pub(crate) async fn open_url(url: &str) -> Result<Self> {
         let (config, schema, tls) = parse_url(url)?;
@@ -392,7 +401,7 @@ impl PostgresStore {
         let s = &self.inner.schema;
         let select = format!("SELECT value FROM {s}.meta WHERE key = 'schema'");
         if let Ok(Some(row)) = client.query_opt(&select, &[]).await {
-            let v: String = row.get(0);
+            let v: String = col(&row, 0)?;
             if !UPGRADES_FROM.contains(&v.as_str()) {
                 return self.check_version(&v);
             }
@@ -408,7 +417,7 @@ impl PostgresStore {
             .map_err(pg_err)?;
         // Read again under the lock: another user may have just done it.
         let found = client.query_opt(&select, &[]).await.map_err(pg_err)?;
-        if let Some(v) = found.map(|row| row.get::<_, String>(0)) {
+        if let Some(v) = found.map(|row| col::<String>(&row, 0)).transpose()? {
             if !UPGRADES_FROM.contains(&v.as_str()) {
                 client.batch_execute("COMMIT").await.map_err(pg_err)?;
                 return self.check_version(&v);
@@ -587,14 +596,14 @@ impl Store for PostgresStore {
         let row = rows
             .first()
             .ok_or_else(|| Error::backend(BACKEND, "join returned no row"))?;
-        let status: String = row.get(0);
+        let status: String = col(row, 0)?;
         match status.as_str() {
             "ok" => Ok(Some(Joined {
-                seq: to_u64(row.get(1))?,
-                granted: row.get(2),
-                holds: u32::try_from(row.get::<_, i32>(3))
+                seq: to_u64(col(row, 1)?)?,
+                granted: col(row, 2)?,
+                holds: u32::try_from(col::<i32>(row, 3)?)
                     .map_err(|e| Error::backend(BACKEND, e))?,
-                first: row.get(4),
+                first: col(row, 4)?,
             })),
             "none" => Ok(None),
             s => Err(poll::status_error(BACKEND, s, name)),
@@ -609,11 +618,11 @@ impl Store for PostgresStore {
         let row = rows
             .first()
             .ok_or_else(|| Error::backend(BACKEND, "leave returned no row"))?;
-        let status: String = row.get(0);
+        let status: String = col(row, 0)?;
         if status != "ok" {
             return Err(poll::status_error(BACKEND, &status, name));
         }
-        u32::try_from(row.get::<_, i32>(1)).map_err(|e| Error::backend(BACKEND, e))
+        u32::try_from(col::<i32>(row, 1)?).map_err(|e| Error::backend(BACKEND, e))
     }
 
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
@@ -630,10 +639,10 @@ impl Store for PostgresStore {
             let row = rows
                 .first()
                 .ok_or_else(|| Error::backend(BACKEND, "look returned no row"))?;
-            let status: String = row.get(0);
+            let status: String = col(row, 0)?;
             match status.as_str() {
                 "granted" => Ok(Look::Granted),
-                "wait" => Ok(Look::Wait(poll::next_expiry(row.get(1)))),
+                "wait" => Ok(Look::Wait(poll::next_expiry(col(row, 1)?))),
                 s => Err(poll::status_error(BACKEND, s, name)),
             }
         })
@@ -655,8 +664,8 @@ impl Store for PostgresStore {
             .await?;
         let status: String = rows
             .first()
-            .ok_or_else(|| Error::backend(BACKEND, "set_value returned no row"))?
-            .get(0);
+            .ok_or_else(|| Error::backend(BACKEND, "set_value returned no row"))
+            .and_then(|row| col(row, 0))?;
         if status == "ok" {
             Ok(())
         } else {
@@ -671,30 +680,30 @@ impl Store for PostgresStore {
             let mut stale = false;
             let mut version = None;
             for row in &rows {
-                version = row.get::<_, Option<i64>>(10);
-                let left: i64 = row.get(8);
+                version = col::<Option<i64>>(row, 10)?;
+                let left: i64 = col(row, 8)?;
                 if left <= 0 {
                     stale = true;
                     continue;
                 }
-                let granted_ms: Option<i64> = row.get(7);
+                let granted_ms: Option<i64> = col(row, 7)?;
                 entries.push(Entry {
-                    seq: to_u64(row.get(0))?,
+                    seq: to_u64(col(row, 0)?)?,
                     kind: poll::kind_from_code(
                         BACKEND,
-                        row.get::<_, i16>(1).into(),
-                        row.get::<_, i32>(2).into(),
-                        row.get::<_, i32>(3).into(),
+                        col::<i16>(row, 1)?.into(),
+                        col::<i32>(row, 2)?.into(),
+                        col::<i32>(row, 3)?.into(),
                     )?,
-                    session_tag: row.get(4),
-                    label: row.get(5),
-                    value: row.get(6),
+                    session_tag: col(row, 4)?,
+                    label: col(row, 5)?,
+                    value: col(row, 6)?,
                     granted: granted_ms.is_some(),
                     granted_at: granted_ms
                         .and_then(|ms| u64::try_from(ms).ok())
                         .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
                     expires_in: Duration::from_millis(to_u64(left)?),
-                    holds: u32::try_from(row.get::<_, i32>(9))
+                    holds: u32::try_from(col::<i32>(row, 9)?)
                         .map_err(|e| Error::backend(BACKEND, e))?,
                 });
             }
@@ -709,7 +718,8 @@ impl Store for PostgresStore {
                     .query(|s| &s.version, &[&name.as_str()])
                     .await?
                     .first()
-                    .map(|r| r.get::<_, i64>(0))
+                    .map(|r| col::<i64>(r, 0))
+                    .transpose()?
                     .unwrap_or(0),
             };
             return Ok(Queue {
@@ -727,7 +737,7 @@ impl Store for PostgresStore {
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let rows = self.query(|s| &s.names, &[&prefix]).await?;
         rows.iter()
-            .map(|r| Name::new(r.get::<_, String>(0)))
+            .map(|r| Name::new(col::<String>(r, 0)?))
             .collect()
     }
 
@@ -735,8 +745,8 @@ impl Store for PostgresStore {
         let rows = self.query(|s| &s.evict, &[&name.as_str()]).await?;
         let n: i32 = rows
             .first()
-            .ok_or_else(|| Error::backend(BACKEND, "evict returned no row"))?
-            .get(0);
+            .ok_or_else(|| Error::backend(BACKEND, "evict returned no row"))
+            .and_then(|row| col(row, 0))?;
         usize::try_from(n).map_err(|e| Error::backend(BACKEND, e))
     }
 }
