@@ -17,7 +17,82 @@ use tenure::{Mutex, Session, SessionOptions, Store};
 struct Stats {
     label: String,
     samples: Vec<Duration>,
-    total: Duration,
+    total: Span,
+}
+
+/// The name (`/proc/PID/comm`) of the server processes whose CPU time the
+/// runs being measured are charged with: set before each backend's group.
+static SERVER_COMM: std::sync::Mutex<Option<&'static str>> = std::sync::Mutex::new(None);
+
+fn measure_server(comm: Option<&'static str>) {
+    if let Ok(mut slot) = SERVER_COMM.lock() {
+        *slot = comm;
+    }
+}
+
+/// CPU time (ns) spent so far by every thread of every process named like
+/// the server under measurement (Linux `schedstat`; `None` elsewhere).
+/// The server's own cost of a run: steadier than wall-clock on a shared VM,
+/// where the client, the server and the neighbours share two cores.
+fn server_cpu_ns() -> Option<u64> {
+    let comm = (*SERVER_COMM.lock().ok()?)?;
+    let mut sum = 0u64;
+    for proc_dir in std::fs::read_dir("/proc").ok()?.flatten() {
+        let path = proc_dir.path();
+        let named = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if named.trim_end() != comm {
+            continue;
+        }
+        for task in std::fs::read_dir(path.join("task")).into_iter().flatten().flatten() {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            sum += stat
+                .split_whitespace()
+                .next()
+                .and_then(|ns| ns.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Some(sum)
+}
+
+/// A run's wall-clock time and the server's CPU time in it.
+#[derive(Clone, Copy)]
+struct Span {
+    wall: Duration,
+    server_ns: Option<u64>,
+}
+
+impl std::ops::AddAssign for Span {
+    fn add_assign(&mut self, other: Span) {
+        self.wall += other.wall;
+        self.server_ns = self.server_ns.zip(other.server_ns).map(|(a, b)| a + b);
+    }
+}
+
+struct Clock {
+    wall: Instant,
+    server_ns: Option<u64>,
+}
+
+impl Clock {
+    fn start() -> Clock {
+        let server_ns = server_cpu_ns();
+        Clock {
+            wall: Instant::now(),
+            server_ns,
+        }
+    }
+
+    fn elapsed(&self) -> Span {
+        let wall = self.wall.elapsed();
+        Span {
+            wall,
+            server_ns: self
+                .server_ns
+                .zip(server_cpu_ns())
+                .map(|(before, after)| after.saturating_sub(before)),
+        }
+    }
 }
 
 impl Stats {
@@ -26,7 +101,14 @@ impl Stats {
     }
 
     fn per_sec(&self) -> f64 {
-        self.samples.len() as f64 / self.total.as_secs_f64()
+        self.samples.len() as f64 / self.total.wall.as_secs_f64()
+    }
+
+    /// The server's CPU time per cycle, in µs.
+    fn server_us(&self) -> Option<f64> {
+        self.total
+            .server_ns
+            .map(|ns| ns as f64 / 1e3 / self.samples.len().max(1) as f64)
     }
 
     fn percentile_us(&self, p: f64) -> f64 {
@@ -37,7 +119,7 @@ impl Stats {
     }
 }
 
-fn stats(label: impl Into<String>, samples: Vec<Duration>, total: Duration) -> Stats {
+fn stats(label: impl Into<String>, samples: Vec<Duration>, total: Span) -> Stats {
     Stats {
         label: label.into(),
         samples,
@@ -86,7 +168,7 @@ async fn uncontended(store: &Arc<dyn Store>, cycles: usize) -> Stats {
         mutex.lock().await.unwrap().release().await.unwrap();
     }
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         let g = mutex.lock().await.unwrap();
@@ -104,7 +186,7 @@ async fn uncontended(store: &Arc<dyn Store>, cycles: usize) -> Stats {
 
 async fn contended(store: &Arc<dyn Store>, tasks: usize, rounds: usize) -> Stats {
     let mut handles = Vec::new();
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..tasks {
         let store = store.clone();
         handles.push(tokio::spawn(async move {
@@ -162,7 +244,7 @@ fn sqlite_floor(path: &std::path::Path, cycles: usize) -> Stats {
         .prepare("DELETE FROM locks WHERE name = ?1 AND owner = ?2")
         .unwrap();
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         ins.execute(["bench", "me"]).unwrap();
@@ -185,7 +267,7 @@ async fn redis_floor(url: &str, cycles: usize) -> Stats {
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
     );
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         let ok: Option<String> = redis::cmd("SET")
@@ -235,7 +317,7 @@ async fn redis_script_raw(url: &str, cycles: usize) -> Stats {
         .await
         .unwrap();
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         let joined: redis::Value = call(&["join", secret, "raw", "X", "0", "0", "", "wait", ""])
@@ -280,7 +362,7 @@ async fn postgres_floor(url: &str, cycles: usize) -> Stats {
         .await
         .unwrap();
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         client.execute(&take, &[&"floor", &"me"]).await.unwrap();
@@ -306,7 +388,7 @@ async fn mysql_floor(url: &str, cycles: usize) -> Stats {
     .await
     .unwrap();
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         conn.exec_drop(
@@ -342,7 +424,7 @@ async fn redlock_floor(urls: &[String], cycles: usize) -> Stats {
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
     );
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         let taken = futures_util::future::join_all(conns.iter().map(|c| {
@@ -396,7 +478,7 @@ async fn rslock_uncontended(urls: &[String], cycles: usize) -> Stats {
         manager.unlock(&lock).await;
     }
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         let lock = manager.lock("rslock-bench", ttl).await.unwrap();
@@ -410,7 +492,7 @@ async fn rslock_uncontended(urls: &[String], cycles: usize) -> Stats {
 /// tries, a random pause of up to 200 ms between, its defaults).
 async fn rslock_contended(urls: &[String], tasks: usize, rounds: usize) -> Stats {
     let manager = rslock::LockManager::new(urls.to_vec());
-    let start = Instant::now();
+    let start = Clock::start();
     let mut handles = Vec::new();
     for _ in 0..tasks {
         let manager = manager.clone();
@@ -452,7 +534,7 @@ async fn etcd_floor(url: &str, cycles: usize) -> Stats {
     let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
     let lease = client.lease_grant(30, None).await.unwrap().id();
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         let take = Txn::new()
@@ -485,7 +567,7 @@ async fn etcd_lock_api(url: &str, cycles: usize) -> Stats {
     let lease = client.lease_grant(30, None).await.unwrap().id();
     let options = || Some(etcd_client::LockOptions::new().with_lease(lease));
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         let key = client.lock("api", options()).await.unwrap().key().to_vec();
@@ -507,7 +589,7 @@ async fn etcd_lock_api_contended(url: &str, tasks: usize, rounds: usize) -> Stat
         .map(|h| format!("http://{h}"))
         .collect();
     let client = etcd_client::Client::connect(endpoints, None).await.unwrap();
-    let start = Instant::now();
+    let start = Clock::start();
     let mut handles = Vec::new();
     for _ in 0..tasks {
         let mut client = client.clone();
@@ -550,7 +632,7 @@ async fn zk_floor(url: &str, cycles: usize) -> Stats {
         .unwrap();
     let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
     let mut samples = Vec::with_capacity(cycles);
-    let start = Instant::now();
+    let start = Clock::start();
     for _ in 0..cycles {
         let t = Instant::now();
         client.create("/floor", b"me", &options).await.unwrap();
@@ -602,6 +684,7 @@ fn main() {
         let renew = SqliteStore::statements_executed() - before;
         session.close().await.unwrap();
 
+        measure_server(None);
         let mut rows = vec![uncontended(&memory, cycles).await];
         let floor_db = dir.path().join("floor.db");
         rows.extend(
@@ -622,6 +705,7 @@ fn main() {
             .flatten();
         match &server {
             Some(server) => {
+                measure_server(Some("redis-server"));
                 let redis = tenure::open(&server.url()).await.unwrap();
                 let url = server.url();
                 rows.extend(
@@ -651,6 +735,7 @@ fn main() {
             .map(tenure_testkit::RedisServer::redlock_url)
             .unwrap_or_default();
         if nodes.is_some() {
+            measure_server(Some("redis-server"));
             let store = tenure::open(&redlock_url).await.unwrap();
             rows.extend(
                 interleaved(
@@ -668,6 +753,7 @@ fn main() {
             .then(|| tenure_testkit::EtcdCluster::start_or_skip(1))
             .flatten();
         if let Some(etcd) = &etcd {
+            measure_server(Some("etcd"));
             let store = tenure::open(&etcd.url()).await.unwrap();
             let url = etcd.url();
             rows.extend(
@@ -686,6 +772,7 @@ fn main() {
             .then(|| tenure_testkit::ZkEnsemble::start_or_skip(1))
             .flatten();
         if let Some(zk) = &zk {
+            measure_server(Some("java"));
             let store = tenure::open(&zk.url()).await.unwrap();
             let url = zk.url();
             rows.extend(
@@ -703,6 +790,7 @@ fn main() {
             .then(tenure_testkit::PostgresServer::start_or_skip)
             .flatten();
         if let Some(pg) = &pg {
+            measure_server(Some("postgres"));
             let store = tenure::open(&pg.url()).await.unwrap();
             let url = pg.url();
             rows.extend(
@@ -720,6 +808,7 @@ fn main() {
             .then(tenure_testkit::MariaDbServer::start_or_skip)
             .flatten();
         if let Some(my) = &my {
+            measure_server(Some("mariadbd"));
             let store = tenure::open(&my.url()).await.unwrap();
             let url = my.url();
             rows.extend(
@@ -733,31 +822,38 @@ fn main() {
                 .await,
             );
         }
+        measure_server(None);
         rows.push(contended(&memory, 16, (cycles / 16).max(10)).await);
         rows.push(contended(&sqlite, 16, (cycles / 64).max(5)).await);
         if let Some(server) = &server {
+            measure_server(Some("redis-server"));
             let redis = tenure::open(&server.url()).await.unwrap();
             rows.push(contended(&redis, 16, (cycles / 64).max(5)).await);
         }
         if nodes.is_some() {
+            measure_server(Some("redis-server"));
             let store = tenure::open(&redlock_url).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
             rows.push(rslock_contended(&node_urls, 16, (cycles / 64).max(5)).await);
         }
         if let Some(etcd) = &etcd {
+            measure_server(Some("etcd"));
             let store = tenure::open(&etcd.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
             rows.push(etcd_lock_api_contended(&etcd.url(), 16, (cycles / 64).max(5)).await);
         }
         if let Some(zk) = &zk {
+            measure_server(Some("java"));
             let store = tenure::open(&zk.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
         }
         if let Some(pg) = &pg {
+            measure_server(Some("postgres"));
             let store = tenure::open(&pg.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
         }
         if let Some(my) = &my {
+            measure_server(Some("mariadbd"));
             let store = tenure::open(&my.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
         }
@@ -770,8 +866,8 @@ fn main() {
             .map(|r| r.per_sec())
     };
     println!(
-        "{:<58} {:>10} {:>12} {:>10} {:>10} {:>9}",
-        "run", "cycles", "cycles/s", "p50 µs", "p99 µs", "vs floor"
+        "{:<58} {:>10} {:>12} {:>10} {:>10} {:>9} {:>10}",
+        "run", "cycles", "cycles/s", "p50 µs", "p99 µs", "vs floor", "server µs"
     );
     let mut ratios = serde_json::Map::new();
     let mut peers = serde_json::Map::new();
@@ -789,13 +885,14 @@ fn main() {
             _ => "-".into(),
         };
         println!(
-            "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1} {:>9}",
+            "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1} {:>9} {:>10}",
             r.label,
             r.cycles(),
             r.per_sec(),
             r.percentile_us(0.50),
             r.percentile_us(0.99),
-            ratio
+            ratio,
+            r.server_us().map_or("-".into(), |us| format!("{us:.1}"))
         );
     }
     println!("sqlite statements per operation: acquire {acquire}, release {release}, renew {renew} (BEGIN/COMMIT included)");
@@ -806,6 +903,7 @@ fn main() {
         "runs": rows.iter().map(|r| serde_json::json!({
             "run": r.label, "cycles": r.cycles(), "per_sec": r.per_sec(),
             "p50_us": r.percentile_us(0.50), "p99_us": r.percentile_us(0.99),
+            "server_cpu_us_per_cycle": r.server_us(),
         })).collect::<Vec<_>>(),
         "sqlite_statements": { "acquire": acquire, "release": release, "renew": renew },
         "uncontended_cycle_vs_floor": ratios,
