@@ -71,3 +71,88 @@ async fn server_paused_while_held() {
     };
     conformance::check_server_paused(&mut server).await;
 }
+
+async fn raw_conn(server: &MariaDbServer) -> mysql_async::Conn {
+    let opts = mysql_async::Opts::from_url(&server.url()).unwrap();
+    mysql_async::Conn::new(opts).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_older_schema_is_upgraded_and_a_newer_one_refused() {
+    use mysql_async::prelude::Queryable;
+    let Some(server) = shared() else { return };
+    let url = format!("{}?prefix=upgrading_", server.url());
+    drop(tenure::open(&url).await.unwrap());
+    let mut conn = raw_conn(server).await;
+    let current: Option<String> = conn
+        .query_first("SELECT v FROM upgrading_meta WHERE k = 'schema'")
+        .await
+        .unwrap();
+    // Version 1, and its join gone: an upgrade must create the procedures again.
+    conn.query_drop("UPDATE upgrading_meta SET v = '1' WHERE k = 'schema'")
+        .await
+        .unwrap();
+    conn.query_drop("DROP PROCEDURE upgrading_join")
+        .await
+        .unwrap();
+    let store = tenure::open(&url).await.unwrap();
+    let now: Option<String> = conn
+        .query_first("SELECT v FROM upgrading_meta WHERE k = 'schema'")
+        .await
+        .unwrap();
+    assert_eq!(now, current, "upgraded in place");
+    let s = Session::new(&store).await.unwrap();
+    let g = Mutex::new(&s, "x").unwrap().lock().await.unwrap();
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+    conn.query_drop("UPDATE upgrading_meta SET v = '99' WHERE k = 'schema'")
+        .await
+        .unwrap();
+    let e = tenure::open(&url).await.unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidUrl { .. }) && e.to_string().contains("version \"99\""),
+        "{e:?}"
+    );
+}
+
+/// A join that waited for the name's lock judges the session by the clock
+/// after the wait: a session that expired meanwhile is not granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_that_waited_for_the_name_reads_the_clock_after_the_wait() {
+    use mysql_async::prelude::Queryable;
+    let Some(server) = shared() else { return };
+    let url = format!("{}?prefix=staleclock_", server.url());
+    drop(tenure::open(&url).await.unwrap());
+    let (mut holder, mut joiner) = (raw_conn(server).await, raw_conn(server).await);
+    holder
+        .query_drop(
+            "INSERT INTO staleclock_names (name, last_seq, version) VALUES ('n', 5, 0);
+             INSERT INTO staleclock_sessions (id, tag, label, ttl_ms, expires_ms)
+                  VALUES ('secret', 't', '', 300, CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED) + 300);",
+        )
+        .await
+        .unwrap();
+    holder
+        .query_drop(
+            "START TRANSACTION; SELECT 1 FROM staleclock_names WHERE name = 'n' FOR UPDATE;",
+        )
+        .await
+        .unwrap();
+    let join = tokio::spawn(async move {
+        let row: Option<mysql_async::Row> = joiner
+            .query_first("CALL staleclock_join('secret', 'n', 0, 1, 1, '', FALSE)")
+            .await
+            .unwrap();
+        row.and_then(|r| r.get::<String, _>(0))
+    });
+    // The session expires while the join waits for the name's row.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    holder.query_drop("COMMIT").await.unwrap();
+    let status = join.await.unwrap();
+    assert_eq!(status.as_deref(), Some("lost"));
+    let entries: Option<i64> = holder
+        .query_first("SELECT COUNT(*) FROM staleclock_entries")
+        .await
+        .unwrap();
+    assert_eq!(entries, Some(0));
+}

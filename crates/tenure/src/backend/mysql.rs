@@ -26,7 +26,11 @@ use crate::store::{
 
 const BACKEND: &str = "mysql";
 const SCHEMA_SQL: &str = include_str!("mysql.sql");
-const SCHEMA_VERSION: &str = "1";
+const SCHEMA_VERSION: &str = "2";
+/// Schema versions this build upgrades in place (the tables are the same;
+/// the procedures are replaced). The upgrade is one-way: a build of an older
+/// version then refuses the tables.
+const UPGRADES_FROM: &[&str] = &["1"];
 const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
@@ -160,6 +164,18 @@ fn to_u64(v: i64) -> Result<u64> {
     u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
 }
 
+/// The schema version recorded under prefix `p`; `None` before the first
+/// user created the tables.
+async fn stored_version(conn: &mut mysql_async::Conn, p: &str) -> Result<Option<String>> {
+    // A row, not a typed value: mysql_async panics on a value it cannot
+    // convert. An error here is a missing table.
+    let row: Option<Row> = conn
+        .query_first(format!("SELECT v FROM {p}meta WHERE k = 'schema'"))
+        .await
+        .unwrap_or(None);
+    row.map(|row| col::<String>(&row, 0)).transpose()
+}
+
 impl MysqlStore {
     pub(crate) async fn open_url(url: &str) -> Result<Self> {
         let (opts, prefix) = parse_url(url)?;
@@ -183,23 +199,30 @@ impl MysqlStore {
             .map_err(my_err)
     }
 
+    /// Creates the tables and procedures once per prefix, or upgrades those
+    /// of a version in [`UPGRADES_FROM`], under a named lock so that
+    /// concurrent first users do not race. A newer schema is never rewritten.
     async fn create_schema(&self) -> Result<()> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;
-        // Rows, not typed values: mysql_async panics on a value it cannot
-        // convert, and a server's answer must not panic us.
-        let version: Option<Row> = conn
-            .query_first(format!("SELECT v FROM {p}meta WHERE k = 'schema'"))
-            .await
-            .unwrap_or(None);
-        if let Some(v) = version.map(|row| col::<String>(&row, 0)).transpose()? {
-            return self.check_version(&v);
+        if let Some(v) = stored_version(&mut conn, p).await? {
+            if !UPGRADES_FROM.contains(&v.as_str()) {
+                return self.check_version(&v);
+            }
         }
+        // A row, not a typed value: mysql_async panics on a value it cannot
+        // convert (GET_LOCK answers NULL on an error).
         let _: Option<Row> = conn
             .exec_first("SELECT GET_LOCK(?, 30)", (format!("tenure schema {p}"),))
             .await
             .map_err(my_err)?;
         let result = async {
+            // Read again under the lock: another user may have just done it.
+            if let Some(v) = stored_version(&mut conn, p).await? {
+                if !UPGRADES_FROM.contains(&v.as_str()) {
+                    return Ok(());
+                }
+            }
             for statement in SCHEMA_SQL.split("\n;;\n") {
                 let sql = statement.replace("@pnow_ms()", NOW_MS).replace("@p", p);
                 let sql = sql.trim();
@@ -212,7 +235,9 @@ impl MysqlStore {
                 conn.query_drop(sql).await.map_err(my_err)?;
             }
             conn.exec_drop(
-                format!("INSERT IGNORE INTO {p}meta (k, v) VALUES ('schema', ?)"),
+                format!(
+                    "INSERT INTO {p}meta (k, v) VALUES ('schema', ?) ON DUPLICATE KEY UPDATE v = VALUES(v)"
+                ),
                 (SCHEMA_VERSION,),
             )
             .await
@@ -223,11 +248,7 @@ impl MysqlStore {
             .exec_drop("DO RELEASE_LOCK(?)", (format!("tenure schema {p}"),))
             .await;
         result?;
-        let v: Option<Row> = conn
-            .query_first(format!("SELECT v FROM {p}meta WHERE k = 'schema'"))
-            .await
-            .map_err(my_err)?;
-        let v = v.map(|row| col::<String>(&row, 0)).transpose()?;
+        let v = stored_version(&mut conn, p).await?;
         self.check_version(v.as_deref().unwrap_or(""))
     }
 

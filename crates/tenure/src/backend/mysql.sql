@@ -1,4 +1,5 @@
--- tenure's MySQL/MariaDB store, schema version 1. "@p" is the table prefix.
+-- tenure's MySQL/MariaDB store, schema version 2 (1 read the clock and the
+-- session before the name's lock). "@p" is the table prefix.
 -- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
 -- server's clock in milliseconds (replaced when loaded, so no stored
 -- function needs SUPER under binary logging). Every operation is one CALL (one
@@ -131,13 +132,16 @@ proc: BEGIN
     -- snapshot REPEATABLE READ would keep from before the lock wait).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
+    CALL @plock_name(p_name);
+    -- The clock and the session are read after the name's lock: the wait
+    -- for it may be long, and a session that expired in it gets nothing.
+    SET v_now = @pnow_ms();
     SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > v_now;
     IF v_alive = 0 THEN
         ROLLBACK;
         SELECT 'lost', NULL, NULL, NULL, NULL;
         LEAVE proc;
     END IF;
-    CALL @plock_name(p_name);
     CALL @psettle(p_name, FALSE);
     SELECT seq, kind, count, lim, granted_ms, holds
       INTO v_mine_seq, v_mine_kind, v_mine_count, v_mine_lim, v_mine_granted, v_holds
@@ -206,13 +210,15 @@ proc: BEGIN
     -- snapshot REPEATABLE READ would keep from before the lock wait).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
+    CALL @plock_name(p_name);
+    -- Read after the name's lock, like join's: a lease that ran out while
+    -- this waited is reported lost, not released as if it had held.
     SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > @pnow_ms();
     IF v_alive = 0 THEN
         ROLLBACK;
         SELECT 'lost', NULL;
         LEAVE proc;
     END IF;
-    CALL @plock_name(p_name);
     SELECT holds INTO v_holds FROM @pentries
      WHERE name = p_name AND seq = p_seq AND session = p_secret;
     IF v_holds IS NULL THEN

@@ -397,6 +397,7 @@ pub(crate) enum NodeJoin {
     NotGranted,
     /// The proposed seq is not above this one, which the node has already
     /// seen for the name: nothing changed.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     Behind(u64),
 }
 
@@ -484,7 +485,8 @@ impl RedisStore {
         }
     }
 
-    /// Listens for any change of `name`'s queue on this node.
+    /// Listens for any change of `name`'s queue on this node (Redlock's).
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) async fn listen_changes(&self, name: &Name) -> Listening {
         self.listen(self.channel("ch", name)).await
     }
