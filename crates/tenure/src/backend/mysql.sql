@@ -142,6 +142,17 @@ proc: BEGIN
         SELECT 'lost', NULL, NULL, NULL, NULL;
         LEAVE proc;
     END IF;
+    -- Fast path: an empty queue has nothing to settle and no entry of ours.
+    SELECT COUNT(*) INTO v_rows FROM @pentries WHERE name = p_name;
+    IF v_rows = 0 AND (p_kind <> 2 OR p_count <= p_lim) THEN
+        UPDATE @pnames SET last_seq = last_seq + 1, version = version + 1 WHERE name = p_name;
+        SELECT last_seq INTO v_seq FROM @pnames WHERE name = p_name;
+        INSERT INTO @pentries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+        VALUES (p_name, v_seq, p_secret, p_kind, p_count, p_lim, 1, p_value, v_now);
+        COMMIT;
+        SELECT 'ok', v_seq, TRUE, 1, v_seq = 1;
+        LEAVE proc;
+    END IF;
     CALL @psettle(p_name, FALSE);
     SELECT seq, kind, count, lim, granted_ms, holds
       INTO v_mine_seq, v_mine_kind, v_mine_count, v_mine_lim, v_mine_granted, v_holds
@@ -233,7 +244,12 @@ proc: BEGIN
         LEAVE proc;
     END IF;
     DELETE FROM @pentries WHERE name = p_name AND seq = p_seq;
-    CALL @psettle(p_name, TRUE);
+    IF EXISTS (SELECT 1 FROM @pentries WHERE name = p_name) THEN
+        CALL @psettle(p_name, TRUE);
+    ELSE
+        -- Fast path: nobody else queued, nothing to settle.
+        UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+    END IF;
     COMMIT;
     SELECT 'ok', 0;
 END
