@@ -46,7 +46,7 @@ DROP PROCEDURE IF EXISTS @psettle
 -- renewed again), stamps newly granted entries, bumps the version. The caller
 -- holds the name's lock inside its transaction.
 CREATE PROCEDURE @psettle(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_changed BOOLEAN)
-BEGIN
+proc: BEGIN
     DECLARE v_now BIGINT DEFAULT @pnow_ms();
     DECLARE v_done BOOLEAN DEFAULT FALSE;
     DECLARE v_seq BIGINT;
@@ -62,6 +62,13 @@ BEGIN
     DECLARE cur CURSOR FOR
         SELECT seq, kind, count, lim, granted_ms FROM @pentries WHERE name = p_name ORDER BY seq;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    -- The common case, an empty queue: nothing to drop, nothing to grant.
+    IF NOT EXISTS (SELECT 1 FROM @pentries WHERE name = p_name) THEN
+        IF p_changed THEN
+            UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+        END IF;
+        LEAVE proc;
+    END IF;
     UPDATE @psessions s JOIN @pentries e ON e.session = s.id
        SET s.expires_ms = 0
      WHERE e.name = p_name AND s.expires_ms <= v_now AND s.expires_ms <> 0;
@@ -142,64 +149,60 @@ proc: BEGIN
         SELECT 'lost', NULL, NULL, NULL, NULL;
         LEAVE proc;
     END IF;
-    -- Fast path: an empty queue has nothing to settle and no entry of ours.
+    -- Fast path: an empty queue has nothing to settle, no entry of ours and
+    -- nothing to conflict with; it is granted at once.
     SELECT COUNT(*) INTO v_rows FROM @pentries WHERE name = p_name;
     IF v_rows = 0 AND (p_kind <> 2 OR p_count <= p_lim) THEN
-        UPDATE @pnames SET last_seq = last_seq + 1, version = version + 1 WHERE name = p_name;
-        SELECT last_seq INTO v_seq FROM @pnames WHERE name = p_name;
-        INSERT INTO @pentries (name, seq, session, kind, count, lim, holds, value, granted_ms)
-        VALUES (p_name, v_seq, p_secret, p_kind, p_count, p_lim, 1, p_value, v_now);
-        COMMIT;
-        SELECT 'ok', v_seq, TRUE, 1, v_seq = 1;
-        LEAVE proc;
-    END IF;
-    CALL @psettle(p_name, FALSE);
-    SELECT seq, kind, count, lim, granted_ms, holds
-      INTO v_mine_seq, v_mine_kind, v_mine_count, v_mine_lim, v_mine_granted, v_holds
-      FROM @pentries WHERE name = p_name AND session = p_secret LIMIT 1;
-    IF v_mine_seq IS NOT NULL THEN
-        IF v_mine_kind <> p_kind OR v_mine_count <> p_count OR v_mine_lim <> p_lim THEN
+        SET v_granted = TRUE;
+    ELSE
+        CALL @psettle(p_name, FALSE);
+        SELECT seq, kind, count, lim, granted_ms, holds
+          INTO v_mine_seq, v_mine_kind, v_mine_count, v_mine_lim, v_mine_granted, v_holds
+          FROM @pentries WHERE name = p_name AND session = p_secret LIMIT 1;
+        IF v_mine_seq IS NOT NULL THEN
+            IF v_mine_kind <> p_kind OR v_mine_count <> p_count OR v_mine_lim <> p_lim THEN
+                COMMIT;
+                SELECT 'conflict:this session already has another kind of entry here', NULL, NULL, NULL, NULL;
+                LEAVE proc;
+            END IF;
+            IF p_if_granted AND v_mine_granted IS NULL THEN
+                COMMIT;
+                SELECT 'none', NULL, NULL, NULL, NULL;
+                LEAVE proc;
+            END IF;
+            UPDATE @pentries SET holds = holds + 1 WHERE name = p_name AND seq = v_mine_seq;
             COMMIT;
-            SELECT 'conflict:this session already has another kind of entry here', NULL, NULL, NULL, NULL;
+            SELECT 'ok', v_mine_seq, v_mine_granted IS NOT NULL, v_holds + 1, FALSE;
             LEAVE proc;
         END IF;
-        IF p_if_granted AND v_mine_granted IS NULL THEN
+        SELECT COUNT(*), COALESCE(SUM(granted_ms IS NULL), 0),
+               COALESCE(SUM(kind <> 1 AND granted_ms IS NOT NULL), 0),
+               COALESCE(SUM(CASE WHEN kind = 2 AND granted_ms IS NOT NULL THEN count ELSE 0 END), 0),
+               COALESCE(SUM(kind = 2), 0), COALESCE(SUM(kind <> 2), 0),
+               MAX(CASE WHEN kind = 2 AND lim <> p_lim THEN lim END)
+          INTO v_rows, v_ungranted, v_nonshared, v_permits, v_other_sem, v_other_lock, v_bad_limit
+          FROM @pentries WHERE name = p_name;
+        IF (p_kind = 2 AND v_other_lock > 0) OR (p_kind <> 2 AND v_other_sem > 0) THEN
+            COMMIT;
+            SELECT 'conflict:locks and semaphores cannot share a name', NULL, NULL, NULL, NULL;
+            LEAVE proc;
+        END IF;
+        IF p_kind = 2 AND v_bad_limit IS NOT NULL THEN
+            COMMIT;
+            SELECT CONCAT('conflict:semaphore limit ', p_lim, ' disagrees with the limit ', v_bad_limit, ' already in use'),
+                   NULL, NULL, NULL, NULL;
+            LEAVE proc;
+        END IF;
+        IF v_ungranted > 0 THEN SET v_granted = FALSE;
+        ELSEIF p_kind = 0 THEN SET v_granted = (v_rows = 0);
+        ELSEIF p_kind = 1 THEN SET v_granted = (v_nonshared = 0);
+        ELSE SET v_granted = (v_permits + p_count <= p_lim);
+        END IF;
+        IF p_if_granted AND NOT v_granted THEN
             COMMIT;
             SELECT 'none', NULL, NULL, NULL, NULL;
             LEAVE proc;
         END IF;
-        UPDATE @pentries SET holds = holds + 1 WHERE name = p_name AND seq = v_mine_seq;
-        COMMIT;
-        SELECT 'ok', v_mine_seq, v_mine_granted IS NOT NULL, v_holds + 1, FALSE;
-        LEAVE proc;
-    END IF;
-    SELECT COUNT(*), COALESCE(SUM(granted_ms IS NULL), 0),
-           COALESCE(SUM(kind <> 1 AND granted_ms IS NOT NULL), 0),
-           COALESCE(SUM(CASE WHEN kind = 2 AND granted_ms IS NOT NULL THEN count ELSE 0 END), 0),
-           COALESCE(SUM(kind = 2), 0), COALESCE(SUM(kind <> 2), 0),
-           MAX(CASE WHEN kind = 2 AND lim <> p_lim THEN lim END)
-      INTO v_rows, v_ungranted, v_nonshared, v_permits, v_other_sem, v_other_lock, v_bad_limit
-      FROM @pentries WHERE name = p_name;
-    IF (p_kind = 2 AND v_other_lock > 0) OR (p_kind <> 2 AND v_other_sem > 0) THEN
-        COMMIT;
-        SELECT 'conflict:locks and semaphores cannot share a name', NULL, NULL, NULL, NULL;
-        LEAVE proc;
-    END IF;
-    IF p_kind = 2 AND v_bad_limit IS NOT NULL THEN
-        COMMIT;
-        SELECT CONCAT('conflict:semaphore limit ', p_lim, ' disagrees with the limit ', v_bad_limit, ' already in use'),
-               NULL, NULL, NULL, NULL;
-        LEAVE proc;
-    END IF;
-    IF v_ungranted > 0 THEN SET v_granted = FALSE;
-    ELSEIF p_kind = 0 THEN SET v_granted = (v_rows = 0);
-    ELSEIF p_kind = 1 THEN SET v_granted = (v_nonshared = 0);
-    ELSE SET v_granted = (v_permits + p_count <= p_lim);
-    END IF;
-    IF p_if_granted AND NOT v_granted THEN
-        COMMIT;
-        SELECT 'none', NULL, NULL, NULL, NULL;
-        LEAVE proc;
     END IF;
     UPDATE @pnames SET last_seq = last_seq + 1, version = version + 1 WHERE name = p_name;
     SELECT last_seq INTO v_seq FROM @pnames WHERE name = p_name;
@@ -244,12 +247,7 @@ proc: BEGIN
         LEAVE proc;
     END IF;
     DELETE FROM @pentries WHERE name = p_name AND seq = p_seq;
-    IF EXISTS (SELECT 1 FROM @pentries WHERE name = p_name) THEN
-        CALL @psettle(p_name, TRUE);
-    ELSE
-        -- Fast path: nobody else queued, nothing to settle.
-        UPDATE @pnames SET version = version + 1 WHERE name = p_name;
-    END IF;
+    CALL @psettle(p_name, TRUE);
     COMMIT;
     SELECT 'ok', 0;
 END

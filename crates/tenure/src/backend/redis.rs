@@ -262,35 +262,31 @@ impl RedisStore {
     /// Runs one operation of the script: one round trip. Errors the script
     /// reports (`lost`, `notheld`, `conflict`) become typed errors.
     async fn call(&self, op: &str, args: &[&[u8]]) -> Result<Vec<Value>> {
-        match self.call_raw(op, args).await? {
-            Value::Array(reply) => self.status(reply, args),
-            other => Err(bad_reply(&format!("{other:?}"))),
+        match self.call_fast(op, args).await? {
+            Reply::Table(reply) => Ok(reply),
+            Reply::Fast(n) => Err(bad_reply(&format!("{op} answered {n}"))),
         }
     }
 
     /// [`Self::call`] for the operations whose fast paths answer with a bare
     /// integer (building a reply table costs the script more than the
-    /// commands it saves): `Ok(Err(n))` is that integer.
-    async fn call_fast(
-        &self,
-        op: &str,
-        args: &[&[u8]],
-    ) -> Result<std::result::Result<Vec<Value>, i64>> {
-        match self.call_raw(op, args).await? {
-            Value::Int(n) => Ok(Err(n)),
-            Value::Array(reply) => self.status(reply, args).map(Ok),
-            other => Err(bad_reply(&format!("{other:?}"))),
-        }
-    }
-
-    async fn call_raw(&self, op: &str, args: &[&[u8]]) -> Result<Value> {
+    /// commands it saves).
+    async fn call_fast(&self, op: &str, args: &[&[u8]]) -> Result<Reply> {
         let mut invocation = self.inner.script.key(&self.inner.sessions_key);
         invocation.arg(&self.inner.prefix).arg(op);
         for a in args {
             invocation.arg(*a);
         }
         let mut conn = self.inner.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(redis_err)
+        match invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_err)?
+        {
+            Value::Int(n) => Ok(Reply::Fast(n)),
+            Value::Array(reply) => self.status(reply, args).map(Reply::Table),
+            other => Err(bad_reply(&format!("{other:?}"))),
+        }
     }
 
     /// Turns the script's status word (`reply[0]`) into a result.
@@ -388,6 +384,14 @@ impl RedisStore {
     }
 }
 
+/// What one call of the script answered.
+enum Reply {
+    /// A fast path's bare integer (its meaning depends on the operation).
+    Fast(i64),
+    /// A reply table whose status word was a success.
+    Table(Vec<Value>),
+}
+
 /// What one node answered to a join (see [`RedisStore::join_at`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum NodeJoin {
@@ -460,10 +464,10 @@ impl RedisStore {
             )
             .await?;
         let reply = match reply {
-            Ok(reply) => reply,
+            Reply::Table(reply) => reply,
             // The fast path's answer: granted, one hold; negative if the
             // name's counter was new.
-            Err(n) => {
+            Reply::Fast(n) => {
                 return Ok(NodeJoin::Placed(Joined {
                     seq: n.unsigned_abs(),
                     granted: true,
@@ -566,7 +570,9 @@ impl Store for RedisStore {
             )
             .await?;
         // The fast path answers 0: the last hold was given back.
-        let Ok(reply) = reply else { return Ok(0) };
+        let Reply::Table(reply) = reply else {
+            return Ok(0);
+        };
         let holds = reply.get(1).ok_or_else(|| bad_reply("short leave reply"))?;
         u32::try_from(number(holds)?).map_err(|_| bad_reply("holds"))
     }
