@@ -25,6 +25,8 @@ pub fn missing(what: &str, package: &str) {
     );
 }
 
+pub mod conformance;
+
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");

@@ -9,8 +9,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::acquire::{no_grant, Hold, Wait};
+use crate::error::LostReason;
 use crate::error::{Error, Result};
-use crate::session::{Hold, LostReason, Session, SessionOptions, Wait};
+use crate::session::{Session, SessionOptions};
 use crate::store::{Entry, EntryKind, Name, Store};
 
 /// An election on one name.
@@ -99,7 +101,7 @@ impl Election {
                 Wait::Forever,
             )
             .await?;
-        let (hold, _) = acquired.ok_or_else(crate::session::no_grant)?;
+        let (hold, _) = acquired.ok_or_else(no_grant)?;
         Ok(Term { hold })
     }
 

@@ -1,5 +1,6 @@
 //! The one error type of tenure.
 
+use std::fmt;
 use std::time::Duration;
 
 /// A boxed error from a backend's client library.
@@ -57,7 +58,7 @@ pub enum Error {
     /// The session's lease is gone or may be gone: everything it held is (or
     /// soon will be) released by the store. Open a new session to go on.
     #[error("session lost: {0}")]
-    SessionLost(&'static str),
+    SessionLost(LostReason),
 
     /// The caller does not hold what it tried to release, renew or proclaim.
     #[error("not held: {0}")]
@@ -106,6 +107,20 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// The store holds tenure's data in another layout (a schema or key
+    /// layout of another version of tenure): nothing was changed.
+    #[error("{backend} store at {url}: {found}, but this build of tenure uses {expected}")]
+    SchemaMismatch {
+        /// The backend's name.
+        backend: &'static str,
+        /// Where: the URL with any password masked.
+        url: String,
+        /// What the store holds.
+        found: String,
+        /// What this build expects.
+        expected: String,
+    },
+
     /// The store answered with an error that fits no other variant.
     #[error("{backend} store error: {source}")]
     Backend {
@@ -136,6 +151,32 @@ impl Error {
             backend,
             source: source.into(),
         }
+    }
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The store said the session had expired (or was ended by someone else).
+    Expired,
+    /// An administrator ended the session (a forced release).
+    Evicted,
+    /// No renewal was confirmed before the local deadline, so the store may
+    /// already have expired the session.
+    Unconfirmed,
+    /// The session was closed by its owner.
+    Closed,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "the store no longer has the session (it expired or was ended)",
+            LostReason::Evicted => "the session was evicted (a forced release)",
+            LostReason::Unconfirmed => "no renewal was confirmed before the lease's local deadline",
+            LostReason::Closed => "the session was closed",
+        })
     }
 }
 

@@ -13,6 +13,16 @@
 //! ```
 #![deny(missing_docs)]
 
+// The layers, from the bottom up (a module imports only those below it):
+// - contract: `error`, `store` (the backend trait and its types), `queue`
+//   (the pure grant rules), `task` (background calls), `clock`;
+// - backends: `backend::*`, each importing the contract and the shared
+//   backend helpers only;
+// - `registry`: URL → backend, one table;
+// - session and acquisition: `session` (the lease), `acquire`;
+// - recipes: `guard`, `mutex`, `rwlock`, `semaphore`, `election`, `once`,
+//   `schedule`.
+mod acquire;
 pub mod backend;
 mod clock;
 mod election;
@@ -21,27 +31,28 @@ mod guard;
 mod mutex;
 mod once;
 pub mod queue;
+mod registry;
 mod rwlock;
 #[cfg(feature = "schedule")]
 mod schedule;
 mod semaphore;
 mod session;
-mod store;
+pub mod store;
+mod task;
 
+pub use backend::url::mask_password;
 pub use election::{leader, Election, Elector, Leader, Observer, Term};
-pub use error::{BoxError, Error, Result};
-pub use guard::{Guard, MutexGuard};
+pub use error::{BoxError, Error, LostReason, Result};
+pub use guard::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, SemaphorePermit};
 pub use mutex::Mutex;
 pub use once::{once, JobError, OnceOutcome, WhileRunning};
-pub use rwlock::{RwLock, RwLockGuard};
+pub use registry::{backend_for, backends, builtin_backends, open, Backend};
+pub use rwlock::RwLock;
 #[cfg(feature = "schedule")]
 pub use schedule::{parse_cron, Missed, Mode as ScheduleMode, PauseHandle, Schedule, Tick};
-pub use semaphore::{Semaphore, SemaphorePermit};
-pub use session::{default_label, LostReason, Session, SessionOptions, DEFAULT_TTL};
-pub use store::{
-    builtin_backends, mask_password, open, Capabilities, Entry, EntryKind, JoinMode, Joined, Name,
-    OpenedSession, Queue, Scheme, SessionKey, SessionSpec, Store, Wake, MAX_NAME_LEN,
-};
+pub use semaphore::Semaphore;
+pub use session::{default_label, Session, SessionOptions, DEFAULT_TTL};
+pub use store::{Capabilities, EntryKind, Name, Store};
 
 /// The README's examples, run as doctests.
 #[cfg(doctest)]

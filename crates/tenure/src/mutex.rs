@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
+use crate::acquire::Wait;
 use crate::error::Result;
 use crate::guard::{take, take_waiting, MutexGuard};
-use crate::session::{Session, Wait};
+use crate::session::Session;
 use crate::store::{EntryKind, Name};
 
 /// A distributed mutex: at most one session holds a name at a time, as judged
@@ -73,6 +74,7 @@ impl Mutex {
             Wait::Forever,
         )
         .await
+        .map(MutexGuard)
     }
 
     /// Takes the lock only if it is free now (one store operation), else `None`.
@@ -81,7 +83,9 @@ impl Mutex {
     ///
     /// Cancel safe, as [`Mutex::lock`].
     pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
-        take(&self.session, &self.name, EntryKind::Exclusive, Wait::No).await
+        take(&self.session, &self.name, EntryKind::Exclusive, Wait::No)
+            .await
+            .map(|held| held.map(MutexGuard))
     }
 
     /// Waits at most `timeout`; then [`Error::Timeout`](crate::Error::Timeout),
@@ -98,5 +102,6 @@ impl Mutex {
             Wait::timeout(timeout),
         )
         .await
+        .map(MutexGuard)
     }
 }

@@ -5,8 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::acquire::Wait;
 use crate::error::{Error, Result};
-use crate::session::{Session, SessionOptions, Wait};
+use crate::session::{Session, SessionOptions};
 use crate::store::{EntryKind, Name, Store};
 
 const RUNNING: u8 = b'R';
@@ -108,10 +109,7 @@ where
             let outcome = tokio::select! {
                 result = job() => result,
                 reason = session.lost() => {
-                    return Err(Error::SessionLost(match reason {
-                        crate::LostReason::Closed => "the record's session was closed",
-                        _ => "the record's lease was lost while the job ran",
-                    }))
+                    return Err(Error::SessionLost(reason))
                 }
             };
             let (record, outcome) = match outcome {

@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
+use crate::acquire::Wait;
 use crate::error::Result;
-use crate::guard::{take, take_waiting, Guard};
-use crate::session::{Session, Wait};
+use crate::guard::{take, take_waiting, RwLockReadGuard, RwLockWriteGuard};
+use crate::session::Session;
 use crate::store::{EntryKind, Name};
 
 /// A distributed read-write lock: readers share, a writer excludes everyone.
@@ -38,9 +39,6 @@ pub struct RwLock {
     name: Name,
 }
 
-/// The guard of either side of an [`RwLock`].
-pub type RwLockGuard = Guard;
-
 impl RwLock {
     /// A read-write lock on `name`, held through `session`.
     pub fn new(session: &Session, name: impl AsRef<str>) -> Result<Self> {
@@ -60,8 +58,10 @@ impl RwLock {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future leaves the queue.
-    pub async fn read(&self) -> Result<RwLockGuard> {
-        take_waiting(&self.session, &self.name, EntryKind::Shared, Wait::Forever).await
+    pub async fn read(&self) -> Result<RwLockReadGuard> {
+        take_waiting(&self.session, &self.name, EntryKind::Shared, Wait::Forever)
+            .await
+            .map(RwLockReadGuard)
     }
 
     /// Waits for the write side.
@@ -69,7 +69,7 @@ impl RwLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`RwLock::read`].
-    pub async fn write(&self) -> Result<RwLockGuard> {
+    pub async fn write(&self) -> Result<RwLockWriteGuard> {
         take_waiting(
             &self.session,
             &self.name,
@@ -77,6 +77,7 @@ impl RwLock {
             Wait::Forever,
         )
         .await
+        .map(RwLockWriteGuard)
     }
 
     /// The read side if it can be had now (no writer holds or waits).
@@ -84,8 +85,10 @@ impl RwLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`RwLock::read`].
-    pub async fn try_read(&self) -> Result<Option<RwLockGuard>> {
-        take(&self.session, &self.name, EntryKind::Shared, Wait::No).await
+    pub async fn try_read(&self) -> Result<Option<RwLockReadGuard>> {
+        take(&self.session, &self.name, EntryKind::Shared, Wait::No)
+            .await
+            .map(|held| held.map(RwLockReadGuard))
     }
 
     /// The write side if the lock is free now.
@@ -93,8 +96,10 @@ impl RwLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`RwLock::read`].
-    pub async fn try_write(&self) -> Result<Option<RwLockGuard>> {
-        take(&self.session, &self.name, EntryKind::Exclusive, Wait::No).await
+    pub async fn try_write(&self) -> Result<Option<RwLockWriteGuard>> {
+        take(&self.session, &self.name, EntryKind::Exclusive, Wait::No)
+            .await
+            .map(|held| held.map(RwLockWriteGuard))
     }
 
     /// Waits at most `timeout` for the read side.
@@ -102,7 +107,7 @@ impl RwLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`RwLock::read`].
-    pub async fn read_timeout(&self, timeout: Duration) -> Result<RwLockGuard> {
+    pub async fn read_timeout(&self, timeout: Duration) -> Result<RwLockReadGuard> {
         take_waiting(
             &self.session,
             &self.name,
@@ -110,6 +115,7 @@ impl RwLock {
             Wait::timeout(timeout),
         )
         .await
+        .map(RwLockReadGuard)
     }
 
     /// Waits at most `timeout` for the write side.
@@ -117,7 +123,7 @@ impl RwLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`RwLock::read`].
-    pub async fn write_timeout(&self, timeout: Duration) -> Result<RwLockGuard> {
+    pub async fn write_timeout(&self, timeout: Duration) -> Result<RwLockWriteGuard> {
         take_waiting(
             &self.session,
             &self.name,
@@ -125,5 +131,6 @@ impl RwLock {
             Wait::timeout(timeout),
         )
         .await
+        .map(RwLockWriteGuard)
     }
 }

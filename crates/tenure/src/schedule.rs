@@ -8,9 +8,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
+use crate::acquire::Wait;
 use crate::election::{Election, Term};
 use crate::error::{Error, Result};
-use crate::session::{Session, SessionOptions, Wait};
+use crate::session::{Session, SessionOptions};
 use crate::store::{EntryKind, Name, Store};
 
 /// Which instances may run a tick.

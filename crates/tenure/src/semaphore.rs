@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
+use crate::acquire::Wait;
 use crate::error::{Error, Result};
-use crate::guard::{take, take_waiting, Guard};
-use crate::session::{Session, Wait};
+use crate::guard::{take, take_waiting, SemaphorePermit};
+use crate::session::Session;
 use crate::store::{EntryKind, Name};
 
 /// A distributed counting semaphore with `permits` permits in all.
@@ -41,9 +42,6 @@ pub struct Semaphore {
     name: Name,
     permits: u32,
 }
-
-/// Permits taken from a [`Semaphore`].
-pub type SemaphorePermit = Guard;
 
 impl Semaphore {
     /// A semaphore of `permits` permits on `name`, used through `session`.
@@ -103,7 +101,9 @@ impl Semaphore {
     ///
     /// Cancel safe, as [`Semaphore::acquire`].
     pub async fn acquire_many(&self, count: u32) -> Result<SemaphorePermit> {
-        take_waiting(&self.session, &self.name, self.kind(count)?, Wait::Forever).await
+        take_waiting(&self.session, &self.name, self.kind(count)?, Wait::Forever)
+            .await
+            .map(SemaphorePermit)
     }
 
     /// One permit if one is free now and nobody waits ahead.
@@ -121,7 +121,9 @@ impl Semaphore {
     ///
     /// Cancel safe, as [`Semaphore::acquire`].
     pub async fn try_acquire_many(&self, count: u32) -> Result<Option<SemaphorePermit>> {
-        take(&self.session, &self.name, self.kind(count)?, Wait::No).await
+        take(&self.session, &self.name, self.kind(count)?, Wait::No)
+            .await
+            .map(|held| held.map(SemaphorePermit))
     }
 
     /// Waits at most `timeout` for `count` permits.
@@ -141,5 +143,6 @@ impl Semaphore {
             Wait::timeout(timeout),
         )
         .await
+        .map(SemaphorePermit)
     }
 }

@@ -10,8 +10,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+pub use crate::error::LostReason;
 use crate::error::{Error, Result};
-use crate::store::{EntryKind, JoinMode, Joined, Name, SessionKey, SessionSpec, Store};
+use crate::store::{SessionKey, SessionSpec, Store};
+use crate::task::{finish, spawn_detached};
 
 /// The smallest clock-drift allowance: stores count expiry in whole
 /// milliseconds, so their deadline may round a millisecond or two earlier.
@@ -19,29 +21,6 @@ pub const MIN_DRIFT: Duration = Duration::from_millis(2);
 
 /// The default session TTL.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
-
-/// Why a session ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// The store said the session had expired (or was evicted).
-    Expired,
-    /// No renewal was confirmed before the local deadline, so the store may
-    /// already have expired the session.
-    Unconfirmed,
-    /// The session was closed by its owner.
-    Closed,
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LostReason::Expired => "the store expired the session",
-            LostReason::Unconfirmed => "no renewal was confirmed before the lease's local deadline",
-            LostReason::Closed => "the session was closed",
-        })
-    }
-}
 
 /// How a session is opened.
 #[derive(Debug, Clone)]
@@ -160,21 +139,6 @@ impl Drop for Inner {
             });
         }
     }
-}
-
-/// Runs a clean-up future if a tokio runtime is at hand; otherwise the store's
-/// expiry does the clean-up.
-pub(crate) fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) {
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(fut);
-    }
-}
-
-pub(crate) fn random_hex(bytes: usize) -> Result<String> {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf)
-        .map_err(|e| Error::backend("os", format!("no randomness for a session secret: {e}")))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The default public label of a session: `host:pid`.
@@ -376,230 +340,8 @@ impl Session {
     pub(crate) fn check_alive(&self) -> Result<()> {
         match self.lost_reason() {
             None => Ok(()),
-            Some(LostReason::Closed) => Err(Error::SessionLost("the session was closed")),
-            Some(_) => Err(Error::SessionLost("the session's lease is lost")),
+            Some(reason) => Err(Error::SessionLost(reason)),
         }
-    }
-
-    /// Joins a queue; cancel safe: if this future is dropped after the store
-    /// took the entry, the entry is left again in the background.
-    pub(crate) async fn join(
-        &self,
-        name: &Name,
-        kind: EntryKind,
-        value: Vec<u8>,
-        mode: JoinMode,
-    ) -> Result<Option<(Hold, Joined)>> {
-        self.check_alive()?;
-        let store = self.inner.store.clone();
-        let key = self.inner.key.clone();
-        let task_name = name.clone();
-        let undo = {
-            let (store, key, name) = (store.clone(), key.clone(), name.clone());
-            move |result: Result<Option<Joined>>| {
-                // The caller is gone: undo the join.
-                if let Ok(Some(joined)) = result {
-                    spawn_detached(async move {
-                        let _ = store.leave(&key, &name, joined.seq).await;
-                    });
-                }
-            }
-        };
-        let joined = finish(
-            async move { store.join(&key, &task_name, kind, &value, mode).await },
-            undo,
-        )
-        .await?;
-        Ok(joined.map(|joined| {
-            (
-                Hold {
-                    session: self.clone(),
-                    name: name.clone(),
-                    seq: joined.seq,
-                    armed: true,
-                },
-                joined,
-            )
-        }))
-    }
-
-    /// Joins and waits for the grant, giving up at `deadline`; `None` when
-    /// `wait` is false and the entry is not granted at once.
-    pub(crate) async fn acquire(
-        &self,
-        name: &Name,
-        kind: EntryKind,
-        value: Vec<u8>,
-        wait: Wait,
-    ) -> Result<Option<(Hold, Joined)>> {
-        let mode = match wait {
-            Wait::No => JoinMode::IfGranted,
-            _ => JoinMode::Wait,
-        };
-        let Some((hold, joined)) = self.join(name, kind, value, mode).await? else {
-            return Ok(None);
-        };
-        if joined.granted {
-            return Ok(Some((hold, joined)));
-        }
-        let store = self.inner.store.clone();
-        let granted = store.await_grant(&self.inner.key, name, joined.seq);
-        let deadline = async {
-            match wait {
-                Wait::Until(at, _) => tokio::time::sleep_until(at).await,
-                _ => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            result = granted => {
-                result?;
-                Ok(Some((hold, Joined { granted: true, ..joined })))
-            }
-            reason = self.lost() => Err(match reason {
-                LostReason::Closed => Error::SessionLost("the session was closed while waiting"),
-                _ => Error::SessionLost("the session's lease was lost while waiting"),
-            }),
-            () = deadline => {
-                let waited = match wait { Wait::Until(_, d) => d, _ => Duration::ZERO };
-                if let Err(e) = hold.release().await {
-                    tracing::debug!(error = %e, "leaving the queue after a timeout failed");
-                }
-                Err(Error::Timeout(waited))
-            }
-        }
-    }
-}
-
-/// The error for a waiting acquisition that came back without a grant, which
-/// the recipes never expect.
-pub(crate) fn no_grant() -> Error {
-    Error::backend("tenure", "a waiting acquisition returned without a grant")
-}
-
-/// How long [`Session::acquire`] waits.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Wait {
-    No,
-    Forever,
-    Until(Instant, Duration),
-}
-
-impl Wait {
-    pub(crate) fn timeout(d: Duration) -> Wait {
-        // A timeout too long to represent is no timeout.
-        match Instant::now().checked_add(d) {
-            Some(at) => Wait::Until(at, d),
-            None => Wait::Forever,
-        }
-    }
-}
-
-/// Runs a store call to completion even if the caller stops waiting for it.
-///
-/// The call is polled right here, so the common path costs nothing extra. If
-/// the caller drops this future before the call finished, the rest of the
-/// call moves to a spawned task, and its output goes to `abandoned` (to undo
-/// a join, say): a cancelled call leaves nothing behind.
-pub(crate) async fn finish<T: Send + 'static>(
-    fut: impl Future<Output = T> + Send + 'static,
-    abandoned: impl FnOnce(T) + Send + 'static,
-) -> T {
-    Finishing {
-        fut: Some(Box::pin(fut)),
-        abandoned: Some(Box::new(abandoned)),
-    }
-    .await
-}
-
-type BoxedCall<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// See [`finish`].
-struct Finishing<T: Send + 'static> {
-    fut: Option<BoxedCall<T>>,
-    abandoned: Option<Box<dyn FnOnce(T) + Send>>,
-}
-
-impl<T: Send + 'static> Future for Finishing<T> {
-    type Output = T;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<T> {
-        let Some(fut) = self.fut.as_mut() else {
-            // Polled after completion: never happens through `finish`.
-            return std::task::Poll::Pending;
-        };
-        match fut.as_mut().poll(cx) {
-            std::task::Poll::Ready(output) => {
-                self.fut = None;
-                std::task::Poll::Ready(output)
-            }
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
-    }
-}
-
-impl<T: Send + 'static> Drop for Finishing<T> {
-    fn drop(&mut self) {
-        if let (Some(fut), Some(abandoned)) = (self.fut.take(), self.abandoned.take()) {
-            spawn_detached(async move {
-                abandoned(fut.await);
-            });
-        }
-    }
-}
-
-/// One hold of a queue entry. Dropped while armed, it leaves the queue in the
-/// background.
-pub(crate) struct Hold {
-    pub(crate) session: Session,
-    pub(crate) name: Name,
-    pub(crate) seq: u64,
-    armed: bool,
-}
-
-impl Hold {
-    /// Keeps the entry when this hold is dropped: it then lives as long as
-    /// its session.
-    pub(crate) fn keep(mut self) {
-        self.armed = false;
-    }
-
-    /// Leaves the queue once; runs to completion even if the caller's future
-    /// is dropped.
-    pub(crate) async fn release(mut self) -> Result<u32> {
-        self.armed = false;
-        let store = self.session.inner.store.clone();
-        let key = self.session.inner.key.clone();
-        let name = self.name.clone();
-        let seq = self.seq;
-        finish(async move { store.leave(&key, &name, seq).await }, |_| {}).await
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        if self.armed {
-            let store = self.session.inner.store.clone();
-            let key = self.session.inner.key.clone();
-            let name = self.name.clone();
-            let seq = self.seq;
-            spawn_detached(async move {
-                if let Err(e) = store.leave(&key, &name, seq).await {
-                    tracing::debug!(error = %e, %name, "release on drop failed");
-                }
-            });
-        }
-    }
-}
-
-impl fmt::Debug for Hold {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Hold")
-            .field("name", &self.name)
-            .field("seq", &self.seq)
-            .finish()
     }
 }
 
@@ -642,10 +384,7 @@ fn mark_lost(inner: &Inner, reason: LostReason) {
 
 async fn renew(inner: &Inner) -> Result<()> {
     if let Some(reason) = *inner.lost.borrow() {
-        return Err(Error::SessionLost(match reason {
-            LostReason::Closed => "the session was closed",
-            _ => "the session's lease is lost",
-        }));
+        return Err(Error::SessionLost(reason));
     }
     let suspended = crate::clock::suspended();
     let sent = Instant::now();
@@ -661,9 +400,9 @@ async fn renew(inner: &Inner) -> Result<()> {
             }
             Ok(())
         }
-        Err(Error::SessionLost(why)) => {
-            mark_lost(inner, LostReason::Expired);
-            Err(Error::SessionLost(why))
+        Err(Error::SessionLost(reason)) => {
+            mark_lost(inner, reason);
+            Err(Error::SessionLost(reason))
         }
         Err(e) => Err(e),
     }

@@ -99,6 +99,11 @@ impl SessionKey {
         SessionKey(secret.into())
     }
 
+    /// A new random secret (128 bits from the OS, as hex).
+    pub fn random() -> Result<Self> {
+        Ok(SessionKey(Arc::from(random_hex(16)?)))
+    }
+
     /// The secret itself, for a backend to send to its store.
     pub fn secret(&self) -> &str {
         &self.0
@@ -109,6 +114,15 @@ impl fmt::Debug for SessionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("SessionKey(***)")
     }
+}
+
+/// `bytes` random bytes from the OS as lowercase hex: session secrets, public
+/// tags and nonces.
+pub fn random_hex(bytes: usize) -> Result<String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf)
+        .map_err(|e| Error::backend("os", format!("no randomness for a session secret: {e}")))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// What a new session asks of the store.
@@ -351,230 +365,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn evict(&self, name: &Name) -> Result<usize>;
 }
 
-/// Which backend a URL picks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Scheme {
-    /// `memory://`: in this process only; the reference backend.
-    Memory,
-    /// `sqlite:///path/file.db`: the embedded default.
-    Sqlite,
-    /// `postgres://` or `postgresql://`.
-    Postgres,
-    /// `mysql://` or `mariadb://`.
-    Mysql,
-    /// `redis://` or `rediss://`.
-    Redis,
-    /// `redlock://host,host,host`.
-    Redlock,
-    /// `etcd://host:port[,host:port]`.
-    Etcd,
-    /// `zk://host:port[,host:port][/chroot]`.
-    Zookeeper,
-}
-
-impl Scheme {
-    /// Picks the backend from a URL's scheme.
-    pub fn from_url(url: &str) -> Result<Scheme> {
-        let scheme = url
-            .split_once("://")
-            .map(|(s, _)| s)
-            .ok_or_else(|| Error::InvalidUrl {
-                url: mask_password(url),
-                reason: "expected SCHEME://…, such as sqlite:///var/lib/app/locks.db or memory://"
-                    .into(),
-            })?;
-        Ok(match scheme.to_ascii_lowercase().as_str() {
-            "memory" | "mem" => Scheme::Memory,
-            "sqlite" => Scheme::Sqlite,
-            "postgres" | "postgresql" => Scheme::Postgres,
-            "mysql" | "mariadb" => Scheme::Mysql,
-            "redis" | "rediss" => Scheme::Redis,
-            "redlock" | "redlocks" => Scheme::Redlock,
-            "etcd" | "etcds" => Scheme::Etcd,
-            "zk" | "zookeeper" => Scheme::Zookeeper,
-            other => {
-                return Err(Error::InvalidUrl {
-                    url: mask_password(url),
-                    reason: format!(
-                        "unknown scheme {other:?}; known: memory, sqlite, postgres, mysql, redis, redlock, etcd, zk"
-                    ),
-                })
-            }
-        })
-    }
-
-    /// The backend's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scheme::Memory => "memory",
-            Scheme::Sqlite => "sqlite",
-            Scheme::Postgres => "postgres",
-            Scheme::Mysql => "mysql",
-            Scheme::Redis => "redis",
-            Scheme::Redlock => "redlock",
-            Scheme::Etcd => "etcd",
-            Scheme::Zookeeper => "zookeeper",
-        }
-    }
-}
-
-/// A URL with its password (if any) replaced by `***`, safe to show.
-pub fn mask_password(url: &str) -> String {
-    // Mask by hand as well as through `url`, so that even a URL that does not
-    // parse never shows what sits between `user:` and `@`.
-    if let Some((scheme, rest)) = url.split_once("://") {
-        // The last `@` of all: a password may itself hold `/`, `?`, `#` or
-        // `@`, so everything before that `@` after `user:` is hidden (an `@`
-        // in a query option hides more than needed, never less).
-        if let Some(at) = rest.rfind('@') {
-            let userinfo = &rest[..at];
-            let tail = &rest[at + 1..];
-            let user = match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***"),
-                None => userinfo.to_string(),
-            };
-            return format!("{scheme}://{user}@{tail}");
-        }
-    }
-    url.to_string()
-}
-
-/// Opens a store from a URL, such as `memory://` or `sqlite:///tmp/locks.db`.
-///
-/// An unknown scheme is [`Error::InvalidUrl`]; a known backend whose cargo
-/// feature is off is [`Error::BackendDisabled`].
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> tenure::Result<()> {
-/// let store = tenure::open("memory://").await?;
-/// assert_eq!(store.capabilities().backend, "memory");
-/// assert!(tenure::open("nosuch://x").await.is_err());
-/// # Ok(()) }
-/// ```
-pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
-    match Scheme::from_url(url)? {
-        Scheme::Memory => Ok(Arc::new(crate::backend::memory::MemoryStore::open_url(
-            url,
-        )?)),
-        #[cfg(feature = "sqlite")]
-        Scheme::Sqlite => Ok(Arc::new(
-            crate::backend::sqlite::SqliteStore::open_url(url).await?,
-        )),
-        #[cfg(not(feature = "sqlite"))]
-        Scheme::Sqlite => Err(Error::BackendDisabled {
-            backend: "sqlite",
-            feature: "sqlite",
-        }),
-        #[cfg(feature = "postgres")]
-        Scheme::Postgres => Ok(Arc::new(
-            crate::backend::postgres::PostgresStore::open_url(url).await?,
-        )),
-        #[cfg(not(feature = "postgres"))]
-        Scheme::Postgres => Err(Error::BackendDisabled {
-            backend: "postgres",
-            feature: "postgres",
-        }),
-        #[cfg(feature = "mysql")]
-        Scheme::Mysql => Ok(Arc::new(
-            crate::backend::mysql::MysqlStore::open_url(url).await?,
-        )),
-        #[cfg(not(feature = "mysql"))]
-        Scheme::Mysql => Err(Error::BackendDisabled {
-            backend: "mysql",
-            feature: "mysql",
-        }),
-        #[cfg(feature = "redis")]
-        Scheme::Redis => Ok(Arc::new(
-            crate::backend::redis::RedisStore::open_url(url).await?,
-        )),
-        #[cfg(not(feature = "redis"))]
-        Scheme::Redis => Err(Error::BackendDisabled {
-            backend: "redis",
-            feature: "redis",
-        }),
-        #[cfg(feature = "redlock")]
-        Scheme::Redlock => Ok(Arc::new(
-            crate::backend::redlock::RedlockStore::open_url(url).await?,
-        )),
-        #[cfg(not(feature = "redlock"))]
-        Scheme::Redlock => Err(Error::BackendDisabled {
-            backend: "redlock",
-            feature: "redlock",
-        }),
-        #[cfg(feature = "etcd")]
-        Scheme::Etcd => Ok(Arc::new(
-            crate::backend::etcd::EtcdStore::open_url(url).await?,
-        )),
-        #[cfg(not(feature = "etcd"))]
-        Scheme::Etcd => Err(Error::BackendDisabled {
-            backend: "etcd",
-            feature: "etcd",
-        }),
-        #[cfg(feature = "zookeeper")]
-        Scheme::Zookeeper => Ok(Arc::new(
-            crate::backend::zookeeper::ZkStore::open_url(url).await?,
-        )),
-        #[cfg(not(feature = "zookeeper"))]
-        Scheme::Zookeeper => Err(Error::BackendDisabled {
-            backend: "zookeeper",
-            feature: "zookeeper",
-        }),
-    }
-}
-
-/// The capabilities of every backend built into this binary.
-pub fn builtin_backends() -> Vec<Capabilities> {
-    #[allow(unused_mut)]
-    let mut all = vec![crate::backend::memory::capabilities()];
-    #[cfg(feature = "sqlite")]
-    all.push(crate::backend::sqlite::capabilities());
-    #[cfg(feature = "redis")]
-    all.push(crate::backend::redis::capabilities());
-    #[cfg(feature = "redlock")]
-    all.push(crate::backend::redlock::capabilities());
-    #[cfg(feature = "etcd")]
-    all.push(crate::backend::etcd::capabilities());
-    #[cfg(feature = "zookeeper")]
-    all.push(crate::backend::zookeeper::capabilities());
-    #[cfg(feature = "postgres")]
-    all.push(crate::backend::postgres::capabilities());
-    #[cfg(feature = "mysql")]
-    all.push(crate::backend::mysql::capabilities());
-    all
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn masks_passwords() {
-        assert_eq!(
-            mask_password("postgres://bob:hunter2@db:5432/app"),
-            "postgres://bob:***@db:5432/app"
-        );
-        assert_eq!(
-            mask_password("redis://:s3cret@h:6379/0"),
-            "redis://:***@h:6379/0"
-        );
-        assert_eq!(mask_password("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
-        assert!(!mask_password("etcd://u:p@ss@h1:1,h2:2").contains("p@ss"));
-        for url in [
-            "etcd://u:ab/cd@h:1",
-            "redis://:a#b@h:1/0",
-            "zk://u:x/y?z@h:1/app",
-        ] {
-            let masked = mask_password(url);
-            assert!(
-                !masked.contains("ab/cd") && !masked.contains("a#b") && !masked.contains("x/y"),
-                "{masked}"
-            );
-        }
-    }
 
     #[test]
     fn names() {
@@ -587,14 +380,5 @@ mod tests {
         let long = "x".repeat(10_000);
         let err = Name::new(&long).unwrap_err().to_string();
         assert!(err.len() < 200, "{err}");
-    }
-
-    #[test]
-    fn schemes() {
-        assert_eq!(Scheme::from_url("sqlite:///a.db").unwrap(), Scheme::Sqlite);
-        assert_eq!(Scheme::from_url("MEMORY://").unwrap(), Scheme::Memory);
-        assert!(Scheme::from_url("localhost:6379").is_err());
-        let err = Scheme::from_url("ftp://u:pw@h/").unwrap_err().to_string();
-        assert!(!err.contains("pw@"), "{err}");
     }
 }

@@ -62,11 +62,7 @@ async fn disabled_backends_name_their_feature_and_hide_passwords() {
         "etcd://bob:hunter2@h:2379",
         "zk://h:2181/chroot",
     ] {
-        let scheme = tenure::Scheme::from_url(url).unwrap();
-        if tenure::builtin_backends()
-            .iter()
-            .any(|c| c.backend == scheme.name())
-        {
+        if tenure::backend_for(url).unwrap().is_built_in() {
             continue; // built in: its own tests cover bad credentials
         }
         let e = open_err(url).await;
@@ -74,4 +70,33 @@ async fn disabled_backends_name_their_feature_and_hide_passwords() {
         assert!(!e.to_string().contains("hunter2"));
         assert!(!format!("{e:?}").contains("hunter2"));
     }
+}
+
+/// Every backend in the table refuses an option it does not take, naming it,
+/// before any connection is tried (nothing listens on port 1).
+#[tokio::test]
+async fn every_backend_refuses_an_unknown_option_by_name_before_connecting() {
+    let started = std::time::Instant::now();
+    for backend in tenure::backends() {
+        if !backend.is_built_in() {
+            continue;
+        }
+        let scheme = backend.schemes[0];
+        let url = match backend.name {
+            "memory" => "memory://?bogus=1".to_string(),
+            "sqlite" => "sqlite:///nonexistent-dir/x.db?bogus=1".to_string(),
+            "redlock" => format!("{scheme}://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1"),
+            _ => format!("{scheme}://u:hunter2@127.0.0.1:1/db?bogus=1"),
+        };
+        let e = open_err(&url).await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");
+        let text = e.to_string();
+        assert!(text.contains("\"bogus\""), "{url}: {text}");
+        assert!(!text.contains("hunter2") && !format!("{e:?}").contains("hunter2"));
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "a connection was tried: {:?}",
+        started.elapsed()
+    );
 }

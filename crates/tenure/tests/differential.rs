@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{EntryKind, Error, JoinMode, Name, SessionKey, SessionSpec, Store};
+use tenure::store::{JoinMode, SessionKey, SessionSpec};
+use tenure::{EntryKind, Error, Name, Store};
 
 /// A small deterministic generator (xorshift64*), so a failure names its seed.
 struct Rng(u64);

@@ -2,8 +2,6 @@
 //! etcd-server) the test kit starts, plus fault tests.
 #![cfg(feature = "etcd")]
 
-mod conformance;
-
 use std::sync::OnceLock;
 
 use tenure_testkit::EtcdCluster;
@@ -16,25 +14,25 @@ fn shared() -> Option<&'static EtcdCluster> {
         .as_ref()
 }
 
-async fn target() -> Option<conformance::Target> {
+async fn target() -> Option<tenure_testkit::conformance::Target> {
     let server = shared()?;
-    Some(conformance::Target::new(server.url()).await)
+    Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-conformance_tests!(target());
+tenure_testkit::conformance_tests!(target());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_and_restarted() {
     let Some(mut server) = EtcdCluster::start_or_skip(1) else {
         return;
     };
-    conformance::check_server_killed_and_restarted(&mut server).await;
+    tenure_testkit::conformance::check_server_killed_and_restarted(&mut server).await;
 }
 
 #[tokio::test]
 async fn server_down_at_start_is_unavailable_in_time() {
     let port = tenure_testkit::free_port();
-    conformance::check_down_at_start(&format!("etcd://127.0.0.1:{port}")).await;
+    tenure_testkit::conformance::check_down_at_start(&format!("etcd://127.0.0.1:{port}")).await;
 }
 
 #[tokio::test]
@@ -70,7 +68,7 @@ async fn no_thundering_herd() {
         .await
         .unwrap();
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(etcd.clone());
-    conformance::check_no_thundering_herd(&store, || etcd.wakeups()).await;
+    tenure_testkit::conformance::check_no_thundering_herd(&store, || etcd.wakeups()).await;
 }
 
 /// A 3-member cluster: the raft leader killed while a lock is held and two
@@ -84,7 +82,7 @@ async fn cluster_leader_and_member_killed() {
     let leader = cluster
         .wait_leader(std::time::Duration::from_secs(20))
         .expect("a leader");
-    conformance::check_cluster_failover(&mut cluster, leader).await;
+    tenure_testkit::conformance::check_cluster_failover(&mut cluster, leader).await;
 }
 
 /// `etcds://` against a member that serves clients only over TLS: locks
@@ -111,5 +109,5 @@ async fn server_paused_while_held() {
     let Some(mut server) = EtcdCluster::start_or_skip(1) else {
         return;
     };
-    conformance::check_server_paused(&mut server).await;
+    tenure_testkit::conformance::check_server_paused(&mut server).await;
 }

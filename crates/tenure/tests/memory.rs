@@ -1,8 +1,8 @@
 //! The conformance suite on `memory://`, the reference backend.
 
-mod conformance;
-
-conformance_tests!(conformance::Target::some("memory://".into()));
+tenure_testkit::conformance_tests!(tenure_testkit::conformance::Target::some(
+    "memory://".into()
+));
 
 /// A release wakes the next waiter only, never the whole queue.
 #[tokio::test]

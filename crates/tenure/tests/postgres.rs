@@ -1,8 +1,6 @@
 //! The conformance suite on `postgres://`, against a real PostgreSQL started
 //! from Debian's binaries, plus fault tests on the kit's own server.
 
-mod conformance;
-
 use std::sync::OnceLock;
 
 use tenure::{Error, Mutex, Session};
@@ -13,32 +11,34 @@ fn shared() -> Option<&'static PostgresServer> {
     SERVER.get_or_init(PostgresServer::start_or_skip).as_ref()
 }
 
-async fn target() -> Option<conformance::Target> {
+async fn target() -> Option<tenure_testkit::conformance::Target> {
     let server = shared()?;
-    Some(conformance::Target::new(server.url()).await)
+    Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-conformance_tests!(target());
+tenure_testkit::conformance_tests!(target());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_and_restarted() {
     let Some(mut server) = PostgresServer::start_or_skip() else {
         return;
     };
-    conformance::check_server_killed_and_restarted(&mut server).await;
+    tenure_testkit::conformance::check_server_killed_and_restarted(&mut server).await;
 }
 
 #[tokio::test]
 async fn server_down_at_start_is_unavailable_in_time() {
     let port = tenure_testkit::free_port();
-    conformance::check_down_at_start(&format!("postgres://postgres:x@127.0.0.1:{port}/postgres"))
-        .await;
+    tenure_testkit::conformance::check_down_at_start(&format!(
+        "postgres://postgres:x@127.0.0.1:{port}/postgres"
+    ))
+    .await;
 }
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {
     let Some(server) = shared() else { return };
-    conformance::check_wrong_password(&format!(
+    tenure_testkit::conformance::check_wrong_password(&format!(
         "postgres://postgres:hunter2@127.0.0.1:{}/postgres",
         server.port()
     ))
@@ -115,7 +115,7 @@ async fn server_paused_while_held() {
     let Some(mut server) = PostgresServer::start_or_skip() else {
         return;
     };
-    conformance::check_server_paused(&mut server).await;
+    tenure_testkit::conformance::check_server_paused(&mut server).await;
 }
 
 /// A join that waited for the name's lock judges the session by the clock

@@ -3,8 +3,6 @@
 //! meanings.
 #![cfg(feature = "tls")]
 
-mod conformance;
-
 use std::sync::OnceLock;
 
 use tenure::Error;
@@ -17,12 +15,12 @@ fn shared() -> Option<&'static PostgresServer> {
         .as_ref()
 }
 
-async fn target() -> Option<conformance::Target> {
+async fn target() -> Option<tenure_testkit::conformance::Target> {
     let server = shared()?;
-    Some(conformance::Target::new(server.url()).await)
+    Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-conformance_tests!(target());
+tenure_testkit::conformance_tests!(target());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sslmodes_mean_what_libpq_says() {

@@ -1,8 +1,6 @@
 //! The conformance suite on `redis://`, against a real redis-server, plus
 //! fault tests on the kit's own servers.
 
-mod conformance;
-
 use std::sync::OnceLock;
 
 use tenure::Error;
@@ -14,25 +12,25 @@ fn shared() -> Option<&'static RedisServer> {
     SERVER.get_or_init(RedisServer::start_or_skip).as_ref()
 }
 
-async fn target() -> Option<conformance::Target> {
+async fn target() -> Option<tenure_testkit::conformance::Target> {
     let server = shared()?;
-    Some(conformance::Target::new(server.url()).await)
+    Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-conformance_tests!(target());
+tenure_testkit::conformance_tests!(target());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_and_restarted() {
     let Some(mut server) = RedisServer::start_or_skip() else {
         return;
     };
-    conformance::check_server_killed_and_restarted(&mut server).await;
+    tenure_testkit::conformance::check_server_killed_and_restarted(&mut server).await;
 }
 
 #[tokio::test]
 async fn server_down_at_start_is_unavailable_in_time() {
     let port = tenure_testkit::free_port();
-    conformance::check_down_at_start(&format!("redis://127.0.0.1:{port}/0")).await;
+    tenure_testkit::conformance::check_down_at_start(&format!("redis://127.0.0.1:{port}/0")).await;
 }
 
 #[tokio::test]
@@ -53,7 +51,7 @@ async fn server_paused_while_held() {
     let Some(mut server) = RedisServer::start_or_skip() else {
         return;
     };
-    conformance::check_server_paused(&mut server).await;
+    tenure_testkit::conformance::check_server_paused(&mut server).await;
 }
 
 /// A prefix whose keys another key layout wrote is refused, with a reason;

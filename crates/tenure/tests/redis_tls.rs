@@ -3,8 +3,6 @@
 //! client does not trust that CA.
 #![cfg(feature = "tls")]
 
-mod conformance;
-
 use std::sync::OnceLock;
 
 use tenure::Error;
@@ -15,12 +13,12 @@ fn shared() -> Option<&'static RedisServer> {
     SERVER.get_or_init(RedisServer::start_tls_or_skip).as_ref()
 }
 
-async fn target() -> Option<conformance::Target> {
+async fn target() -> Option<tenure_testkit::conformance::Target> {
     let server = shared()?;
-    Some(conformance::Target::new(server.url()).await)
+    Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-conformance_tests!(target());
+tenure_testkit::conformance_tests!(target());
 
 #[tokio::test]
 async fn untrusted_certificate_is_refused_with_a_clear_error() {

@@ -3,8 +3,6 @@
 //! restarted empty.
 #![cfg(feature = "redlock")]
 
-mod conformance;
-
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -26,12 +24,12 @@ fn shared() -> Option<&'static [RedisServer]> {
     SERVERS.get_or_init(|| start(3)).as_deref()
 }
 
-async fn target() -> Option<conformance::Target> {
+async fn target() -> Option<tenure_testkit::conformance::Target> {
     let servers = shared()?;
-    Some(conformance::Target::new(url(servers)).await)
+    Some(tenure_testkit::conformance::Target::new(url(servers)).await)
 }
 
-conformance_tests!(target());
+tenure_testkit::conformance_tests!(target());
 
 async fn session(store: &std::sync::Arc<dyn tenure::Store>, ttl: Duration) -> Session {
     Session::with_options(store, SessionOptions::new().ttl(ttl))
@@ -156,5 +154,6 @@ async fn all_down_at_start_is_unavailable_in_time() {
     let ports: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", tenure_testkit::free_port()))
         .collect();
-    conformance::check_down_at_start(&format!("redlock://{}/0", ports.join(","))).await;
+    tenure_testkit::conformance::check_down_at_start(&format!("redlock://{}/0", ports.join(",")))
+        .await;
 }

@@ -1,7 +1,5 @@
 //! The conformance suite on `sqlite://`, the embedded default.
 
-mod conformance;
-
 use std::sync::OnceLock;
 
 /// One database file for the whole test binary, as several programs share one.
@@ -11,7 +9,7 @@ fn url() -> String {
     format!("sqlite://{}", dir.path().join("conformance.db").display())
 }
 
-conformance_tests!(conformance::Target::some(url()));
+tenure_testkit::conformance_tests!(tenure_testkit::conformance::Target::some(url()));
 
 /// Expiry counts from boot, so sessions of an earlier boot are dropped when
 /// a store opens the file after a reboot (played here by changing the

@@ -2,8 +2,6 @@
 //! zookeeper package) the test kit starts, plus fault tests.
 #![cfg(feature = "zookeeper")]
 
-mod conformance;
-
 use std::sync::OnceLock;
 
 use tenure_testkit::ZkEnsemble;
@@ -14,25 +12,25 @@ fn shared() -> Option<&'static ZkEnsemble> {
     SERVER.get_or_init(|| ZkEnsemble::start_or_skip(1)).as_ref()
 }
 
-async fn target() -> Option<conformance::Target> {
+async fn target() -> Option<tenure_testkit::conformance::Target> {
     let server = shared()?;
-    Some(conformance::Target::new(server.url()).await)
+    Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-conformance_tests!(target());
+tenure_testkit::conformance_tests!(target());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_and_restarted() {
     let Some(mut server) = ZkEnsemble::start_or_skip(1) else {
         return;
     };
-    conformance::check_server_killed_and_restarted(&mut server).await;
+    tenure_testkit::conformance::check_server_killed_and_restarted(&mut server).await;
 }
 
 #[tokio::test]
 async fn server_down_at_start_is_unavailable_in_time() {
     let port = tenure_testkit::free_port();
-    conformance::check_down_at_start(&format!("zk://127.0.0.1:{port}")).await;
+    tenure_testkit::conformance::check_down_at_start(&format!("zk://127.0.0.1:{port}")).await;
 }
 
 /// 64 waiters on one mutex: each release wakes exactly one of them (each
@@ -44,7 +42,7 @@ async fn no_thundering_herd() {
         .await
         .unwrap();
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(zk.clone());
-    conformance::check_no_thundering_herd(&store, || zk.wakeups()).await;
+    tenure_testkit::conformance::check_no_thundering_herd(&store, || zk.wakeups()).await;
 }
 
 /// A 3-server ensemble: the leader killed while a lock is held and two
@@ -55,7 +53,7 @@ async fn cluster_leader_and_member_killed() {
         return;
     };
     let leader = ensemble.leader().expect("a leader");
-    conformance::check_cluster_failover(&mut ensemble, leader).await;
+    tenure_testkit::conformance::check_cluster_failover(&mut ensemble, leader).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,5 +61,5 @@ async fn server_paused_while_held() {
     let Some(mut server) = ZkEnsemble::start_or_skip(1) else {
         return;
     };
-    conformance::check_server_paused(&mut server).await;
+    tenure_testkit::conformance::check_server_paused(&mut server).await;
 }

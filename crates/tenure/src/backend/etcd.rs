@@ -33,10 +33,11 @@ use etcd_client::{
     TxnOpResponse, TxnResponse, WatchOptions,
 };
 
+use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "etcd";
@@ -45,6 +46,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts of a compare-and-swap that lost a race with another writer.
 const CAS_ATTEMPTS: usize = 16;
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules {
+    shape: Shape::Servers,
+    options: &["prefix", "tls_ca"],
+    fragment: false,
+};
 
 /// The etcd backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -162,68 +170,41 @@ struct Parsed {
     tls: Option<Option<String>>,
 }
 
-fn parse_url(url: &str) -> Result<Parsed> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: mask_password(url),
-        reason,
-    };
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| invalid("expected etcd://host:port[,host:port…]".into()))?;
-    let tls = scheme.eq_ignore_ascii_case("etcds");
+fn parse_url(url: &StoreUrl) -> Result<Parsed> {
+    let tls = url.scheme() == "etcds";
     if tls && !cfg!(feature = "tls") {
         return Err(Error::Unsupported {
             backend: BACKEND,
             what: "TLS (etcds://) without the cargo feature `tls`",
         });
     }
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let rest = rest.trim_end_matches('/');
-    let (userinfo, hosts) = match rest.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, rest),
-    };
-    let user = match userinfo {
-        Some(u) => {
-            let (name, password) = u.split_once(':').unwrap_or((u, ""));
-            let decode = |s: &str| {
-                url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                    .next()
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default()
-            };
-            Some((decode(name), decode(password)))
-        }
-        None => None,
-    };
-    let mut endpoints = Vec::new();
-    for host in hosts.split(',') {
-        let (h, port) = host
-            .rsplit_once(':')
-            .ok_or_else(|| invalid(format!("endpoint {host:?} needs host:port")))?;
-        if h.is_empty() || h.contains('/') || port.parse::<u16>().is_err() {
-            return Err(invalid(format!("endpoint {host:?} needs host:port")));
-        }
-        let scheme = if tls { "https" } else { "http" };
-        endpoints.push(format!("{scheme}://{host}"));
+    if !url.path().trim_end_matches('/').is_empty() {
+        return Err(url.invalid("etcd:// takes no path; use ?prefix=NAME"));
     }
-    let mut prefix = "tenure".to_string();
-    let mut ca = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("prefix", v)) if !v.is_empty() && !v.contains('\0') => prefix = v.to_string(),
-            Some(("tls_ca", v)) if tls && !v.is_empty() => ca = Some(v.to_string()),
-            _ => {
-                return Err(invalid(format!(
-                "unknown or bad option {pair:?}; known: prefix=NAME, tls_ca=PATH (etcds:// only)"
-            )))
-            }
+    let scheme = if tls { "https" } else { "http" };
+    let endpoints = url
+        .servers("endpoint")?
+        .iter()
+        .map(|(h, p)| format!("{scheme}://{h}:{p}"))
+        .collect();
+    let user = url
+        .user()
+        .map(|u| (u.to_string(), url.password().unwrap_or("").to_string()));
+    let prefix = match url.option("prefix") {
+        None => "tenure",
+        Some(p) if !p.is_empty() && !p.contains('\0') => p,
+        Some(p) => return Err(url.invalid(format!("prefix={p:?} must be non-empty"))),
+    };
+    let ca = match url.option("tls_ca") {
+        Some(path) if !tls || path.is_empty() => {
+            return Err(url.invalid("tls_ca=PATH goes with etcds:// only"))
         }
-    }
+        other => other.map(str::to_string),
+    };
     Ok(Parsed {
         endpoints,
         user,
-        prefix,
+        prefix: prefix.to_string(),
         tls: tls.then_some(ca),
     })
 }
@@ -247,7 +228,7 @@ fn split_key(key: &SessionKey) -> Result<(i64, &str)> {
         .get(..16)
         .and_then(|h| u64::from_str_radix(h, 16).ok())
         .map(|l| l as i64)
-        .ok_or(Error::SessionLost("not a session key of the etcd backend"))?;
+        .ok_or(Error::SessionLost(crate::error::LostReason::Expired))?;
     Ok((lease, &s[16..]))
 }
 
@@ -336,8 +317,8 @@ fn get_kvs(op: Option<&TxnOpResponse>) -> Result<&[KeyValue]> {
 }
 
 impl EtcdStore {
-    pub(crate) async fn open_url(url: &str) -> Result<Self> {
-        let parsed = parse_url(url)?;
+    pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
+        let parsed = parse_url(&url)?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
@@ -349,10 +330,8 @@ impl EtcdStore {
             let mut config = etcd_client::TlsOptions::new();
             match ca {
                 Some(path) => {
-                    let pem = std::fs::read(path).map_err(|e| Error::InvalidUrl {
-                        url: mask_password(url),
-                        reason: format!("tls_ca={path}: {e}"),
-                    })?;
+                    let pem = std::fs::read(path)
+                        .map_err(|e| url.invalid(format!("tls_ca={path}: {e}")))?;
                     config = config.ca_certificate(etcd_client::Certificate::from_pem(pem));
                 }
                 None => config = config.with_native_roots(),
@@ -377,7 +356,7 @@ impl EtcdStore {
             inner: Arc::new(Inner {
                 client,
                 prefix: parsed.prefix,
-                url: mask_password(url),
+                url: url.masked().to_string(),
                 caps: capabilities(),
                 keepers: tokio::sync::Mutex::new(HashMap::new()),
                 wakeups: AtomicU64::new(0),
@@ -391,7 +370,7 @@ impl EtcdStore {
 
     /// Opens a store from an `etcd://` URL (as [`crate::open`] does), typed.
     pub async fn open(url: &str) -> Result<Self> {
-        Self::open_url(url).await
+        Self::open_url(StoreUrl::parse(url, &URL)?).await
     }
 
     /// How many times waiters of this store were woken to look at their
@@ -602,7 +581,7 @@ fn own_earlier_attempt(read: &Read, i: usize, unsure: bool, nonce: &str) -> Opti
 }
 
 fn lost() -> Error {
-    Error::SessionLost("etcd no longer has this session's lease (expired or revoked)")
+    Error::SessionLost(crate::error::LostReason::Expired)
 }
 
 fn lease_of(hex: &[u8]) -> Result<i64> {
@@ -629,8 +608,8 @@ impl Store for EtcdStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let secret = crate::session::random_hex(16)?;
-        let tag = crate::session::random_hex(6)?;
+        let secret = crate::store::random_hex(16)?;
+        let tag = crate::store::random_hex(6)?;
         let ttl = i64::try_from(spec.ttl.as_millis().div_ceil(1000).max(1)).map_err(|_| {
             Error::InvalidArgument {
                 what: "ttl",
@@ -728,11 +707,10 @@ impl Store for EtcdStore {
         value: &[u8],
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
-        crate::queue::check_compatible(name, kind, [])?;
         let (lease, secret) = split_key(session)?;
         let entry = self.entry_key(name, lease);
         let qp = self.queue_prefix(name);
-        let nonce = crate::session::random_hex(8)?;
+        let nonce = crate::store::random_hex(8)?;
         let deadline = tokio::time::Instant::now() + RETRY_FOR;
         // Whether an earlier attempt may have taken effect unseen.
         let mut unsure = false;
@@ -1183,21 +1161,25 @@ impl EtcdStore {
 mod tests {
     use super::*;
 
+    fn parse(url: &str) -> Result<Parsed> {
+        parse_url(&StoreUrl::parse(url, &URL)?)
+    }
+
     #[test]
     fn urls() {
-        let p = parse_url("etcd://u:p%40ss@a:1,b:2?prefix=x").unwrap();
+        let p = parse("etcd://u:p%40ss@a:1,b:2?prefix=x").unwrap();
         assert_eq!(p.endpoints, ["http://a:1", "http://b:2"]);
         assert_eq!(p.user, Some(("u".into(), "p@ss".into())));
         assert_eq!(p.prefix, "x");
         for bad in ["etcd://a", "etcd://a:x", "etcd://a:1?nosuch=1", "etcd://:1"] {
-            assert!(parse_url(bad).is_err(), "{bad}");
+            assert!(parse(bad).is_err(), "{bad}");
         }
-        let Err(e) = parse_url("etcd://u:hunter2@a") else {
+        let Err(e) = parse("etcd://u:hunter2@a") else {
             panic!("a URL without a port was taken");
         };
         assert!(!e.to_string().contains("hunter2"));
-        assert_eq!(parse_url("etcds://a:1").is_ok(), cfg!(feature = "tls"));
-        assert!(parse_url("etcd://a:1?tls_ca=/x").is_err());
+        assert_eq!(parse("etcds://a:1").is_ok(), cfg!(feature = "tls"));
+        assert!(parse("etcd://a:1?tls_ca=/x").is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
@@ -21,6 +22,13 @@ use crate::store::{
 };
 
 const BACKEND: &str = "memory";
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules {
+    shape: Shape::File,
+    options: &[],
+    fragment: false,
+};
 
 /// The memory backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -116,13 +124,9 @@ impl MemoryStore {
         }
     }
 
-    pub(crate) fn open_url(url: &str) -> Result<Self> {
-        let rest = url.split_once("://").map(|(_, r)| r).unwrap_or("");
-        if !rest.is_empty() {
-            return Err(Error::InvalidUrl {
-                url: crate::store::mask_password(url),
-                reason: "memory:// takes no host, path or options".into(),
-            });
+    pub(crate) fn open_url(url: StoreUrl) -> Result<Self> {
+        if !url.path().is_empty() {
+            return Err(url.invalid("memory:// takes no host or path"));
         }
         Ok(Self::new())
     }
@@ -211,9 +215,10 @@ impl MemoryStore {
     }
 
     fn session<'a>(state: &'a State, key: &SessionKey) -> Result<&'a SessionRec> {
-        state.sessions.get(key).ok_or(Error::SessionLost(
-            "the store has no such session (expired or closed)",
-        ))
+        state
+            .sessions
+            .get(key)
+            .ok_or(Error::SessionLost(crate::error::LostReason::Expired))
     }
 }
 
@@ -277,7 +282,7 @@ impl Store for MemoryStore {
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         self.start_reaper();
-        let key = SessionKey::new(crate::session::random_hex(16)?);
+        let key = SessionKey::new(crate::store::random_hex(16)?);
         let mut state = self.lock();
         state.next_tag += 1;
         let tag = format!("m{}", state.next_tag);
@@ -297,9 +302,10 @@ impl Store for MemoryStore {
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
         let mut state = self.lock();
-        let rec = state.sessions.get_mut(session).ok_or(Error::SessionLost(
-            "the session expired before the keep-alive arrived",
-        ))?;
+        let rec = state
+            .sessions
+            .get_mut(session)
+            .ok_or(Error::SessionLost(crate::error::LostReason::Expired))?;
         rec.expires = far_add(Instant::now(), rec.ttl);
         Ok(())
     }

@@ -16,3 +16,5 @@ pub mod redlock;
 pub mod sqlite;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
+
+pub mod url;

@@ -18,10 +18,11 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row, Value};
 
 use super::poll::{self, Listeners, Look};
+use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "mysql";
@@ -36,6 +37,23 @@ const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RETRIES: usize = 5;
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules {
+    shape: Shape::Servers,
+    options: &[
+        "prefix",
+        // mysql_async's own, passed on to the driver.
+        "tcp_keepalive",
+        "tcp_nodelay",
+        "stmt_cache_size",
+        "conn_ttl",
+        "wait_timeout",
+        "compression",
+        "socket",
+    ],
+    fragment: false,
+};
 
 /// The MySQL/MariaDB backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -101,53 +119,34 @@ fn is_retryable(e: &mysql_async::Error) -> bool {
     matches!(e, mysql_async::Error::Server(s) if s.code == 1213 || s.code == 1205)
 }
 
-fn parse_url(url: &str) -> Result<(mysql_async::Opts, String)> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: mask_password(url),
-        reason,
-    };
-    let url_mysql = match url.split_once("://") {
-        Some((_, rest)) => format!("mysql://{rest}"),
-        None => {
-            return Err(invalid(
-                "expected mysql://user:password@host:port/db".into(),
-            ))
-        }
-    };
-    let (base, query) = match url_mysql.split_once('?') {
-        Some((b, q)) => (b.to_string(), q.to_string()),
-        None => (url_mysql.clone(), String::new()),
-    };
-    let mut prefix = "tenure_".to_string();
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("prefix", v)) => {
-                let ok = !v.is_empty()
-                    && v.len() <= 32
-                    && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-                if !ok {
-                    return Err(invalid(format!(
-                        "prefix must be 1-32 of A-Z, a-z, 0-9 and _, not {v:?}"
-                    )));
-                }
-                prefix = v.to_string();
+fn parse_url(url: &StoreUrl) -> Result<(mysql_async::Opts, String)> {
+    let prefix = match url.option("prefix") {
+        None => "tenure_",
+        Some(v) => {
+            let ok = !v.is_empty()
+                && v.len() <= 32
+                && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                return Err(url.invalid(format!(
+                    "prefix must be 1-32 of A-Z, a-z, 0-9 and _, not {v:?}"
+                )));
             }
-            _ => rest.push(pair),
+            v
         }
-    }
-    let cleaned = if rest.is_empty() {
-        base
-    } else {
-        format!("{base}?{}", rest.join("&"))
     };
-    let opts = mysql_async::Opts::from_url(&cleaned).map_err(|e| invalid(e.to_string()))?;
+    // mysql_async knows only mysql://, also for MariaDB.
+    let cleaned = format!(
+        "mysql://{}{}{}{}",
+        url.userinfo_as_written(),
+        url.authority(),
+        url.path(),
+        url.driver_query(&["prefix"])
+    );
+    let opts = mysql_async::Opts::from_url(&cleaned).map_err(|e| url.invalid(e.to_string()))?;
     if opts.db_name().is_none() {
-        return Err(invalid(
-            "no database: use mysql://user:password@host:port/DATABASE".into(),
-        ));
+        return Err(url.invalid("no database: use mysql://user:password@host:port/DATABASE"));
     }
-    Ok((opts, prefix))
+    Ok((opts, prefix.to_string()))
 }
 
 /// Reads column `i` of a row, with a typed error instead of a panic.
@@ -177,13 +176,13 @@ async fn stored_version(conn: &mut mysql_async::Conn, p: &str) -> Result<Option<
 }
 
 impl MysqlStore {
-    pub(crate) async fn open_url(url: &str) -> Result<Self> {
-        let (opts, prefix) = parse_url(url)?;
+    pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
+        let (opts, prefix) = parse_url(&url)?;
         let store = MysqlStore {
             inner: Arc::new(Inner {
                 pool: Pool::new(opts),
                 prefix,
-                url: mask_password(url),
+                url: url.masked().to_string(),
                 caps: capabilities(),
                 listeners: Listeners::default(),
             }),
@@ -310,8 +309,8 @@ impl Store for MysqlStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let secret = crate::session::random_hex(16)?;
-        let tag = crate::session::random_hex(6)?;
+        let secret = crate::store::random_hex(16)?;
+        let tag = crate::store::random_hex(6)?;
         let ttl = i64::try_from(spec.ttl.as_millis()).unwrap_or(i64::MAX);
         let label: String = spec.label.chars().take(255).collect();
         let p = &self.inner.prefix;
@@ -338,9 +337,7 @@ impl Store for MysqlStore {
         .await
         .map_err(my_err)?;
         if conn.affected_rows() == 0 {
-            return Err(Error::SessionLost(
-                "the session expired before the keep-alive arrived",
-            ));
+            return Err(Error::SessionLost(crate::error::LostReason::Expired));
         }
         Ok(())
     }
@@ -375,7 +372,6 @@ impl Store for MysqlStore {
         value: &[u8],
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
-        crate::queue::check_compatible(name, kind, [])?;
         let (k, count, limit) = poll::kind_code(kind);
         let row = self
             .call(

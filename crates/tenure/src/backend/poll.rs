@@ -141,7 +141,7 @@ pub(crate) fn kind_from_code(
 /// The error a server-side operation reports as a status word.
 pub(crate) fn status_error(backend: &'static str, status: &str, name: &Name) -> Error {
     match status {
-        "lost" => Error::SessionLost("the store has no such session (expired or closed)"),
+        "lost" => Error::SessionLost(crate::error::LostReason::Expired),
         "notheld" => Error::NotHeld("this session holds no such entry"),
         s => match s.strip_prefix("conflict:") {
             Some(reason) => Error::Conflict {

@@ -17,10 +17,11 @@ use tokio_postgres::NoTls;
 use tokio_postgres::{AsyncMessage, Client, Statement};
 
 use super::poll::{self, Listeners, Look};
+use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "postgres";
@@ -37,6 +38,26 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Deadlocks and serialization failures are retried this many times.
 const RETRIES: usize = 5;
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules {
+    shape: Shape::Servers,
+    options: &[
+        "schema",
+        "sslmode",
+        "sslrootcert",
+        // libpq's own, passed on to the driver.
+        "application_name",
+        "connect_timeout",
+        "options",
+        "target_session_attrs",
+        "keepalives",
+        "keepalives_idle",
+        "channel_binding",
+        "load_balance_hosts",
+    ],
+    fragment: false,
+};
 
 /// The PostgreSQL backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -181,7 +202,7 @@ type PgConnection = tokio_postgres::Connection<
 >;
 
 #[cfg(feature = "tls")]
-fn make_tls(url: &str, choice: &TlsChoice) -> Result<Tls> {
+fn make_tls(url: &StoreUrl, choice: &TlsChoice) -> Result<Tls> {
     let mut builder = native_tls::TlsConnector::builder();
     let check_chain = matches!(choice.mode, SslMode::VerifyCa | SslMode::VerifyFull)
         || choice.root_cert.is_some();
@@ -192,10 +213,7 @@ fn make_tls(url: &str, choice: &TlsChoice) -> Result<Tls> {
         builder.danger_accept_invalid_hostnames(true);
     }
     if let Some(path) = &choice.root_cert {
-        let bad = |reason: String| Error::InvalidUrl {
-            url: mask_password(url),
-            reason: format!("sslrootcert={path}: {reason}"),
-        };
+        let bad = |reason: String| url.invalid(format!("sslrootcert={path}: {reason}"));
         let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
         let cert = native_tls::Certificate::from_pem(&pem).map_err(|e| bad(e.to_string()))?;
         builder.add_root_certificate(cert);
@@ -207,7 +225,7 @@ fn make_tls(url: &str, choice: &TlsChoice) -> Result<Tls> {
 }
 
 #[cfg(not(feature = "tls"))]
-fn make_tls(_url: &str, choice: &TlsChoice) -> Result<Tls> {
+fn make_tls(_url: &StoreUrl, choice: &TlsChoice) -> Result<Tls> {
     match choice.mode {
         SslMode::Disable | SslMode::Prefer => Ok(NoTls),
         _ => Err(Error::Unsupported {
@@ -217,63 +235,54 @@ fn make_tls(_url: &str, choice: &TlsChoice) -> Result<Tls> {
     }
 }
 
-/// Splits off our `schema` option and libpq's TLS options, and parses the
-/// rest as libpq does.
-fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String, TlsChoice)> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: mask_password(url),
-        reason,
-    };
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, q),
-        None => (url, ""),
-    };
-    let mut schema = "tenure".to_string();
-    let mut rest = Vec::new();
-    let mut tls = TlsChoice {
-        mode: SslMode::Prefer,
-        root_cert: None,
-    };
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("schema", v)) => {
-                let ok = !v.is_empty()
-                    && v.len() <= 40
-                    && v.chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-                    && !v.starts_with(|c: char| c.is_ascii_digit());
-                if !ok {
-                    return Err(invalid(format!(
-                        "schema must be 1-40 of a-z, 0-9 and _ (not starting with a digit), not {v:?}"
-                    )));
-                }
-                schema = v.to_string();
+/// Takes our `schema` option and libpq's TLS options, and parses the rest
+/// as libpq does.
+fn parse_url(url: &StoreUrl) -> Result<(tokio_postgres::Config, String, TlsChoice)> {
+    let schema = match url.option("schema") {
+        None => "tenure",
+        Some(v) => {
+            let ok = !v.is_empty()
+                && v.len() <= 40
+                && v.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && !v.starts_with(|c: char| c.is_ascii_digit());
+            if !ok {
+                return Err(url.invalid(format!(
+                    "schema must be 1-40 of a-z, 0-9 and _ (not starting with a digit), not {v:?}"
+                )));
             }
-            Some(("sslmode", v)) => {
-                tls.mode = match v {
-                    "disable" => SslMode::Disable,
-                    "allow" | "prefer" => SslMode::Prefer,
-                    "require" => SslMode::Require,
-                    "verify-ca" => SslMode::VerifyCa,
-                    "verify-full" => SslMode::VerifyFull,
-                    other => {
-                        return Err(invalid(format!(
-                    "sslmode={other:?}; known: disable, prefer, require, verify-ca, verify-full"
-                )))
-                    }
-                }
-            }
-            Some(("sslrootcert", v)) if !v.is_empty() => tls.root_cert = Some(v.to_string()),
-            _ => rest.push(pair),
+            v
         }
-    }
-    let cleaned = if rest.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base}?{}", rest.join("&"))
     };
+    let mode = match url.option("sslmode") {
+        None | Some("allow") | Some("prefer") => SslMode::Prefer,
+        Some("disable") => SslMode::Disable,
+        Some("require") => SslMode::Require,
+        Some("verify-ca") => SslMode::VerifyCa,
+        Some("verify-full") => SslMode::VerifyFull,
+        Some(other) => {
+            return Err(url.invalid(format!(
+                "sslmode={other:?}; known: disable, prefer, require, verify-ca, verify-full"
+            )))
+        }
+    };
+    let tls = TlsChoice {
+        mode,
+        root_cert: url
+            .option("sslrootcert")
+            .filter(|v| !v.is_empty())
+            .map(str::to_string),
+    };
+    let cleaned = format!(
+        "{}://{}{}{}{}",
+        url.scheme(),
+        url.userinfo_as_written(),
+        url.authority(),
+        url.path(),
+        url.driver_query(&["schema", "sslmode", "sslrootcert"])
+    );
     let mut config =
-        tokio_postgres::Config::from_str(&cleaned).map_err(|e| invalid(e.to_string()))?;
+        tokio_postgres::Config::from_str(&cleaned).map_err(|e| url.invalid(e.to_string()))?;
     config.connect_timeout(CONNECT_TIMEOUT);
     if config.get_application_name().is_none() {
         config.application_name("tenure");
@@ -283,7 +292,7 @@ fn parse_url(url: &str) -> Result<(tokio_postgres::Config, String, TlsChoice)> {
         SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
         _ => tokio_postgres::config::SslMode::Require,
     });
-    Ok((config, schema, tls))
+    Ok((config, schema.to_string(), tls))
 }
 
 fn to_u64(v: i64) -> Result<u64> {
@@ -300,14 +309,14 @@ fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
 }
 
 impl PostgresStore {
-    pub(crate) async fn open_url(url: &str) -> Result<Self> {
-        let (config, schema, tls) = parse_url(url)?;
-        let tls = make_tls(url, &tls)?;
+    pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
+        let (config, schema, tls) = parse_url(&url)?;
+        let tls = make_tls(&url, &tls)?;
         let store = PostgresStore {
             inner: Arc::new(Inner {
                 config,
                 tls,
-                url: mask_password(url),
+                url: url.masked().to_string(),
                 caps: capabilities(),
                 conn: tokio::sync::Mutex::new(None),
                 listeners: Listeners::default(),
@@ -535,8 +544,8 @@ impl Store for PostgresStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let secret = crate::session::random_hex(16)?;
-        let tag = crate::session::random_hex(6)?;
+        let secret = crate::store::random_hex(16)?;
+        let tag = crate::store::random_hex(6)?;
         let ttl = i64::try_from(spec.ttl.as_millis()).unwrap_or(i64::MAX);
         self.execute(|s| &s.open, &[&secret, &tag, &spec.label, &ttl])
             .await?;
@@ -551,9 +560,7 @@ impl Store for PostgresStore {
             .execute(|s| &s.keep_alive, &[&session.secret()])
             .await?;
         if n == 0 {
-            return Err(Error::SessionLost(
-                "the session expired before the keep-alive arrived",
-            ));
+            return Err(Error::SessionLost(crate::error::LostReason::Expired));
         }
         Ok(())
     }
@@ -572,7 +579,6 @@ impl Store for PostgresStore {
         value: &[u8],
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
-        crate::queue::check_compatible(name, kind, [])?;
         let (k, count, limit) = poll::kind_code(kind);
         let (count, limit) = (
             i32::try_from(count).unwrap_or(i32::MAX),

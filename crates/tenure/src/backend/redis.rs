@@ -20,10 +20,11 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
 use super::poll::{self, Listeners, Listening, Look};
+use super::url::{mask_password, Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "redis";
@@ -36,6 +37,13 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 const KEY_LAYOUT: &str = "2";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules {
+    shape: Shape::Servers,
+    options: &["prefix", "tls_ca"],
+    fragment: true,
+};
 
 /// The Redis backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -145,65 +153,59 @@ struct Parsed {
     tls_ca: Option<String>,
 }
 
-/// Splits off our options (`prefix`, `tls_ca`) from a Redis URL.
-fn parse_url(url: &str) -> Result<Parsed> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: mask_password(url),
-        reason,
-    };
-    let tls = url.starts_with("rediss://");
+/// Our options (`prefix`, `tls_ca`) and the URL for the client without them.
+fn parse_url(url: &StoreUrl) -> Result<Parsed> {
+    let tls = url.scheme() == "rediss";
     if tls && !cfg!(feature = "tls") {
         return Err(Error::Unsupported {
             backend: BACKEND,
             what: "TLS (rediss://) without the cargo feature `tls`",
         });
     }
-    // redis-rs reads `#insecure` (no certificate checks) from the fragment.
-    let (url_part, fragment) = match url.split_once('#') {
-        Some((u, f)) => (u, format!("#{f}")),
-        None => (url, String::new()),
-    };
-    let (base, query) = match url_part.split_once('?') {
-        Some((b, q)) => (b, q),
-        None => (url_part, ""),
-    };
-    let mut prefix = "tenure".to_string();
-    let mut tls_ca = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("prefix", v)) if !v.is_empty() && !v.contains(['{', '}']) => {
-                prefix = v.to_string()
-            }
-            Some(("tls_ca", v)) if tls && !v.is_empty() => tls_ca = Some(v.to_string()),
-            _ => {
-                return Err(invalid(format!(
-                    "unknown or bad option {pair:?}; known: prefix=NAME (no braces), tls_ca=PATH (rediss:// only)"
-                )))
-            }
-        }
+    if url.authority().contains(',') {
+        return Err(url.invalid("redis:// takes one server; use redlock:// for several"));
     }
+    let prefix = match url.option("prefix") {
+        None => "tenure",
+        Some(p) if !p.is_empty() && !p.contains(['{', '}']) => p,
+        Some(p) => {
+            return Err(url.invalid(format!("prefix={p:?} must be non-empty, without braces")))
+        }
+    };
+    let tls_ca = match url.option("tls_ca") {
+        Some(path) if !tls || path.is_empty() => {
+            return Err(url.invalid("tls_ca=PATH goes with rediss:// only"))
+        }
+        other => other.map(str::to_string),
+    };
+    // redis-rs reads `#insecure` (no certificate checks) from the fragment.
+    let fragment = url.fragment().map(|f| format!("#{f}")).unwrap_or_default();
     Ok(Parsed {
-        base: format!("{base}{fragment}"),
+        base: format!(
+            "{}://{}{}{}{fragment}",
+            url.scheme(),
+            url.userinfo_as_written(),
+            url.authority(),
+            url.path()
+        ),
         prefix: format!("{{{prefix}}}"),
         tls_ca,
     })
 }
 
 /// A client for the parsed URL, trusting `tls_ca` if given.
-fn client_for(url: &str, parsed: &Parsed) -> Result<redis::Client> {
-    let bad = |e: redis::RedisError| Error::InvalidUrl {
-        url: mask_password(url),
-        reason: e
-            .to_string()
-            .replace(&parsed.base, &mask_password(&parsed.base)),
+fn client_for(url: &StoreUrl, parsed: &Parsed) -> Result<redis::Client> {
+    let bad = |e: redis::RedisError| {
+        url.invalid(
+            e.to_string()
+                .replace(&parsed.base, &mask_password(&parsed.base)),
+        )
     };
     match &parsed.tls_ca {
         #[cfg(feature = "tls")]
         Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| Error::InvalidUrl {
-                url: mask_password(url),
-                reason: format!("tls_ca={path}: {e}"),
-            })?;
+            let pem =
+                std::fs::read(path).map_err(|e| url.invalid(format!("tls_ca={path}: {e}")))?;
             let certs = redis::TlsCertificates {
                 client_tls: None,
                 root_cert: Some(pem),
@@ -215,18 +217,18 @@ fn client_for(url: &str, parsed: &Parsed) -> Result<redis::Client> {
 }
 
 impl RedisStore {
-    pub(crate) async fn open_url(url: &str) -> Result<Self> {
-        Self::open_with(url, CONNECT_TIMEOUT, RESPONSE_TIMEOUT).await
+    pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
+        Self::open_with(&url, CONNECT_TIMEOUT, RESPONSE_TIMEOUT).await
     }
 
     /// One node of a Redlock store: every answer bounded by the node
     /// timeout, connecting by `connect`.
     #[cfg(feature = "redlock")]
     pub(crate) async fn open_node(url: &str, connect: Duration, timeout: Duration) -> Result<Self> {
-        Self::open_with(url, connect, timeout).await
+        Self::open_with(&StoreUrl::parse(url, &URL)?, connect, timeout).await
     }
 
-    async fn open_with(url: &str, connect: Duration, respond: Duration) -> Result<Self> {
+    async fn open_with(url: &StoreUrl, connect: Duration, respond: Duration) -> Result<Self> {
         let parsed = parse_url(url)?;
         let client = client_for(url, &parsed)?;
         let prefix = parsed.prefix;
@@ -248,7 +250,7 @@ impl RedisStore {
                 script: redis::Script::new(SCRIPT),
                 sessions_key: format!("{prefix}:sessions"),
                 prefix,
-                url: mask_password(url),
+                url: url.masked().to_string(),
                 caps: capabilities(),
                 wakeups: Wakeups::default(),
             }),
@@ -295,9 +297,7 @@ impl RedisStore {
             Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind") => {
                 Ok(reply)
             }
-            Some("lost") => Err(Error::SessionLost(
-                "the store has no such session (expired or closed)",
-            )),
+            Some("lost") => Err(Error::SessionLost(crate::error::LostReason::Expired)),
             Some("notheld") => Err(Error::NotHeld("this session holds no such entry")),
             Some("layout") => Err(Error::InvalidUrl {
                 url: self.inner.url.clone(),
@@ -340,7 +340,7 @@ impl RedisStore {
         let (listening, first) = self.inner.wakeups.listeners.listen(channel.clone());
         let store = self.clone();
         let listening = listening.on_last(move |channel| {
-            crate::session::spawn_detached(async move {
+            crate::task::spawn_detached(async move {
                 if let Some(sink) = store.inner.wakeups.sink.lock().await.as_mut() {
                     let _ = sink.unsubscribe(&channel).await;
                 }
@@ -441,7 +441,6 @@ impl RedisStore {
         mode: JoinMode,
         proposed: Option<u64>,
     ) -> Result<NodeJoin> {
-        crate::queue::check_compatible(name, kind, [])?;
         let (k, count, limit) = kind_args(kind);
         let mode = match mode {
             JoinMode::Wait => "wait",
@@ -524,8 +523,8 @@ impl Store for RedisStore {
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         let opened = OpenedSession {
-            key: SessionKey::new(crate::session::random_hex(16)?),
-            tag: crate::session::random_hex(6)?,
+            key: SessionKey::new(crate::store::random_hex(16)?),
+            tag: crate::store::random_hex(6)?,
         };
         self.open_session_as(&opened, spec).await?;
         Ok(opened)

@@ -43,10 +43,11 @@ use async_trait::async_trait;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::redis::{NodeJoin, RedisStore};
+use super::url::{mask_password, Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "redlock";
@@ -67,6 +68,13 @@ const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 /// Largest seq a node's script keeps exactly (a Lua number).
 const MAX_SEQ: u64 = 1 << 53;
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules {
+    shape: Shape::Servers,
+    options: &["prefix", "node_timeout", "tls_ca"],
+    fragment: false,
+};
 
 /// The Redlock backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -205,84 +213,50 @@ impl std::fmt::Debug for RedlockStore {
 
 /// Splits a `redlock://` URL into one `redis://` URL per node and the node
 /// timeout.
-fn parse_url(url: &str) -> Result<(Vec<String>, Duration)> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: mask_password(url),
-        reason,
-    };
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| invalid("expected redlock://host:port,host:port,host:port".into()))?;
+fn parse_url(url: &StoreUrl) -> Result<(Vec<String>, Duration)> {
     // redlocks:// is Redlock over rediss:// (TLS) nodes.
-    let node_scheme = if scheme.eq_ignore_ascii_case("redlocks") {
+    let node_scheme = if url.scheme() == "redlocks" {
         "rediss"
     } else {
         "redis"
     };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, db) = match rest.split_once('/') {
-        Some((a, db)) => (a, db),
-        None => (rest, "0"),
-    };
+    let db = url.path().trim_start_matches('/');
     let db = if db.is_empty() { "0" } else { db };
     if db.parse::<u32>().is_err() {
-        return Err(invalid(format!("database {db:?} is not a number")));
+        return Err(url.invalid(format!("database {db:?} is not a number")));
     }
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
+    if url.option("tls_ca").is_some() && node_scheme != "rediss" {
+        return Err(url.invalid("tls_ca=PATH goes with redlocks:// only"));
+    }
+    let node_timeout = match url.option("node_timeout") {
+        None => DEFAULT_NODE_TIMEOUT,
+        Some(v) => humantime::parse_duration(v)
+            .ok()
+            .filter(|d| !d.is_zero() && *d <= Duration::from_secs(60))
+            .ok_or_else(|| {
+                url.invalid(format!(
+                    "node_timeout={v:?} is not a duration from 1ms to 60s"
+                ))
+            })?,
     };
-    let mut node_timeout = DEFAULT_NODE_TIMEOUT;
-    let mut passed = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("node_timeout", v)) => {
-                node_timeout = humantime::parse_duration(v)
-                    .ok()
-                    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(60))
-                    .ok_or_else(|| {
-                        invalid(format!(
-                            "node_timeout={v:?} is not a duration from 1ms to 60s"
-                        ))
-                    })?;
-            }
-            Some(("prefix", _)) => passed.push(pair),
-            Some(("tls_ca", _)) if node_scheme == "rediss" => passed.push(pair),
-            _ => {
-                return Err(invalid(format!(
-                    "unknown option {pair:?}; known: prefix=NAME, node_timeout=DURATION, tls_ca=PATH (redlocks:// only)"
-                )))
-            }
-        }
-    }
-    let hosts: Vec<&str> = hosts.split(',').collect();
-    if hosts.len() < 3 || hosts.len() > MAX_NODES || hosts.len() % 2 == 0 {
-        return Err(invalid(format!(
+    let nodes = url.servers("node")?;
+    if nodes.len() < 3 || nodes.len() > MAX_NODES || nodes.len() % 2 == 0 {
+        return Err(url.invalid(format!(
             "Redlock needs an odd number of nodes from 3 to {MAX_NODES}, got {}",
-            hosts.len()
+            nodes.len()
         )));
     }
     let mut seen = std::collections::HashSet::new();
-    for host in &hosts {
-        let (h, port) = host
-            .rsplit_once(':')
-            .ok_or_else(|| invalid(format!("node {host:?} needs host:port")))?;
-        if h.is_empty() || port.parse::<u16>().is_err() {
-            return Err(invalid(format!("node {host:?} needs host:port")));
-        }
-        if !seen.insert(host.to_ascii_lowercase()) {
-            return Err(invalid(format!("node {host:?} is listed twice")));
+    for (host, port) in &nodes {
+        if !seen.insert((host.to_ascii_lowercase(), *port)) {
+            return Err(url.invalid(format!("node {host}:{port} is listed twice")));
         }
     }
-    let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-    let query = if passed.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", passed.join("&"))
-    };
-    let urls = hosts
+    let user = url.userinfo_as_written();
+    let query = url.driver_query(&["node_timeout"]);
+    let urls = nodes
         .iter()
-        .map(|h| format!("{node_scheme}://{user}{h}/{db}{query}"))
+        .map(|(h, p)| format!("{node_scheme}://{user}{h}:{p}/{db}{query}"))
         .collect();
     Ok((urls, node_timeout))
 }
@@ -321,8 +295,8 @@ impl Tally {
 }
 
 impl RedlockStore {
-    pub(crate) async fn open_url(url: &str) -> Result<Self> {
-        let (urls, node_timeout) = parse_url(url)?;
+    pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
+        let (urls, node_timeout) = parse_url(&url)?;
         let n = urls.len();
         let nodes = urls
             .into_iter()
@@ -342,7 +316,7 @@ impl RedlockStore {
                 majority: n / 2 + 1,
                 all: ((1u32 << n) - 1) as Mask,
                 node_timeout,
-                url: mask_password(url),
+                url: url.masked().to_string(),
                 caps: capabilities(),
                 sessions: std::sync::Mutex::new(HashMap::new()),
                 last_proposed: AtomicU64::new(0),
@@ -465,9 +439,7 @@ impl RedlockStore {
             ));
         }
         if count(tally.lost) >= count(tally.not_held) {
-            Err(Error::SessionLost(
-                "a majority of nodes no longer has this session",
-            ))
+            Err(Error::SessionLost(crate::error::LostReason::Expired))
         } else {
             Err(Error::NotHeld(
                 "a majority of nodes holds no such entry for this session",
@@ -611,8 +583,8 @@ impl Store for RedlockStore {
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         let opened = OpenedSession {
-            key: SessionKey::new(crate::session::random_hex(16)?),
-            tag: crate::session::random_hex(6)?,
+            key: SessionKey::new(crate::store::random_hex(16)?),
+            tag: crate::store::random_hex(6)?,
         };
         let (_, tally) = self
             .tally(self.inner.all, |node| {
@@ -653,9 +625,7 @@ impl Store for RedlockStore {
         let still_possible = count(self.inner.all & !dead) >= majority
             && entries.iter().all(|p| count(p.nodes & !dead) >= majority);
         if !still_possible {
-            return Err(Error::SessionLost(
-                "the session or one of its entries is gone from a majority of nodes",
-            ));
+            return Err(Error::SessionLost(crate::error::LostReason::Expired));
         }
         let why = tally.failure.map(|e| format!(": {e}")).unwrap_or_default();
         Err(Error::unavailable(
@@ -693,7 +663,6 @@ impl Store for RedlockStore {
         value: &[u8],
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
-        crate::queue::check_compatible(name, kind, [])?;
         if let EntryKind::Permits { limit, .. } = kind {
             if limit > 1 {
                 return Err(Error::Unsupported {
@@ -996,7 +965,7 @@ impl RedlockStore {
             inner: self.inner.clone(),
         };
         let (key, name) = (key.clone(), name.clone());
-        crate::session::spawn_detached(async move { store.undo(&key, &name, seq, mask).await });
+        crate::task::spawn_detached(async move { store.undo(&key, &name, seq, mask).await });
     }
 
     fn undo_open(&self, key: &SessionKey, opened: Mask) {
@@ -1007,7 +976,7 @@ impl RedlockStore {
             inner: self.inner.clone(),
         };
         let key = key.clone();
-        crate::session::spawn_detached(async move {
+        crate::task::spawn_detached(async move {
             store
                 .each(opened, |node| {
                     let key = key.clone();
@@ -1115,10 +1084,13 @@ fn fingerprint(entries: &[Entry]) -> u64 {
 mod tests {
     use super::*;
 
+    fn parse(url: &str) -> Result<(Vec<String>, Duration)> {
+        parse_url(&crate::registry::parse_url(url)?)
+    }
+
     #[test]
     fn urls() {
-        let (urls, t) =
-            parse_url("redlock://:pw@a:1,b:2,c:3/2?prefix=x&node_timeout=50ms").unwrap();
+        let (urls, t) = parse("redlock://:pw@a:1,b:2,c:3/2?prefix=x&node_timeout=50ms").unwrap();
         assert_eq!(urls[1], "redis://:pw@b:2/2?prefix=x");
         assert_eq!(t, Duration::from_millis(50));
         for bad in [
@@ -1130,9 +1102,9 @@ mod tests {
             "redlock://a:1,b:2,c:3?nosuch=1",
             "redlock://a:1,b:2,c:3/x",
         ] {
-            assert!(parse_url(bad).is_err(), "{bad}");
+            assert!(parse(bad).is_err(), "{bad}");
         }
-        let e = parse_url("redlock://:hunter2@a:1,b:2").unwrap_err();
+        let e = parse("redlock://:hunter2@a:1,b:2").unwrap_err();
         assert!(!e.to_string().contains("hunter2"));
     }
 

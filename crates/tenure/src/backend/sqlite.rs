@@ -20,11 +20,12 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::poll::{self, Listeners};
+use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
-    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "sqlite";
@@ -46,6 +47,13 @@ static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 fn count_statement(_sql: &str) {
     STATEMENTS.fetch_add(1, Ordering::Relaxed);
 }
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules {
+    shape: Shape::File,
+    options: &["synchronous"],
+    fragment: false,
+};
 
 /// The SQLite backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -150,9 +158,9 @@ struct Row {
 }
 
 impl SqliteStore {
-    pub(crate) async fn open_url(url: &str) -> Result<Self> {
-        let (path, synchronous) = parse_url(url)?;
-        let masked = mask_password(url);
+    pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
+        let (path, synchronous) = parse_url(&url)?;
+        let masked = url.masked().to_string();
         tokio::task::spawn_blocking(move || Self::open_path(&path, synchronous, &masked))
             .await
             .map_err(|e| Error::backend(BACKEND, e))?
@@ -332,10 +340,10 @@ impl SqliteStore {
                     if alive {
                         Err(Error::NotHeld("this session has no such entry"))
                     } else {
-                        Err(Error::SessionLost("the store has no such session (expired or closed)"))
+                        Err(Error::SessionLost(crate::error::LostReason::Expired))
                     }
                 }
-                Some((_, false)) => Err(Error::SessionLost("the session expired while waiting")),
+                Some((_, false)) => Err(Error::SessionLost(crate::error::LostReason::Expired)),
                 Some((true, true)) => Ok(Look::Granted),
                 Some((false, true)) => {
                     let granted = queue::grants(&kinds).last().copied().unwrap_or(false);
@@ -354,49 +362,29 @@ impl SqliteStore {
     }
 }
 
-fn parse_url(url: &str) -> Result<(PathBuf, &'static str)> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: mask_password(url),
-        reason,
-    };
-    let rest = url
-        .split_once("://")
-        .map(|(_, r)| r)
-        .ok_or_else(|| invalid("expected sqlite:///path/to/file.db".into()))?;
-    let (path, query) = match rest.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (rest, None),
-    };
+fn parse_url(url: &StoreUrl) -> Result<(PathBuf, &'static str)> {
+    let path = url.path();
     if path.is_empty() {
-        return Err(invalid(
-            "no file path; use sqlite:///absolute/path.db or sqlite://relative.db".into(),
-        ));
+        return Err(
+            url.invalid("no file path; use sqlite:///absolute/path.db or sqlite://relative.db")
+        );
     }
     if path.contains('\0') {
-        return Err(invalid("the path contains NUL".into()));
+        return Err(url.invalid("the path contains NUL"));
     }
-    let mut synchronous = "NORMAL";
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("synchronous", v)) => {
-                synchronous = match v.to_ascii_lowercase().as_str() {
-                    "normal" => "NORMAL",
-                    "full" => "FULL",
-                    "extra" => "EXTRA",
-                    _ => {
-                        return Err(invalid(format!(
-                            "synchronous must be normal, full or extra, not {v:?}"
-                        )))
-                    }
-                }
-            }
+    let synchronous = match url.option("synchronous").map(str::to_ascii_lowercase) {
+        None => "NORMAL",
+        Some(v) => match v.as_str() {
+            "normal" => "NORMAL",
+            "full" => "FULL",
+            "extra" => "EXTRA",
             _ => {
-                return Err(invalid(format!(
-                    "unknown option {pair:?}; known: synchronous"
+                return Err(url.invalid(format!(
+                    "synchronous must be normal, full or extra, not {v:?}"
                 )))
             }
-        }
-    }
+        },
+    };
     Ok((PathBuf::from(path), synchronous))
 }
 
@@ -596,9 +584,7 @@ fn session_alive(conn: &Connection, key: &SessionKey) -> Result<()> {
     if alive {
         Ok(())
     } else {
-        Err(Error::SessionLost(
-            "the store has no such session (expired or closed)",
-        ))
+        Err(Error::SessionLost(crate::error::LostReason::Expired))
     }
 }
 
@@ -622,8 +608,8 @@ impl Store for SqliteStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let key = crate::session::random_hex(16)?;
-        let tag = crate::session::random_hex(6)?;
+        let key = crate::store::random_hex(16)?;
+        let tag = crate::store::random_hex(6)?;
         let label = spec.label.clone();
         let ttl_ms = i64::try_from(spec.ttl.as_millis()).unwrap_or(i64::MAX);
         let (k, t) = (key.clone(), tag.clone());
@@ -671,9 +657,7 @@ impl Store for SqliteStore {
                 .and_then(|mut s| s.execute([key.secret()]))
                 .map_err(db_err)?;
             if n == 0 {
-                Err(Error::SessionLost(
-                    "the session expired before the keep-alive arrived",
-                ))
+                Err(Error::SessionLost(crate::error::LostReason::Expired))
             } else {
                 Ok(())
             }
@@ -786,9 +770,7 @@ impl Store for SqliteStore {
                     .map_err(db_err)?;
                 if inserted == 0 {
                     // Dropping the transaction rolls back the counter too.
-                    return Err(Error::SessionLost(
-                        "the store has no such session (expired or closed)",
-                    ));
+                    return Err(Error::SessionLost(crate::error::LostReason::Expired));
                 }
                 tx.commit().map_err(db_err)?;
                 Ok((
@@ -1035,19 +1017,20 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
+    fn parse(url: &str) -> Result<(PathBuf, &'static str)> {
+        parse_url(&crate::registry::parse_url(url)?)
+    }
+
     #[test]
     fn urls() {
         assert_eq!(
-            parse_url("sqlite:///tmp/a.db").unwrap().0,
+            parse("sqlite:///tmp/a.db").unwrap().0,
             PathBuf::from("/tmp/a.db")
         );
-        assert_eq!(parse_url("sqlite://a.db").unwrap().0, PathBuf::from("a.db"));
-        assert_eq!(
-            parse_url("sqlite:///a.db?synchronous=full").unwrap().1,
-            "FULL"
-        );
-        assert!(parse_url("sqlite://").is_err());
-        assert!(parse_url("sqlite:///a.db?synchronous=maybe").is_err());
-        assert!(parse_url("sqlite:///a.db?bogus=1").is_err());
+        assert_eq!(parse("sqlite://a.db").unwrap().0, PathBuf::from("a.db"));
+        assert_eq!(parse("sqlite:///a.db?synchronous=full").unwrap().1, "FULL");
+        assert!(parse("sqlite://").is_err());
+        assert!(parse("sqlite:///a.db?synchronous=maybe").is_err());
+        assert!(parse("sqlite:///a.db?bogus=1").is_err());
     }
 }

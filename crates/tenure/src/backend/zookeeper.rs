@@ -31,10 +31,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use zookeeper_client as zk;
 
+use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    mask_password, Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "zookeeper";
@@ -44,6 +45,13 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const REAP_EVERY: Duration = Duration::from_millis(50);
 /// How often an observer looks again for value changes it has no watch on.
 const OBSERVE_POLL: Duration = Duration::from_millis(200);
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules {
+    shape: Shape::Servers,
+    options: &[],
+    fragment: false,
+};
 
 /// The ZooKeeper backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -133,7 +141,7 @@ fn zk_err(e: zk::Error) -> Error {
 }
 
 fn lost() -> Error {
-    Error::SessionLost("the ZooKeeper session expired or was closed")
+    Error::SessionLost(crate::error::LostReason::Expired)
 }
 
 type ZkResult<T> = std::result::Result<T, zk::Error>;
@@ -269,35 +277,9 @@ struct Parsed {
     base: String,
 }
 
-fn parse_url(url: &str) -> Result<Parsed> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: mask_password(url),
-        reason,
-    };
-    let rest = url
-        .split_once("://")
-        .map(|(_, r)| r)
-        .ok_or_else(|| invalid("expected zk://host:port[,host:port…][/path]".into()))?;
-    if rest.contains('?') {
-        return Err(invalid("zk:// takes no options".into()));
-    }
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
-    for host in hosts.split(',') {
-        let ok = host
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-        if !ok {
-            return Err(invalid(format!("server {host:?} needs host:port")));
-        }
-    }
-    let base = match path.trim_end_matches('/') {
+fn parse_url(url: &StoreUrl) -> Result<Parsed> {
+    url.servers("server")?;
+    let base = match url.path().trim_end_matches('/') {
         "" => "/tenure".to_string(),
         p if p
             .split('/')
@@ -306,18 +288,23 @@ fn parse_url(url: &str) -> Result<Parsed> {
         {
             p.to_string()
         }
-        p => return Err(invalid(format!("bad path {p:?}"))),
+        p => return Err(url.invalid(format!("bad path {p:?}"))),
     };
+    // ZooKeeper's digest scheme takes `user:password`, decoded.
+    let auth = url.user().map(|user| match url.password() {
+        Some(password) => format!("{user}:{password}").into_bytes(),
+        None => user.as_bytes().to_vec(),
+    });
     Ok(Parsed {
-        hosts: hosts.to_string(),
-        auth: userinfo.map(|u| u.as_bytes().to_vec()),
+        hosts: url.authority().to_string(),
+        auth,
         base,
     })
 }
 
 impl ZkStore {
-    pub(crate) async fn open_url(url: &str) -> Result<Self> {
-        let parsed = parse_url(url)?;
+    pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
+        let parsed = parse_url(&url)?;
         let admin = connect(
             &parsed.hosts,
             parsed.auth.as_deref(),
@@ -329,7 +316,7 @@ impl ZkStore {
                 hosts: parsed.hosts,
                 auth: parsed.auth,
                 base: parsed.base,
-                url: mask_password(url),
+                url: url.masked().to_string(),
                 caps: capabilities(),
                 admin,
                 sessions: std::sync::Mutex::new(HashMap::new()),
@@ -379,7 +366,7 @@ impl ZkStore {
 
     /// Opens a store from a `zk://` URL (as [`crate::open`] does), typed.
     pub async fn open(url: &str) -> Result<Self> {
-        Self::open_url(url).await
+        Self::open_url(StoreUrl::parse(url, &URL)?).await
     }
 
     /// How many times waiters of this store were woken to look at their
@@ -555,8 +542,8 @@ impl Store for ZkStore {
                 ),
             });
         }
-        let tag = crate::session::random_hex(6)?;
-        let key = SessionKey::new(crate::session::random_hex(16)?);
+        let tag = crate::store::random_hex(6)?;
+        let key = SessionKey::new(crate::store::random_hex(16)?);
         let label = super::poll::printable(&spec.label);
         let session = Arc::new(ZkSession {
             client,
@@ -625,9 +612,7 @@ impl Store for ZkStore {
         if gone {
             // Never go on with a session that lost an entry.
             self.forget(key);
-            return Err(Error::SessionLost(
-                "an entry of this session was removed (evicted)",
-            ));
+            return Err(Error::SessionLost(crate::error::LostReason::Expired));
         }
         let mut deadline = session.deadline.lock().unwrap_or_else(|e| e.into_inner());
         *deadline = (*deadline).max(sent + session.ttl);
@@ -659,7 +644,6 @@ impl Store for ZkStore {
         value: &[u8],
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
-        crate::queue::check_compatible(name, kind, [])?;
         let session = self.session(key)?;
         let mut entries = session.entries.lock().await;
         let dir = self.name_path(name);
@@ -974,6 +958,10 @@ impl Store for ZkStore {
 mod tests {
     use super::*;
 
+    fn parse(url: &str) -> Result<Parsed> {
+        parse_url(&StoreUrl::parse(url, &URL)?)
+    }
+
     #[test]
     fn names_and_children() {
         for name in ["a", "x'); DROP --", "a/b", ".", "..", "é ü"] {
@@ -990,13 +978,13 @@ mod tests {
 
     #[test]
     fn urls() {
-        let p = parse_url("zk://u:p@a:1,b:2/app/locks").unwrap();
+        let p = parse("zk://u:p@a:1,b:2/app/locks").unwrap();
         assert_eq!(p.hosts, "a:1,b:2");
         assert_eq!(p.base, "/app/locks");
         assert_eq!(p.auth.as_deref(), Some(&b"u:p"[..]));
-        assert_eq!(parse_url("zk://a:1").unwrap().base, "/tenure");
+        assert_eq!(parse("zk://a:1").unwrap().base, "/tenure");
         for bad in ["zk://a", "zk://a:1/x/../y", "zk://a:1?x=1", "zk://a:1//x"] {
-            assert!(parse_url(bad).is_err(), "{bad}");
+            assert!(parse(bad).is_err(), "{bad}");
         }
     }
 }

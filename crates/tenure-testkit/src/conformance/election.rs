@@ -1,0 +1,176 @@
+//! Conformance: Elections: failover, observers, proclaim, the elector loop.
+
+use super::*;
+
+pub async fn check_election_failover(t: &Target) {
+    let name = unique("failover");
+    let a = crashing_session(&t.store, short_ttl(t, Duration::from_millis(600))).await;
+    let b = session(&t.store).await;
+    let ea = Election::new(&a, &name).unwrap();
+    let eb = Election::new(&b, &name).unwrap();
+    let ta = ea.campaign("a").await.unwrap();
+    let cb = tokio::spawn(async move { eb.campaign("b").await });
+    let leader = ea.leader().await.unwrap().unwrap();
+    assert_eq!(
+        (leader.token, leader.value.as_slice()),
+        (ta.token(), &b"a"[..])
+    );
+    assert_eq!(leader.since.is_some(), t.store.capabilities().grant_times);
+    let tb = tokio::time::timeout(Duration::from_secs(10), cb)
+        .await
+        .expect("failover in time")
+        .unwrap()
+        .unwrap();
+    assert!(ta.is_lost());
+    assert!(tb.token() > ta.token());
+    let leader = tenure::leader(t.store.as_ref(), &Name::new(&name).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (leader.token, leader.value_str().as_ref()),
+        (tb.token(), "b")
+    );
+    assert!(matches!(
+        ta.proclaim("late").await,
+        Err(Error::SessionLost(_))
+    ));
+    tb.resign().await.unwrap();
+}
+
+pub(super) async fn observe_next(obs: &mut tenure::Observer) -> Option<tenure::Leader> {
+    tokio::time::timeout(Duration::from_secs(10), obs.next())
+        .await
+        .expect("observe in time")
+        .unwrap()
+}
+
+/// Observers see every term and proclaim, in order.
+pub async fn check_observe_order(t: &Target) {
+    let name = unique("observe");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let ea = Election::new(&a, &name).unwrap();
+    let mut obs = ea.observe();
+    assert_eq!(observe_next(&mut obs).await, None);
+    let ta = ea.campaign("a1").await.unwrap();
+    let l = observe_next(&mut obs).await.unwrap();
+    assert_eq!((l.token, l.value_str().as_ref()), (ta.token(), "a1"));
+    ta.proclaim("a2").await.unwrap();
+    let l = observe_next(&mut obs).await.unwrap();
+    assert_eq!((l.token, l.value_str().as_ref()), (ta.token(), "a2"));
+    let eb = Election::new(&b, &name).unwrap();
+    let cb = tokio::spawn(async move { eb.campaign("b1").await });
+    wait_queue_len(&t.store, &name, 2).await;
+    let first = ta.token();
+    ta.resign().await.unwrap();
+    let l = observe_next(&mut obs).await.unwrap();
+    assert_eq!(l.value_str(), "b1");
+    assert!(l.token > first);
+    let tb = cb.await.unwrap().unwrap();
+    assert_eq!(tb.token(), l.token);
+    tb.resign().await.unwrap();
+    assert_eq!(observe_next(&mut obs).await, None);
+}
+
+pub async fn check_proclaim_only_by_leader(t: &Target) {
+    let name = unique("proclaim");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let ta = Election::new(&a, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    assert!(Election::new(&b, &name)
+        .unwrap()
+        .try_campaign("b")
+        .await
+        .unwrap()
+        .is_none());
+    ta.proclaim("a-new").await.unwrap();
+    let l = Election::new(&b, &name)
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(l.value, b"a-new");
+    ta.resign().await.unwrap();
+    let tb = Election::new(&b, &name)
+        .unwrap()
+        .try_campaign("b")
+        .await
+        .unwrap()
+        .unwrap();
+    tb.proclaim("b-new").await.unwrap();
+    tb.resign().await.unwrap();
+}
+
+/// The elector calls back exactly once per term, and campaigns again after a
+/// loss under a new session.
+pub async fn check_elector_callbacks(t: &Target) {
+    let name = unique("elector");
+    let events = Arc::new(std::sync::Mutex::new(
+        Vec::<(char, &'static str, u64)>::new(),
+    ));
+    let (stop_a, stop_a_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_b, stop_b_rx) = tokio::sync::oneshot::channel::<()>();
+    let options = SessionOptions::new().ttl(Duration::from_secs(2));
+    let make = |who: char| {
+        let (e1, e2) = (events.clone(), events.clone());
+        Elector::new(&t.store, &name, who.to_string())
+            .unwrap()
+            .session_options(options.clone())
+            .on_elected(move |term| e1.lock().unwrap().push((who, "elected", term.token())))
+            .on_defeated(move |term| e2.lock().unwrap().push((who, "defeated", term.token())))
+    };
+    let a = tokio::spawn(make('a').run(async {
+        let _ = stop_a_rx.await;
+    }));
+    let n = Name::new(&name).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tenure::leader(t.store.as_ref(), &n)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let b = tokio::spawn(make('b').run(async {
+        let _ = stop_b_rx.await;
+    }));
+    wait_queue_len(&t.store, &name, 2).await;
+    stop_a.send(()).unwrap();
+    a.await.unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let l = tenure::leader(t.store.as_ref(), &n).await.unwrap();
+        if l.as_ref().is_some_and(|l| l.value == b"b") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b never led");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // b's callback runs once b itself learns of its grant (a wake-up or a
+    // poll after the store granted it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !events.lock().unwrap().iter().any(|e| e.0 == 'b') {
+        assert!(Instant::now() < deadline, "b's on_elected never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop_b.send(()).unwrap();
+    b.await.unwrap().unwrap();
+    let events = events.lock().unwrap().clone();
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert_eq!((events[0].0, events[0].1), ('a', "elected"));
+    assert_eq!(
+        (events[1].0, events[1].1, events[1].2),
+        ('a', "defeated", events[0].2)
+    );
+    assert_eq!((events[2].0, events[2].1), ('b', "elected"));
+    assert_eq!(
+        (events[3].0, events[3].1, events[3].2),
+        ('b', "defeated", events[2].2)
+    );
+    assert!(events[2].2 > events[0].2);
+}

@@ -1,0 +1,200 @@
+//! Conformance: Faults of the store itself: servers killed, paused, down at start, clusters losing members; wake-ups counted.
+
+use super::*;
+
+/// 64 waiters on one mutex: each release wakes exactly one of them, by the
+/// store's own count of wake-ups (`wakeups`).
+pub async fn check_no_thundering_herd(store: &Arc<dyn Store>, wakeups: impl Fn() -> u64) {
+    const WAITERS: usize = 64;
+    let name = unique("herd");
+    let holder = Session::new(store).await.unwrap();
+    let mut guard = Some(Mutex::new(&holder, &name).unwrap().lock().await.unwrap());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..WAITERS {
+        let s = Session::new(store).await.unwrap();
+        let (tx, name) = (tx.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+            tx.send(g).unwrap();
+        });
+    }
+    wait_queue_len(store, &name, WAITERS + 1).await;
+    // Let every waiter reach its watch.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut last = 0;
+    for i in 0..WAITERS {
+        let before = wakeups();
+        let g = guard.take().unwrap();
+        assert!(g.token() > last, "tokens not increasing");
+        last = g.token();
+        g.release().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the next waiter was granted")
+            .unwrap();
+        let woken = wakeups() - before;
+        assert_eq!(woken, 1, "release {i} woke {woken} waiters");
+        guard = Some(next);
+    }
+}
+
+/// A cluster loses its leader (`first`, then another member after the
+/// first is back) while a lock is held and two sessions wait: the holder
+/// keeps its lease, the lock is never held twice, the waiters are granted in
+/// turn and tokens keep increasing.
+pub async fn check_cluster_failover(cluster: &mut dyn crate::Cluster, first: usize) {
+    let store = tenure::open(&cluster.url()).await.unwrap();
+    let ttl = Duration::from_secs(4).max(store.capabilities().min_ttl);
+    let options = || SessionOptions::new().ttl(ttl);
+    let a = Session::with_options(&store, options()).await.unwrap();
+    let name = unique("cluster");
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let holders = Arc::new(AtomicUsize::new(1));
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let s = Session::with_options(&store, options()).await.unwrap();
+        let (task_name, holders) = (name.clone(), holders.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let g = Mutex::new(&s, &task_name).unwrap().lock().await.unwrap();
+            assert_eq!(holders.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+            let token = g.token();
+            let _ = rx.await;
+            holders.fetch_sub(1, Ordering::SeqCst);
+            g.release().await.unwrap();
+            token
+        });
+        waiters.push((task, tx));
+        wait_queue_len(&store, &name, waiters.len() + 1).await;
+    }
+    let mut last = held.token();
+    cluster.kill_member(first);
+    // Two TTLs with the leader gone: the holder keeps its lease.
+    let kept = tokio::time::timeout(ttl * 2, held.lost()).await;
+    assert!(
+        kept.is_err(),
+        "the holder lost its lease to a leader change"
+    );
+    holders.fetch_sub(1, Ordering::SeqCst);
+    held.release().await.unwrap();
+    cluster.restart_member(first);
+    let other = (first + 1) % 3;
+    for (i, (task, release)) in waiters.into_iter().enumerate() {
+        if i == 1 {
+            cluster.kill_member(other);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = release.send(());
+        let token = tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("a waiter was granted after the failover")
+            .unwrap();
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+    }
+    cluster.restart_member(other);
+}
+
+/// Server killed while a lock is held: the holder's lost() fires within the
+/// TTL; after a restart the same store object reconnects, locks are taken
+/// again and tokens still increase.
+pub async fn check_server_killed_and_restarted(server: &mut dyn crate::Server) {
+    let store = tenure::open(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(1).max(store.capabilities().min_ttl);
+    let s = Session::with_options(&store, SessionOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&s, "fault").unwrap().lock().await.unwrap();
+    let before = guard.token();
+    let killed = Instant::now();
+    server.kill();
+    let lost = tokio::time::timeout(ttl + Duration::from_millis(500), guard.lost()).await;
+    assert!(lost.is_ok(), "lost() did not fire within the TTL");
+    assert!(
+        killed.elapsed() <= ttl,
+        "lost() fired after the TTL: {:?}",
+        killed.elapsed()
+    );
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s2 = loop {
+        match Session::with_options(&store, SessionOptions::new().ttl(ttl)).await {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(e.is_temporary(), "{e}");
+                assert!(Instant::now() < deadline, "no reconnect: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let g2 = Mutex::new(&s2, "fault").unwrap().lock().await.unwrap();
+    assert!(
+        g2.token() > before,
+        "token went back after a restart: {} <= {before}",
+        g2.token()
+    );
+    g2.release().await.unwrap();
+}
+
+/// Server paused (SIGSTOP) while a lock is held: no error comes back, yet
+/// the holder's lost() fires within the TTL; after SIGCONT the same store
+/// takes the lock again, with a higher token.
+pub async fn check_server_paused(server: &mut dyn crate::Server) {
+    let store = tenure::open(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(1).max(store.capabilities().min_ttl);
+    let s = Session::with_options(&store, SessionOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let name = unique("paused");
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let before = guard.token();
+    let paused = Instant::now();
+    server.pause();
+    let lost = tokio::time::timeout(ttl + Duration::from_millis(500), guard.lost()).await;
+    let lost_after = paused.elapsed();
+    server.resume();
+    assert!(
+        lost.is_ok(),
+        "lost() did not fire while the server was paused"
+    );
+    assert!(lost_after <= ttl, "lost() after the TTL: {lost_after:?}");
+    drop(guard);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let again = loop {
+        let attempt = async {
+            let s2 = Session::with_options(&store, SessionOptions::new().ttl(ttl)).await?;
+            let g = tokio::time::timeout(Duration::from_secs(10), Mutex::new(&s2, &name)?.lock())
+                .await
+                .map_err(|_| Error::Timeout(Duration::from_secs(10)))??;
+            Ok::<_, Error>((g, s2))
+        };
+        match attempt.await {
+            Ok(done) => break done,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no lock after the resume: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(again.0.token() > before, "token went back after a pause");
+    again.0.release().await.unwrap();
+}
+
+/// A server that is down at start: a typed "unavailable" error, in time.
+pub async fn check_down_at_start(url: &str) {
+    let start = Instant::now();
+    let e = tenure::open(url).await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// A wrong password: a typed auth error that does not show the password.
+pub async fn check_wrong_password(url_with_hunter2: &str) {
+    let e = tenure::open(url_with_hunter2).await.unwrap_err();
+    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
+    assert!(!e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"));
+}

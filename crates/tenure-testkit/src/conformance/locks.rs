@@ -1,0 +1,501 @@
+//! Conformance: Mutual exclusion, fairness, reentrancy, expiry, fencing, bad input, read-write locks.
+
+use super::*;
+
+/// N sessions × M rounds on one name: never two holders at once, and tokens
+/// strictly increase in grant order.
+pub async fn check_exclusion(t: &Target) {
+    const TASKS: usize = 6;
+    const ROUNDS: usize = 8;
+    let name = unique("exclusion");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max_inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let store = t.store.clone();
+        let (name, inside, max_inside, tokens) = (
+            name.clone(),
+            inside.clone(),
+            max_inside.clone(),
+            tokens.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let s = session(&store).await;
+            let m = Mutex::new(&s, &name).unwrap();
+            for _ in 0..ROUNDS {
+                let g = m.lock().await.expect("lock");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                max_inside.fetch_max(now, Ordering::SeqCst);
+                tokens.lock().unwrap().push(g.token());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.expect("release");
+            }
+            s.close().await.unwrap();
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("exclusion run finished in time")
+            .unwrap();
+    }
+    assert_eq!(max_inside.load(Ordering::SeqCst), 1, "two holders at once");
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), TASKS * ROUNDS);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing: {tokens:?}"
+    );
+}
+
+/// Many sessions try a fresh name at the same moment: exactly one wins.
+pub async fn check_concurrent_first_use(t: &Target) {
+    const TASKS: usize = 8;
+    for _ in 0..4 {
+        let name = unique("first-use");
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let mut tasks = Vec::new();
+        for _ in 0..TASKS {
+            let (store, name, barrier) = (t.store.clone(), name.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                let s = session(&store).await;
+                let m = Mutex::new(&s, &name).unwrap();
+                barrier.wait().await;
+                let won = m.try_lock().await.unwrap();
+                // Hold until everyone has tried.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let won = won.is_some();
+                s.close().await.unwrap();
+                won
+            }));
+        }
+        let mut winners = 0;
+        for task in tasks {
+            winners += usize::from(task.await.unwrap());
+        }
+        assert_eq!(winners, 1, "{winners} sessions won {name} at once");
+    }
+}
+
+pub async fn check_try_lock_while_held(t: &Target) {
+    let name = unique("try");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&b, &name).unwrap();
+    assert!(
+        mb.try_lock().await.unwrap().is_none(),
+        "try_lock succeeded on a held lock"
+    );
+    wait_queue_len(&t.store, &name, 1).await; // a failed try_lock leaves nothing behind
+    let first = held.token();
+    held.release().await.unwrap();
+    let g = mb.try_lock().await.unwrap().expect("free lock not taken");
+    assert!(g.token() > first);
+    g.release().await.unwrap();
+}
+
+pub async fn check_timeout(t: &Target) {
+    let name = unique("timeout");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&b, &name).unwrap();
+    let start = Instant::now();
+    match mb.lock_timeout(Duration::from_millis(200)).await {
+        Err(Error::Timeout(d)) => assert_eq!(d, Duration::from_millis(200)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    // The timed-out waiter left the queue: only the holder remains.
+    wait_queue_len(&t.store, &name, 1).await;
+    held.release().await.unwrap();
+    assert!(mb.try_lock().await.unwrap().is_some());
+}
+
+/// Waiters are granted in arrival order.
+pub async fn check_fifo(t: &Target) {
+    const WAITERS: usize = 5;
+    let name = unique("fifo");
+    let a = session(&t.store).await;
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let s = session(&t.store).await;
+        let m = Mutex::new(&s, &name).unwrap();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock().await.expect("lock");
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+            drop(s);
+        }));
+        wait_queue_len(&t.store, &name, i + 2).await;
+    }
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+}
+
+/// Two tasks of one session waiting on the same name share one entry; the
+/// grant must wake both.
+pub async fn check_reentrant_waiters(t: &Target) {
+    let name = unique("reentrant-waiters");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&b, &name).unwrap();
+    let (m1, m2) = (mb.clone(), mb.clone());
+    let w1 = tokio::spawn(async move { m1.lock().await });
+    let w2 = tokio::spawn(async move { m2.lock().await });
+    wait_queue_len(&t.store, &name, 2).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    held.release().await.unwrap();
+    let g1 = tokio::time::timeout(Duration::from_secs(5), w1)
+        .await
+        .expect("first waiter woken")
+        .unwrap()
+        .unwrap();
+    let g2 = tokio::time::timeout(Duration::from_secs(5), w2)
+        .await
+        .expect("second waiter woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(g1.token(), g2.token());
+    g1.release().await.unwrap();
+    g2.release().await.unwrap();
+    wait_queue_len(&t.store, &name, 0).await;
+}
+
+pub async fn check_reentrancy(t: &Target) {
+    let name = unique("reentrant");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let ma = Mutex::new(&a, &name).unwrap();
+    let first = ma.lock().await.unwrap();
+    let second = ma.lock().await.unwrap();
+    assert_eq!(first.token(), second.token());
+    assert_eq!((first.hold_count(), second.hold_count()), (1, 2));
+    let mb = Mutex::new(&b, &name).unwrap();
+    second.release().await.unwrap();
+    assert!(
+        mb.try_lock().await.unwrap().is_none(),
+        "released after one of two holds"
+    );
+    first.release().await.unwrap();
+    assert!(mb.try_lock().await.unwrap().is_some());
+}
+
+/// Without the session's secret nothing can be released, renewed or
+/// proclaimed; reading a queue never reveals the secret.
+pub async fn check_non_holder_cannot_act(t: &Target) {
+    let name = Name::new(unique("owner")).unwrap();
+    let spec = SessionSpec {
+        ttl: Duration::from_secs(10),
+        label: "test".into(),
+    };
+    let a = t.store.open_session(&spec).await.unwrap();
+    let b = t.store.open_session(&spec).await.unwrap();
+    let ja = t
+        .store
+        .join(&a.key, &name, EntryKind::Exclusive, b"a", JoinMode::Wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(ja.granted);
+    let jb = t
+        .store
+        .join(&b.key, &name, EntryKind::Exclusive, b"b", JoinMode::Wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!jb.granted);
+    // b cannot release, or proclaim over, a's entry.
+    assert!(matches!(
+        t.store.leave(&b.key, &name, ja.seq).await,
+        Err(Error::NotHeld(_))
+    ));
+    assert!(matches!(
+        t.store.set_value(&b.key, &name, ja.seq, b"x").await,
+        Err(Error::NotHeld(_))
+    ));
+    // A waiting candidate cannot proclaim.
+    assert!(matches!(
+        t.store.set_value(&b.key, &name, jb.seq, b"x").await,
+        Err(Error::NotHeld(_))
+    ));
+    // A made-up key is no session.
+    let forged = SessionKey::new("0000000000000000");
+    assert!(matches!(
+        t.store.keep_alive(&forged).await,
+        Err(Error::SessionLost(_))
+    ));
+    assert!(matches!(
+        t.store.leave(&forged, &name, ja.seq).await,
+        Err(Error::SessionLost(_))
+    ));
+    // Public reads carry tags, not secrets.
+    let q = t.store.queue(&name).await.unwrap();
+    assert_eq!(q.entries.len(), 2);
+    for e in &q.entries {
+        assert_ne!(e.session_tag, a.key.secret());
+        assert_ne!(e.session_tag, b.key.secret());
+    }
+    assert_eq!(q.entries[0].value, b"a");
+    assert!(!format!("{:?}", a.key).contains(a.key.secret()));
+    t.store.close_session(&a.key).await.unwrap();
+    t.store.close_session(&b.key).await.unwrap();
+}
+
+pub async fn check_close_releases_everything(t: &Target) {
+    let names: Vec<String> = (0..3).map(|i| unique(&format!("close{i}"))).collect();
+    let a = session(&t.store).await;
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(Mutex::new(&a, n).unwrap().lock().await.unwrap());
+    }
+    let election = unique("close-election");
+    let term = Election::new(&a, &election)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    a.close().await.unwrap();
+    assert!(a.is_lost());
+    let b = session(&t.store).await;
+    for n in &names {
+        assert!(
+            Mutex::new(&b, n)
+                .unwrap()
+                .try_lock()
+                .await
+                .unwrap()
+                .is_some(),
+            "{n} still held"
+        );
+    }
+    assert!(Election::new(&b, &election)
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .is_none());
+    // A guard of a closed session reports the loss on release.
+    assert!(matches!(
+        guards.pop().unwrap().release().await,
+        Err(Error::SessionLost(_))
+    ));
+    drop(term);
+}
+
+/// A holder that stops renewing learns of the loss before its local
+/// deadline, and the lock passes on within TTL + one renew interval — never
+/// before the old holder was told.
+pub async fn check_crashed_holder_released(t: &Target) {
+    let ttl = short_ttl(t, Duration::from_millis(600));
+    let name = unique("crash");
+    let opened = Instant::now();
+    let a = crashing_session(&t.store, ttl).await;
+    let g = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let b = session(&t.store).await;
+    let mb = Mutex::new(&b, &name).unwrap();
+    let lost = tokio::spawn({
+        let lost = g.lost();
+        async move {
+            let reason = lost.await;
+            (reason, Instant::now())
+        }
+    });
+    let gb = tokio::time::timeout(Duration::from_secs(10), mb.lock())
+        .await
+        .expect("lock passed on")
+        .unwrap();
+    let granted_at = Instant::now();
+    let (reason, lost_at) = lost.await.unwrap();
+    assert_eq!(reason, tenure::LostReason::Unconfirmed);
+    assert!(
+        lost_at <= granted_at,
+        "new holder granted before the old one was told"
+    );
+    assert!(lost_at <= opened + ttl, "loss reported after the TTL");
+    let renew = a.renew_interval();
+    let slack = Duration::from_millis(300);
+    assert!(
+        granted_at <= opened + ttl + renew + slack,
+        "released after {:?}",
+        granted_at - opened
+    );
+    assert!(gb.token() > g.token());
+    // No silent re-acquire: the lost session stays lost.
+    assert!(matches!(
+        Mutex::new(&a, &name).unwrap().try_lock().await,
+        Err(Error::SessionLost(_))
+    ));
+    assert!(matches!(a.renew().await, Err(Error::SessionLost(_))));
+    gb.release().await.unwrap();
+}
+
+/// A waiter whose own session expires stops waiting and says so.
+pub async fn check_waiter_session_expiry(t: &Target) {
+    let name = unique("waiter-expiry");
+    let a = session(&t.store).await;
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let ttl = short_ttl(t, Duration::from_millis(500));
+    let b = crashing_session(&t.store, ttl).await;
+    let result = tokio::time::timeout(
+        Duration::from_secs(5) + ttl,
+        Mutex::new(&b, &name).unwrap().lock(),
+    )
+    .await
+    .expect("waiter returned");
+    assert!(matches!(result, Err(Error::SessionLost(_))), "{result:?}");
+    // Its entry is gone from the queue (after the store's expiry).
+    wait_queue_len(&t.store, &name, 1).await;
+    held.release().await.unwrap();
+}
+
+/// A lock() future dropped while waiting leaves nothing behind.
+pub async fn check_cancelled_wait_leaves_queue(t: &Target) {
+    let name = unique("cancel");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&b, &name).unwrap();
+    let _ = tokio::time::timeout(Duration::from_millis(100), mb.lock()).await;
+    wait_queue_len(&t.store, &name, 1).await;
+    held.release().await.unwrap();
+    wait_queue_len(&t.store, &name, 0).await;
+}
+
+pub async fn check_fencing_monotonic(t: &Target) {
+    let name = unique("fence");
+    let mut last = 0;
+    for _ in 0..10 {
+        let s = session(&t.store).await;
+        let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+        assert!(g.token() > last);
+        last = g.token();
+        g.release().await.unwrap();
+        s.close().await.unwrap();
+    }
+    if t.store.capabilities().durable {
+        let reopened = tenure::open(&t.url).await.unwrap();
+        let s = session(&reopened).await;
+        let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+        assert!(
+            g.token() > last,
+            "token went back after reopening: {} <= {last}",
+            g.token()
+        );
+        g.release().await.unwrap();
+    }
+}
+
+/// Bad input gets a typed error, never a panic.
+pub async fn check_bad_input(t: &Target) {
+    let s = session(&t.store).await;
+    for bad in ["", "a\0b", "line\nbreak"] {
+        assert!(
+            matches!(Mutex::new(&s, bad), Err(Error::InvalidName { .. })),
+            "{bad:?}"
+        );
+        assert!(matches!(
+            Election::new(&s, bad),
+            Err(Error::InvalidName { .. })
+        ));
+    }
+    let long = "n".repeat(tenure::store::MAX_NAME_LEN + 1);
+    assert!(matches!(
+        Mutex::new(&s, &long),
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(Mutex::new(&s, "n".repeat(tenure::store::MAX_NAME_LEN)).is_ok());
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_secs(100 * 365 * 24 * 3600),
+    ] {
+        let r = Session::with_options(&t.store, SessionOptions::new().ttl(ttl)).await;
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "ttl {ttl:?}: {r:?}"
+        );
+    }
+    let r = Session::with_options(
+        &t.store,
+        SessionOptions::new()
+            .ttl(Duration::from_secs(3))
+            .renew_every(Duration::from_secs(5)),
+    )
+    .await;
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })));
+    // An injection-shaped name is only a name.
+    let odd = unique("x'); DROP TABLE tenure_entries; --");
+    let g = Mutex::new(&s, &odd).unwrap().lock().await.unwrap();
+    assert_eq!(
+        t.store.names(&odd).await.unwrap(),
+        vec![Name::new(&odd).unwrap()]
+    );
+    g.release().await.unwrap();
+}
+
+pub async fn check_rwlock(t: &Target) {
+    use tenure::RwLock;
+    let name = unique("rw");
+    let (a, b, c, d) = (
+        session(&t.store).await,
+        session(&t.store).await,
+        session(&t.store).await,
+        session(&t.store).await,
+    );
+    let ra = RwLock::new(&a, &name).unwrap().read().await.unwrap();
+    let rb = RwLock::new(&b, &name).unwrap().read().await.unwrap();
+    assert!(RwLock::new(&c, &name)
+        .unwrap()
+        .try_write()
+        .await
+        .unwrap()
+        .is_none());
+    // A waiting writer holds back later readers: writers are not starved.
+    let wc = RwLock::new(&c, &name).unwrap();
+    let writer = tokio::spawn(async move { wc.write().await });
+    wait_queue_len(&t.store, &name, 3).await;
+    assert!(RwLock::new(&d, &name)
+        .unwrap()
+        .try_read()
+        .await
+        .unwrap()
+        .is_none());
+    let late_reader = RwLock::new(&d, &name).unwrap();
+    assert!(matches!(
+        late_reader.read_timeout(Duration::from_millis(50)).await,
+        Err(Error::Timeout(_))
+    ));
+    // An upgrade is a conflict, not a deadlock.
+    assert!(matches!(
+        RwLock::new(&a, &name).unwrap().try_write().await,
+        Err(Error::Conflict { .. })
+    ));
+    let max_reader = ra.token().max(rb.token());
+    ra.release().await.unwrap();
+    rb.release().await.unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(w.token() > max_reader);
+    assert_eq!(w.kind(), EntryKind::Exclusive);
+    let writer_token = w.token();
+    w.release().await.unwrap();
+    let r = late_reader.read().await.unwrap();
+    assert!(r.token() > writer_token);
+    assert_eq!(r.kind(), EntryKind::Shared);
+}

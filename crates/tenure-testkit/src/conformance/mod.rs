@@ -1,0 +1,153 @@
+//! The conformance suite: the specification every backend meets, as plain
+//! async check functions over a store, split by topic. Any `Store` — one of
+//! tenure's or your own — runs it with one line:
+//!
+//! ```ignore
+//! tenure_testkit::conformance_tests!(async { Some(Target::new(url).await) });
+//! ```
+//!
+//! which makes one `#[tokio::test]` per check (the calling crate needs
+//! `tokio` with the `macros` and `rt-multi-thread` features). A target of
+//! `None` means the server is missing and this is not CI (said on stderr).
+//! With a server of the test kit, `conformance_tests!(target; server: …;
+//! down: …)` adds the fault checks (server killed and restarted, paused, down
+//! at start).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod election;
+mod faults;
+mod locks;
+mod once;
+mod schedule;
+mod semaphore;
+
+pub use election::*;
+pub use faults::*;
+pub use locks::*;
+pub use once::*;
+pub use schedule::*;
+pub use semaphore::*;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use std::sync::Arc;
+
+use std::time::Duration;
+
+use tenure::store::{JoinMode, SessionKey, SessionSpec};
+use tenure::{Election, Elector, EntryKind, Error, Mutex, Name, Session, SessionOptions, Store};
+
+use tokio::time::Instant;
+
+/// A store under test and how to open it again.
+pub struct Target {
+    pub url: String,
+    pub store: Arc<dyn Store>,
+}
+
+impl Target {
+    pub async fn new(url: String) -> Target {
+        let store = tenure::open(&url).await.expect("open store");
+        Target { url, store }
+    }
+
+    /// For backends that may be skipped (a server that is not installed).
+    pub async fn some(url: String) -> Option<Target> {
+        Some(Self::new(url).await)
+    }
+}
+
+/// A fresh name per check so checks sharing a store do not meet.
+pub fn unique(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub(crate) async fn session(store: &Arc<dyn Store>) -> Session {
+    Session::with_options(store, SessionOptions::new().ttl(Duration::from_secs(10)))
+        .await
+        .expect("open session")
+}
+
+/// A session that never renews: it stands for a crashed or paused client.
+pub(crate) async fn crashing_session(store: &Arc<dyn Store>, ttl: Duration) -> Session {
+    Session::with_options(store, SessionOptions::new().ttl(ttl).auto_renew(false))
+        .await
+        .expect("open session")
+}
+
+/// `wanted`, or the backend's shortest TTL if that is longer (etcd leases
+/// count whole seconds, ZooKeeper servers set a minimum session timeout).
+pub(crate) fn short_ttl(t: &Target, wanted: Duration) -> Duration {
+    wanted.max(t.store.capabilities().min_ttl)
+}
+
+/// Waits (bounded) until the queue of `name` has `len` entries.
+pub(crate) async fn wait_queue_len(store: &Arc<dyn Store>, name: &str, len: usize) {
+    let name = Name::new(name).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let q = store.queue(&name).await.expect("queue");
+        if q.entries.len() == len {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queue of {name} never reached {len}: {q:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One `#[tokio::test]` per conformance check for a target, and with
+/// `server:` and `down:` the fault checks on a server of the test kit.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($target:expr) => {
+        $crate::conformance_tests!(@each $target;
+            check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_timeout, check_fifo,
+            check_reentrancy, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
+            check_crashed_holder_released, check_waiter_session_expiry,
+            check_cancelled_wait_leaves_queue, check_fencing_monotonic,
+            check_election_failover, check_observe_order, check_proclaim_only_by_leader,
+            check_elector_callbacks, check_shared_and_permits, check_bad_input,
+            check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
+            check_schedule_leader);
+    };
+    ($target:expr; server: $start:expr; down: $down_url:expr) => {
+        $crate::conformance_tests!($target);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn server_killed_and_restarted() {
+            let Some(mut server) = $start else { return };
+            $crate::conformance::check_server_killed_and_restarted(&mut server).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn server_paused_while_held() {
+            let Some(mut server) = $start else { return };
+            $crate::conformance::check_server_paused(&mut server).await;
+        }
+
+        #[tokio::test]
+        async fn server_down_at_start_is_unavailable_in_time() {
+            let port = $crate::free_port();
+            let url: String = ($down_url)(port);
+            $crate::conformance::check_down_at_start(&url).await;
+        }
+    };
+    (@each $target:expr; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let Some(target) = $target.await else { return };
+                $crate::conformance::$check(&target).await;
+            }
+        )*
+    };
+}

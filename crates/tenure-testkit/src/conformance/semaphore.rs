@@ -1,0 +1,186 @@
+//! Conformance: Shared and permit entries, semaphores.
+
+use super::*;
+
+pub(super) async fn join(
+    store: &Arc<dyn Store>,
+    key: &SessionKey,
+    name: &Name,
+    kind: EntryKind,
+) -> tenure::Result<Option<tenure::store::Joined>> {
+    store.join(key, name, kind, b"", JoinMode::Wait).await
+}
+
+/// Shared and permit entries follow the same queue rules everywhere.
+pub async fn check_shared_and_permits(t: &Target) {
+    let spec = SessionSpec {
+        ttl: Duration::from_secs(10),
+        label: "test".into(),
+    };
+    let caps = t.store.capabilities().clone();
+    let (a, b, c) = (
+        t.store.open_session(&spec).await.unwrap(),
+        t.store.open_session(&spec).await.unwrap(),
+        t.store.open_session(&spec).await.unwrap(),
+    );
+    if caps.shared {
+        let n = Name::new(unique("rw")).unwrap();
+        assert!(
+            join(&t.store, &a.key, &n, EntryKind::Shared)
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+        assert!(
+            join(&t.store, &b.key, &n, EntryKind::Shared)
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+        let w = join(&t.store, &c.key, &n, EntryKind::Exclusive)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!w.granted);
+        t.store.close_session(&a.key).await.unwrap();
+        t.store.close_session(&b.key).await.unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            t.store.await_grant(&c.key, &n, w.seq),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    }
+    if caps.permits {
+        let (a, b, c) = (
+            t.store.open_session(&spec).await.unwrap(),
+            t.store.open_session(&spec).await.unwrap(),
+            t.store.open_session(&spec).await.unwrap(),
+        );
+        let n = Name::new(unique("sem")).unwrap();
+        let p = |count| EntryKind::Permits { count, limit: 3 };
+        assert!(
+            join(&t.store, &a.key, &n, p(2))
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+        assert!(
+            !join(&t.store, &b.key, &n, p(2))
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+        // Head-of-line: a small request waits behind the large one.
+        assert!(
+            !join(&t.store, &c.key, &n, p(1))
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+        let clash = t
+            .store
+            .join(
+                &c.key,
+                &n,
+                EntryKind::Permits { count: 1, limit: 4 },
+                b"",
+                JoinMode::Wait,
+            )
+            .await;
+        assert!(matches!(clash, Err(Error::Conflict { .. })), "{clash:?}");
+        for k in [&a.key, &b.key, &c.key] {
+            t.store.close_session(k).await.unwrap();
+        }
+    }
+}
+
+pub async fn check_semaphore(t: &Target) {
+    use tenure::Semaphore;
+    const PERMITS: u32 = 3;
+    let name = unique("sem");
+    if !t.store.capabilities().permits {
+        // A backend without semaphores says so, typed.
+        let s = session(&t.store).await;
+        let r = Semaphore::new(&s, &name, PERMITS)
+            .unwrap()
+            .try_acquire()
+            .await;
+        assert!(matches!(r, Err(Error::Unsupported { .. })), "{r:?}");
+        return;
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max_inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (store, name, inside, max_inside) = (
+            t.store.clone(),
+            name.clone(),
+            inside.clone(),
+            max_inside.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let s = session(&store).await;
+            let sem = Semaphore::new(&s, &name, PERMITS).unwrap();
+            for _ in 0..4 {
+                let p = sem.acquire().await.unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                max_inside.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                p.release().await.unwrap();
+            }
+            s.close().await.unwrap();
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let max = max_inside.load(Ordering::SeqCst);
+    assert!(
+        max <= PERMITS as usize,
+        "{max} holders of {PERMITS} permits"
+    );
+    assert!(max >= 2, "permits were never shared (max {max})");
+
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let two = Semaphore::new(&a, &name, PERMITS)
+        .unwrap()
+        .acquire_many(2)
+        .await
+        .unwrap();
+    let sb = Semaphore::new(&b, &name, PERMITS).unwrap();
+    assert!(sb.try_acquire_many(2).await.unwrap().is_none());
+    assert!(matches!(
+        Semaphore::new(&b, &name, PERMITS + 1)
+            .unwrap()
+            .try_acquire()
+            .await,
+        Err(Error::Conflict { .. })
+    ));
+    assert!(matches!(
+        Semaphore::new(&b, &name, 0),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        sb.acquire_many(4).await,
+        Err(Error::InvalidArgument { .. })
+    ));
+    // Permits belong to the session and vanish with it.
+    drop(two);
+    a.close().await.unwrap();
+    let both = tokio::time::timeout(Duration::from_secs(5), sb.acquire_many(3))
+        .await
+        .unwrap()
+        .unwrap();
+    both.release().await.unwrap();
+}

@@ -1,0 +1,179 @@
+//! Acquisition: joining a name's queue, waiting for the grant, and the hold
+//! that leaves the queue again. The recipes take their guards through here.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::session::Session;
+use crate::store::{EntryKind, JoinMode, Joined, Name};
+use crate::task::{finish, spawn_detached};
+
+impl Session {
+    /// Joins a queue; cancel safe: if this future is dropped after the store
+    /// took the entry, the entry is left again in the background.
+    pub(crate) async fn join(
+        &self,
+        name: &Name,
+        kind: EntryKind,
+        value: Vec<u8>,
+        mode: JoinMode,
+    ) -> Result<Option<(Hold, Joined)>> {
+        self.check_alive()?;
+        // The kind's own sense (permits within the limit) is checked here,
+        // once, so no backend has to; its fit with the queue is the store's.
+        crate::queue::check_compatible(name, kind, [])?;
+        let store = self.store().clone();
+        let key = self.key().clone();
+        let task_name = name.clone();
+        let undo = {
+            let (store, key, name) = (store.clone(), key.clone(), name.clone());
+            move |result: Result<Option<Joined>>| {
+                // The caller is gone: undo the join.
+                if let Ok(Some(joined)) = result {
+                    spawn_detached(async move {
+                        let _ = store.leave(&key, &name, joined.seq).await;
+                    });
+                }
+            }
+        };
+        let joined = finish(
+            async move { store.join(&key, &task_name, kind, &value, mode).await },
+            undo,
+        )
+        .await?;
+        Ok(joined.map(|joined| {
+            (
+                Hold {
+                    session: self.clone(),
+                    name: name.clone(),
+                    seq: joined.seq,
+                    armed: true,
+                },
+                joined,
+            )
+        }))
+    }
+
+    /// Joins and waits for the grant, giving up at `deadline`; `None` when
+    /// `wait` is false and the entry is not granted at once.
+    pub(crate) async fn acquire(
+        &self,
+        name: &Name,
+        kind: EntryKind,
+        value: Vec<u8>,
+        wait: Wait,
+    ) -> Result<Option<(Hold, Joined)>> {
+        let mode = match wait {
+            Wait::No => JoinMode::IfGranted,
+            _ => JoinMode::Wait,
+        };
+        let Some((hold, joined)) = self.join(name, kind, value, mode).await? else {
+            return Ok(None);
+        };
+        if joined.granted {
+            return Ok(Some((hold, joined)));
+        }
+        let store = self.store().clone();
+        let granted = store.await_grant(self.key(), name, joined.seq);
+        let deadline = async {
+            match wait {
+                Wait::Until(at, _) => tokio::time::sleep_until(at).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            result = granted => {
+                result?;
+                Ok(Some((hold, Joined { granted: true, ..joined })))
+            }
+            reason = self.lost() => Err(Error::SessionLost(reason)),
+            () = deadline => {
+                let waited = match wait { Wait::Until(_, d) => d, _ => Duration::ZERO };
+                if let Err(e) = hold.release().await {
+                    tracing::debug!(error = %e, "leaving the queue after a timeout failed");
+                }
+                Err(Error::Timeout(waited))
+            }
+        }
+    }
+}
+
+/// The error for a waiting acquisition that came back without a grant, which
+/// the recipes never expect.
+pub(crate) fn no_grant() -> Error {
+    Error::backend("tenure", "a waiting acquisition returned without a grant")
+}
+
+/// How long `Session::acquire` waits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Wait {
+    No,
+    Forever,
+    Until(Instant, Duration),
+}
+
+impl Wait {
+    pub(crate) fn timeout(d: Duration) -> Wait {
+        // A timeout too long to represent is no timeout.
+        match Instant::now().checked_add(d) {
+            Some(at) => Wait::Until(at, d),
+            None => Wait::Forever,
+        }
+    }
+}
+
+/// One hold of a queue entry. Dropped while armed, it leaves the queue in the
+/// background.
+pub(crate) struct Hold {
+    pub(crate) session: Session,
+    pub(crate) name: Name,
+    pub(crate) seq: u64,
+    armed: bool,
+}
+
+impl Hold {
+    /// Keeps the entry when this hold is dropped: it then lives as long as
+    /// its session.
+    pub(crate) fn keep(mut self) {
+        self.armed = false;
+    }
+
+    /// Leaves the queue once; runs to completion even if the caller's future
+    /// is dropped.
+    pub(crate) async fn release(mut self) -> Result<u32> {
+        self.armed = false;
+        let store = self.session.store().clone();
+        let key = self.session.key().clone();
+        let name = self.name.clone();
+        let seq = self.seq;
+        finish(async move { store.leave(&key, &name, seq).await }, |_| {}).await
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.armed {
+            let store = self.session.store().clone();
+            let key = self.session.key().clone();
+            let name = self.name.clone();
+            let seq = self.seq;
+            spawn_detached(async move {
+                if let Err(e) = store.leave(&key, &name, seq).await {
+                    tracing::debug!(error = %e, %name, "release on drop failed");
+                }
+            });
+        }
+    }
+}
+
+impl fmt::Debug for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hold")
+            .field("name", &self.name)
+            .field("seq", &self.seq)
+            .finish()
+    }
+}

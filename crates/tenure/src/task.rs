@@ -1,0 +1,69 @@
+//! Store calls that finish even when their caller stops waiting, and
+//! clean-up that runs in the background. Below every other layer: backends
+//! and recipes alike use it.
+
+use std::future::Future;
+
+/// Runs a clean-up future if a tokio runtime is at hand; otherwise the store's
+/// expiry does the clean-up.
+pub(crate) fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(fut);
+    }
+}
+
+/// Runs a store call to completion even if the caller stops waiting for it.
+///
+/// The call is polled right here, so the common path costs nothing extra. If
+/// the caller drops this future before the call finished, the rest of the
+/// call moves to a spawned task, and its output goes to `abandoned` (to undo
+/// a join, say): a cancelled call leaves nothing behind.
+pub(crate) async fn finish<T: Send + 'static>(
+    fut: impl Future<Output = T> + Send + 'static,
+    abandoned: impl FnOnce(T) + Send + 'static,
+) -> T {
+    Finishing {
+        fut: Some(Box::pin(fut)),
+        abandoned: Some(Box::new(abandoned)),
+    }
+    .await
+}
+
+type BoxedCall<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// See [`finish`].
+struct Finishing<T: Send + 'static> {
+    fut: Option<BoxedCall<T>>,
+    abandoned: Option<Box<dyn FnOnce(T) + Send>>,
+}
+
+impl<T: Send + 'static> Future for Finishing<T> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        let Some(fut) = self.fut.as_mut() else {
+            // Polled after completion: never happens through `finish`.
+            return std::task::Poll::Pending;
+        };
+        match fut.as_mut().poll(cx) {
+            std::task::Poll::Ready(output) => {
+                self.fut = None;
+                std::task::Poll::Ready(output)
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for Finishing<T> {
+    fn drop(&mut self) {
+        if let (Some(fut), Some(abandoned)) = (self.fut.take(), self.abandoned.take()) {
+            spawn_detached(async move {
+                abandoned(fut.await);
+            });
+        }
+    }
+}
