@@ -261,3 +261,26 @@ async fn memory_and_zookeeper_agree() {
         run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
     }
 }
+
+/// Every backend of the table that this build has is compared with memory
+/// above: a backend added to the table without a comparison fails here.
+#[test]
+fn every_built_in_backend_is_compared() {
+    const COMPARED: [&str; 8] = [
+        "memory",
+        "sqlite",
+        "redis",
+        "redlock",
+        "postgres",
+        "mysql",
+        "etcd",
+        "zookeeper",
+    ];
+    for backend in tenure::backends().iter().filter(|b| b.is_built_in()) {
+        assert!(
+            COMPARED.contains(&backend.name),
+            "{} has no differential test",
+            backend.name
+        );
+    }
+}

@@ -19,21 +19,11 @@ async fn target() -> Option<tenure_testkit::conformance::Target> {
     Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-tenure_testkit::conformance_tests!(target());
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_killed_and_restarted() {
-    let Some(mut server) = EtcdCluster::start_or_skip(1) else {
-        return;
-    };
-    tenure_testkit::conformance::check_server_killed_and_restarted(&mut server).await;
-}
-
-#[tokio::test]
-async fn server_down_at_start_is_unavailable_in_time() {
-    let port = tenure_testkit::free_port();
-    tenure_testkit::conformance::check_down_at_start(&format!("etcd://127.0.0.1:{port}")).await;
-}
+tenure_testkit::conformance_tests!(
+    target();
+    server: EtcdCluster::start_or_skip(1);
+    down: |port| format!("etcd://127.0.0.1:{port}")
+);
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {
@@ -102,12 +92,4 @@ async fn tls() {
     assert!(tenure::open(&untrusted).await.is_err());
     let plain = untrusted.replace("etcds://", "etcd://");
     assert!(tenure::open(&plain).await.is_err());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_paused_while_held() {
-    let Some(mut server) = EtcdCluster::start_or_skip(1) else {
-        return;
-    };
-    tenure_testkit::conformance::check_server_paused(&mut server).await;
 }

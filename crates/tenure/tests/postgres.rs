@@ -16,24 +16,11 @@ async fn target() -> Option<tenure_testkit::conformance::Target> {
     Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-tenure_testkit::conformance_tests!(target());
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_killed_and_restarted() {
-    let Some(mut server) = PostgresServer::start_or_skip() else {
-        return;
-    };
-    tenure_testkit::conformance::check_server_killed_and_restarted(&mut server).await;
-}
-
-#[tokio::test]
-async fn server_down_at_start_is_unavailable_in_time() {
-    let port = tenure_testkit::free_port();
-    tenure_testkit::conformance::check_down_at_start(&format!(
-        "postgres://postgres:x@127.0.0.1:{port}/postgres"
-    ))
-    .await;
-}
+tenure_testkit::conformance_tests!(
+    target();
+    server: PostgresServer::start_or_skip();
+    down: |port| format!("postgres://postgres:x@127.0.0.1:{port}/postgres")
+);
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {
@@ -105,17 +92,9 @@ async fn an_older_schema_is_upgraded_and_a_newer_one_refused() {
         .unwrap();
     let e = tenure::open(&url).await.unwrap_err();
     assert!(
-        matches!(e, Error::InvalidUrl { .. }) && e.to_string().contains("version 99"),
+        matches!(e, Error::SchemaMismatch { .. }) && e.to_string().contains("version 99"),
         "{e:?}"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_paused_while_held() {
-    let Some(mut server) = PostgresServer::start_or_skip() else {
-        return;
-    };
-    tenure_testkit::conformance::check_server_paused(&mut server).await;
 }
 
 /// A join that waited for the name's lock judges the session by the clock

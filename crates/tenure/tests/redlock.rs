@@ -151,9 +151,14 @@ async fn wrong_password_is_an_auth_error_without_the_password() {
 
 #[tokio::test]
 async fn all_down_at_start_is_unavailable_in_time() {
-    let ports: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", tenure_testkit::free_port()))
-        .collect();
+    // Three distinct free ports (the kernel may hand the same one out twice).
+    let mut ports: Vec<String> = Vec::new();
+    while ports.len() < 3 {
+        let port = format!("127.0.0.1:{}", tenure_testkit::free_port());
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
     tenure_testkit::conformance::check_down_at_start(&format!("redlock://{}/0", ports.join(",")))
         .await;
 }

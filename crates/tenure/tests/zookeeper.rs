@@ -17,21 +17,11 @@ async fn target() -> Option<tenure_testkit::conformance::Target> {
     Some(tenure_testkit::conformance::Target::new(server.url()).await)
 }
 
-tenure_testkit::conformance_tests!(target());
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_killed_and_restarted() {
-    let Some(mut server) = ZkEnsemble::start_or_skip(1) else {
-        return;
-    };
-    tenure_testkit::conformance::check_server_killed_and_restarted(&mut server).await;
-}
-
-#[tokio::test]
-async fn server_down_at_start_is_unavailable_in_time() {
-    let port = tenure_testkit::free_port();
-    tenure_testkit::conformance::check_down_at_start(&format!("zk://127.0.0.1:{port}")).await;
-}
+tenure_testkit::conformance_tests!(
+    target();
+    server: ZkEnsemble::start_or_skip(1);
+    down: |port| format!("zk://127.0.0.1:{port}")
+);
 
 /// 64 waiters on one mutex: each release wakes exactly one of them (each
 /// waiter watches only the child just ahead of it).
@@ -54,12 +44,4 @@ async fn cluster_leader_and_member_killed() {
     };
     let leader = ensemble.leader().expect("a leader");
     tenure_testkit::conformance::check_cluster_failover(&mut ensemble, leader).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_paused_while_held() {
-    let Some(mut server) = ZkEnsemble::start_or_skip(1) else {
-        return;
-    };
-    tenure_testkit::conformance::check_server_paused(&mut server).await;
 }

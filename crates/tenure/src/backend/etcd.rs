@@ -33,6 +33,7 @@ use etcd_client::{
     TxnOpResponse, TxnResponse, WatchOptions,
 };
 
+use super::codec;
 use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
@@ -232,19 +233,13 @@ fn split_key(key: &SessionKey) -> Result<(i64, &str)> {
     Ok((lease, &s[16..]))
 }
 
-fn kind_text(kind: EntryKind) -> String {
-    match kind {
-        EntryKind::Exclusive => "X\t0\t0".into(),
-        EntryKind::Shared => "S\t0\t0".into(),
-        EntryKind::Permits { count, limit } => format!("P\t{count}\t{limit}"),
-    }
-}
-
 /// An entry's value: `KIND\tCOUNT\tLIMIT\tNONCE\n` then the user's value.
 /// The nonce names the join that put it, so a join tried again after a lost
 /// answer knows its own entry.
 fn encode(kind: EntryKind, nonce: &str, value: &[u8]) -> Vec<u8> {
-    let mut out = format!("{}\t{nonce}\n", kind_text(kind)).into_bytes();
+    let (_, count, limit) = codec::kind_code(kind);
+    let letter = codec::kind_letter(kind);
+    let mut out = format!("{letter}\t{count}\t{limit}\t{nonce}\n").into_bytes();
     out.extend_from_slice(value);
     out
 }
@@ -257,19 +252,11 @@ fn decode(raw: &[u8]) -> Result<(EntryKind, String, Vec<u8>)> {
     let head = std::str::from_utf8(&raw[..nl]).map_err(bad)?;
     let mut f = head.split('\t');
     let (k, c, l, nonce) = (f.next(), f.next(), f.next(), f.next());
-    let num = |v: Option<&str>| -> Result<u32> {
+    let num = |v: Option<&str>| -> Result<i64> {
         v.and_then(|v| v.parse().ok())
             .ok_or_else(|| bad("an entry header"))
     };
-    let kind = match k {
-        Some("X") => EntryKind::Exclusive,
-        Some("S") => EntryKind::Shared,
-        Some("P") => EntryKind::Permits {
-            count: num(c)?,
-            limit: num(l)?,
-        },
-        _ => return Err(bad("an entry kind")),
-    };
+    let kind = codec::kind_from_letter(BACKEND, k.unwrap_or_default(), num(c)?, num(l)?)?;
     Ok((
         kind,
         nonce.unwrap_or_default().to_string(),

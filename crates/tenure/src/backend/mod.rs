@@ -1,5 +1,6 @@
 //! One module per backend, each behind its cargo feature.
 
+mod codec;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod memory;

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row, Value};
 
+use super::codec;
 use super::poll::{self, Listeners, Look};
 use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
@@ -253,12 +254,11 @@ impl MysqlStore {
 
     fn check_version(&self, v: &str) -> Result<()> {
         if v != SCHEMA_VERSION {
-            return Err(Error::InvalidUrl {
+            return Err(Error::SchemaMismatch {
+                backend: BACKEND,
                 url: self.inner.url.clone(),
-                reason: format!(
-                    "tables {}* have schema version {v:?}; this build knows {SCHEMA_VERSION}",
-                    self.inner.prefix
-                ),
+                found: format!("tables {}* have schema version {v:?}", self.inner.prefix),
+                expected: format!("version {SCHEMA_VERSION}"),
             });
         }
         Ok(())
@@ -372,7 +372,7 @@ impl Store for MysqlStore {
         value: &[u8],
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
-        let (k, count, limit) = poll::kind_code(kind);
+        let (k, count, limit) = codec::kind_code(kind);
         let row = self
             .call(
                 "join",
@@ -401,7 +401,7 @@ impl Store for MysqlStore {
                 Ok(Some(joined))
             }
             "none" => Ok(None),
-            s => Err(poll::status_error(BACKEND, s, name)),
+            s => Err(codec::status_error(BACKEND, s, None, name.as_str())),
         }
     }
 
@@ -415,7 +415,7 @@ impl Store for MysqlStore {
             .await?;
         let status: String = col(&row, 0)?;
         if status != "ok" {
-            return Err(poll::status_error(BACKEND, &status, name));
+            return Err(codec::status_error(BACKEND, &status, None, name.as_str()));
         }
         let holds = u32::try_from(col::<i64>(&row, 1)?).map_err(|e| Error::backend(BACKEND, e))?;
         if holds == 0 {
@@ -442,7 +442,7 @@ impl Store for MysqlStore {
             match status.as_str() {
                 "granted" => Ok(Look::Granted),
                 "wait" => Ok(Look::Wait(poll::next_expiry(col(&row, 1)?))),
-                s => Err(poll::status_error(BACKEND, s, name)),
+                s => Err(codec::status_error(BACKEND, s, None, name.as_str())),
             }
         })
         .await
@@ -468,7 +468,7 @@ impl Store for MysqlStore {
             .await?;
         let status: String = col(&row, 0)?;
         if status != "ok" {
-            return Err(poll::status_error(BACKEND, &status, name));
+            return Err(codec::status_error(BACKEND, &status, None, name.as_str()));
         }
         self.changed(name);
         Ok(())
@@ -512,7 +512,7 @@ impl Store for MysqlStore {
                 let granted_ms: Option<i64> = col(row, 7)?;
                 entries.push(Entry {
                     seq: to_u64(col(row, 0)?)?,
-                    kind: poll::kind_from_code(BACKEND, col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
+                    kind: codec::kind_from_code(BACKEND, col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
                     session_tag: col(row, 4)?,
                     label: col(row, 5)?,
                     value: col(row, 6)?,

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::store::{Entry, EntryKind, Name, Store};
 
 /// What a waiter learns from one look at its entry.
@@ -104,53 +104,6 @@ pub(crate) fn has_unstamped_grant(entries: &[Entry]) -> bool {
         .iter()
         .zip(entries)
         .any(|(granted, e)| *granted && !e.granted)
-}
-
-/// An entry kind as the SQL backends store it: (kind, count, limit).
-pub(crate) fn kind_code(kind: EntryKind) -> (i16, i64, i64) {
-    match kind {
-        EntryKind::Exclusive => (0, 0, 0),
-        EntryKind::Shared => (1, 0, 0),
-        EntryKind::Permits { count, limit } => (2, count.into(), limit.into()),
-    }
-}
-
-/// The entry kind back from [`kind_code`]'s columns.
-pub(crate) fn kind_from_code(
-    backend: &'static str,
-    kind: i64,
-    count: i64,
-    limit: i64,
-) -> Result<EntryKind> {
-    Ok(match kind {
-        0 => EntryKind::Exclusive,
-        1 => EntryKind::Shared,
-        2 => EntryKind::Permits {
-            count: u32::try_from(count).map_err(|e| Error::backend(backend, e))?,
-            limit: u32::try_from(limit).map_err(|e| Error::backend(backend, e))?,
-        },
-        other => {
-            return Err(Error::backend(
-                backend,
-                format!("unknown entry kind {other}"),
-            ))
-        }
-    })
-}
-
-/// The error a server-side operation reports as a status word.
-pub(crate) fn status_error(backend: &'static str, status: &str, name: &Name) -> Error {
-    match status {
-        "lost" => Error::SessionLost(crate::error::LostReason::Expired),
-        "notheld" => Error::NotHeld("this session holds no such entry"),
-        s => match s.strip_prefix("conflict:") {
-            Some(reason) => Error::Conflict {
-                name: name.to_string(),
-                reason: reason.to_string(),
-            },
-            None => Error::backend(backend, format!("unexpected status {s:?}")),
-        },
-    }
 }
 
 /// Key -> (its listeners' notifier, how many registrations).

@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use tokio_postgres::NoTls;
 use tokio_postgres::{AsyncMessage, Client, Statement};
 
+use super::codec;
 use super::poll::{self, Listeners, Look};
 use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
@@ -446,12 +447,11 @@ impl PostgresStore {
 
     fn check_version(&self, v: &str) -> Result<()> {
         if v != SCHEMA_VERSION {
-            return Err(Error::InvalidUrl {
+            return Err(Error::SchemaMismatch {
+                backend: BACKEND,
                 url: self.inner.url.clone(),
-                reason: format!(
-                    "schema {} has tenure schema version {v}; this build knows {SCHEMA_VERSION}",
-                    self.inner.schema
-                ),
+                found: format!("schema {} has tenure schema version {v}", self.inner.schema),
+                expected: format!("version {SCHEMA_VERSION}"),
             });
         }
         Ok(())
@@ -579,7 +579,7 @@ impl Store for PostgresStore {
         value: &[u8],
         mode: JoinMode,
     ) -> Result<Option<Joined>> {
-        let (k, count, limit) = poll::kind_code(kind);
+        let (k, count, limit) = codec::kind_code(kind);
         let (count, limit) = (
             i32::try_from(count).unwrap_or(i32::MAX),
             i32::try_from(limit).unwrap_or(i32::MAX),
@@ -612,7 +612,7 @@ impl Store for PostgresStore {
                 first: col(row, 4)?,
             })),
             "none" => Ok(None),
-            s => Err(poll::status_error(BACKEND, s, name)),
+            s => Err(codec::status_error(BACKEND, s, None, name.as_str())),
         }
     }
 
@@ -626,7 +626,7 @@ impl Store for PostgresStore {
             .ok_or_else(|| Error::backend(BACKEND, "leave returned no row"))?;
         let status: String = col(row, 0)?;
         if status != "ok" {
-            return Err(poll::status_error(BACKEND, &status, name));
+            return Err(codec::status_error(BACKEND, &status, None, name.as_str()));
         }
         u32::try_from(col::<i32>(row, 1)?).map_err(|e| Error::backend(BACKEND, e))
     }
@@ -649,7 +649,7 @@ impl Store for PostgresStore {
             match status.as_str() {
                 "granted" => Ok(Look::Granted),
                 "wait" => Ok(Look::Wait(poll::next_expiry(col(row, 1)?))),
-                s => Err(poll::status_error(BACKEND, s, name)),
+                s => Err(codec::status_error(BACKEND, s, None, name.as_str())),
             }
         })
         .await
@@ -675,7 +675,7 @@ impl Store for PostgresStore {
         if status == "ok" {
             Ok(())
         } else {
-            Err(poll::status_error(BACKEND, &status, name))
+            Err(codec::status_error(BACKEND, &status, None, name.as_str()))
         }
     }
 
@@ -695,7 +695,7 @@ impl Store for PostgresStore {
                 let granted_ms: Option<i64> = col(row, 7)?;
                 entries.push(Entry {
                     seq: to_u64(col(row, 0)?)?,
-                    kind: poll::kind_from_code(
+                    kind: codec::kind_from_code(
                         BACKEND,
                         col::<i16>(row, 1)?.into(),
                         col::<i32>(row, 2)?.into(),

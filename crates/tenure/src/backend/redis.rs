@@ -19,6 +19,7 @@ use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
+use super::codec;
 use super::poll::{self, Listeners, Listening, Look};
 use super::url::{mask_password, Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
@@ -297,25 +298,27 @@ impl RedisStore {
             Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind") => {
                 Ok(reply)
             }
-            Some("lost") => Err(Error::SessionLost(crate::error::LostReason::Expired)),
-            Some("notheld") => Err(Error::NotHeld("this session holds no such entry")),
-            Some("layout") => Err(Error::InvalidUrl {
+            Some("layout") => Err(Error::SchemaMismatch {
+                backend: BACKEND,
                 url: self.inner.url.clone(),
-                reason: format!(
-                    "prefix {} holds tenure keys of layout {}; this build uses layout \
-                     {KEY_LAYOUT}: use another prefix=, or stop the other clients and delete \
-                     the prefix's keys",
+                found: format!(
+                    "prefix {} holds tenure keys of layout {}",
                     self.inner.prefix,
                     reply.get(1).map(text).transpose()?.unwrap_or_default()
                 ),
+                expected: format!(
+                    "layout {KEY_LAYOUT} (use another prefix=, or stop the other clients and \
+                     delete the prefix's keys)"
+                ),
             }),
-            Some("conflict") => Err(Error::Conflict {
-                name: args
+            Some(word @ ("lost" | "notheld" | "conflict")) => {
+                let name = args
                     .get(1)
                     .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .unwrap_or_default(),
-                reason: reply.get(1).map(text).transpose()?.unwrap_or_default(),
-            }),
+                    .unwrap_or_default();
+                let detail = reply.get(1).map(text).transpose()?;
+                Err(codec::status_error(BACKEND, word, detail, &name))
+            }
             _ => Err(bad_reply(&format!("{reply:?}"))),
         }
     }
@@ -441,7 +444,9 @@ impl RedisStore {
         mode: JoinMode,
         proposed: Option<u64>,
     ) -> Result<NodeJoin> {
-        let (k, count, limit) = kind_args(kind);
+        let (_, count, limit) = codec::kind_code(kind);
+        let (count, limit) = (count.to_string(), limit.to_string());
+        let k = codec::kind_letter(kind);
         let mode = match mode {
             JoinMode::Wait => "wait",
             JoinMode::IfGranted => "ifgranted",
@@ -493,26 +498,6 @@ impl RedisStore {
     pub(crate) async fn listen_changes(&self, name: &Name) -> Listening {
         self.listen(self.channel("ch", name)).await
     }
-}
-
-fn kind_args(kind: EntryKind) -> (&'static str, String, String) {
-    match kind {
-        EntryKind::Exclusive => ("X", "0".into(), "0".into()),
-        EntryKind::Shared => ("S", "0".into(), "0".into()),
-        EntryKind::Permits { count, limit } => ("P", count.to_string(), limit.to_string()),
-    }
-}
-
-fn kind_from(kind: &str, count: i64, limit: i64) -> Result<EntryKind> {
-    Ok(match kind {
-        "X" => EntryKind::Exclusive,
-        "S" => EntryKind::Shared,
-        "P" => EntryKind::Permits {
-            count: u32::try_from(count).map_err(|_| bad_reply("permit count"))?,
-            limit: u32::try_from(limit).map_err(|_| bad_reply("permit limit"))?,
-        },
-        other => return Err(bad_reply(&format!("entry kind {other:?}"))),
-    })
 }
 
 #[async_trait]
@@ -635,7 +620,12 @@ impl Store for RedisStore {
             let left = number(&f[8])?;
             entries.push(Entry {
                 seq: unsigned(&f[0])?,
-                kind: kind_from(&text(&f[1])?, number(&f[2])?, number(&f[3])?)?,
+                kind: codec::kind_from_letter(
+                    BACKEND,
+                    &text(&f[1])?,
+                    number(&f[2])?,
+                    number(&f[3])?,
+                )?,
                 session_tag: text(&f[4])?,
                 label: text(&f[5])?,
                 value: bytes(&f[6])?,

@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
+use super::codec;
 use super::poll::{self, Listeners};
 use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
@@ -106,31 +107,6 @@ fn db_err(e: rusqlite::Error) -> Error {
     } else {
         Error::backend(BACKEND, e)
     }
-}
-
-fn kind_columns(kind: EntryKind) -> (i64, i64, i64) {
-    match kind {
-        EntryKind::Exclusive => (0, 0, 0),
-        EntryKind::Shared => (1, 0, 0),
-        EntryKind::Permits { count, limit } => (2, count.into(), limit.into()),
-    }
-}
-
-fn kind_from_columns(kind: i64, count: i64, limit: i64) -> Result<EntryKind> {
-    Ok(match kind {
-        0 => EntryKind::Exclusive,
-        1 => EntryKind::Shared,
-        2 => EntryKind::Permits {
-            count: u32::try_from(count).map_err(|e| Error::backend(BACKEND, e))?,
-            limit: u32::try_from(limit).map_err(|e| Error::backend(BACKEND, e))?,
-        },
-        other => {
-            return Err(Error::backend(
-                BACKEND,
-                format!("unknown entry kind {other} in the database"),
-            ))
-        }
-    })
 }
 
 fn to_u64(v: i64) -> Result<u64> {
@@ -307,7 +283,7 @@ impl SqliteStore {
             let mut any_dead = false;
             while let Some(r) = rows.next().map_err(db_err)? {
                 let row_seq: i64 = r.get(0).map_err(db_err)?;
-                let kind = kind_from_columns(
+                let kind = codec::kind_from_code(BACKEND,
                     r.get(1).map_err(db_err)?,
                     r.get(2).map_err(db_err)?,
                     r.get(3).map_err(db_err)?,
@@ -561,7 +537,8 @@ fn read_rows(conn: &Connection, name: &Name) -> Result<Vec<Row>> {
     while let Some(r) = rows.next().map_err(db_err)? {
         out.push(Row {
             seq: to_u64(r.get(0).map_err(db_err)?)?,
-            kind: kind_from_columns(
+            kind: codec::kind_from_code(
+                BACKEND,
                 r.get(1).map_err(db_err)?,
                 r.get(2).map_err(db_err)?,
                 r.get(3).map_err(db_err)?,
@@ -688,7 +665,7 @@ impl Store for SqliteStore {
         let key = session.clone();
         let name = name.clone();
         let value = value.to_vec();
-        let (kind_col, count_col, limit_col) = kind_columns(kind);
+        let (kind_col, count_col, limit_col) = codec::kind_code(kind);
         let result = self
             .run(move |conn| {
                 let tx = conn
@@ -917,7 +894,8 @@ impl Store for SqliteStore {
                         let granted_ms: Option<i64> = r.get(7).map_err(db_err)?;
                         entries.push(Entry {
                             seq: to_u64(r.get(0).map_err(db_err)?)?,
-                            kind: kind_from_columns(
+                            kind: codec::kind_from_code(
+                                BACKEND,
                                 r.get(1).map_err(db_err)?,
                                 r.get(2).map_err(db_err)?,
                                 r.get(3).map_err(db_err)?,

@@ -31,6 +31,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use zookeeper_client as zk;
 
+use super::codec;
 use super::url::{Shape, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
@@ -192,10 +193,10 @@ fn decode_name(segment: &str) -> Option<String> {
 /// A child's name before the sequence: `TAG_KIND_`, where KIND is `X`,
 /// `S` or `P<count>of<limit>`.
 fn child_prefix(tag: &str, kind: EntryKind) -> String {
+    let letter = codec::kind_letter(kind);
     match kind {
-        EntryKind::Exclusive => format!("{tag}_X_"),
-        EntryKind::Shared => format!("{tag}_S_"),
-        EntryKind::Permits { count, limit } => format!("{tag}_P{count}of{limit}_"),
+        EntryKind::Permits { count, limit } => format!("{tag}_{letter}{count}of{limit}_"),
+        _ => format!("{tag}_{letter}_"),
     }
 }
 
@@ -203,17 +204,13 @@ fn child_prefix(tag: &str, kind: EntryKind) -> String {
 fn parse_child(child: &str) -> Option<(&str, EntryKind, i64)> {
     let mut f = child.splitn(3, '_');
     let (tag, kind, seq) = (f.next()?, f.next()?, f.next()?);
-    let kind = match kind {
-        "X" => EntryKind::Exclusive,
-        "S" => EntryKind::Shared,
-        p => {
-            let (count, limit) = p.strip_prefix('P')?.split_once("of")?;
-            EntryKind::Permits {
-                count: count.parse().ok()?,
-                limit: limit.parse().ok()?,
-            }
-        }
+    let (letter, permits) = kind.split_at(kind.len().min(1));
+    let (count, limit) = match permits.split_once("of") {
+        Some((count, limit)) => (count.parse().ok()?, limit.parse().ok()?),
+        None if permits.is_empty() => (0, 0),
+        None => return None,
     };
+    let kind = codec::kind_from_letter(BACKEND, letter, count, limit).ok()?;
     Some((tag, kind, seq.parse().ok()?))
 }
 
