@@ -200,17 +200,6 @@ pub fn backend_for(url: &str) -> Result<&'static Backend> {
         })
 }
 
-/// Parses `url` by the rules of the backend its scheme names.
-#[cfg(test)]
-pub(crate) fn parse_url(url: &str) -> Result<StoreUrl> {
-    let backend = backend_for(url)?;
-    let built = backend.built.ok_or(Error::BackendDisabled {
-        backend: backend.name,
-        feature: backend.feature,
-    })?;
-    StoreUrl::parse(url, built.url)
-}
-
 /// Opens a store from a URL, such as `memory://` or `sqlite:///tmp/locks.db`.
 ///
 /// An unknown scheme, an option the backend does not take or a malformed URL

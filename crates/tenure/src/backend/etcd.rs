@@ -34,7 +34,7 @@ use etcd_client::{
 };
 
 use super::codec;
-use super::url::{Shape, StoreUrl, UrlRules};
+use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
     Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
@@ -49,11 +49,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const CAS_ATTEMPTS: usize = 16;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules {
-    shape: Shape::Servers,
-    options: &["prefix", "tls_ca"],
-    fragment: false,
-};
+pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]);
 
 /// The etcd backend's capabilities.
 pub fn capabilities() -> Capabilities {

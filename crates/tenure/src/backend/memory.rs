@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::url::{Shape, StoreUrl, UrlRules};
+use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
@@ -24,11 +24,7 @@ use crate::store::{
 const BACKEND: &str = "memory";
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules {
-    shape: Shape::File,
-    options: &[],
-    fragment: false,
-};
+pub(crate) const URL: UrlRules = UrlRules::file(&[]);
 
 /// The memory backend's capabilities.
 pub fn capabilities() -> Capabilities {

@@ -19,7 +19,7 @@ use mysql_async::{Pool, Row, Value};
 
 use super::codec;
 use super::poll::{self, Listeners, Look};
-use super::url::{Shape, StoreUrl, UrlRules};
+use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
     Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
@@ -40,21 +40,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RETRIES: usize = 5;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules {
-    shape: Shape::Servers,
-    options: &[
-        "prefix",
-        // mysql_async's own, passed on to the driver.
-        "tcp_keepalive",
-        "tcp_nodelay",
-        "stmt_cache_size",
-        "conn_ttl",
-        "wait_timeout",
-        "compression",
-        "socket",
-    ],
-    fragment: false,
-};
+// Besides our own options, the driver's own that we pass on.
+pub(crate) const URL: UrlRules = UrlRules::servers(&[
+    "prefix",
+    "tcp_keepalive",
+    "tcp_nodelay",
+    "stmt_cache_size",
+    "conn_ttl",
+    "wait_timeout",
+    "compression",
+    "socket",
+]);
 
 /// The MySQL/MariaDB backend's capabilities.
 pub fn capabilities() -> Capabilities {

@@ -18,7 +18,7 @@ use tokio_postgres::{AsyncMessage, Client, Statement};
 
 use super::codec;
 use super::poll::{self, Listeners, Look};
-use super::url::{Shape, StoreUrl, UrlRules};
+use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
     Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
@@ -41,24 +41,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RETRIES: usize = 5;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules {
-    shape: Shape::Servers,
-    options: &[
-        "schema",
-        "sslmode",
-        "sslrootcert",
-        // libpq's own, passed on to the driver.
-        "application_name",
-        "connect_timeout",
-        "options",
-        "target_session_attrs",
-        "keepalives",
-        "keepalives_idle",
-        "channel_binding",
-        "load_balance_hosts",
-    ],
-    fragment: false,
-};
+// Besides our own options, the driver's own that we pass on.
+pub(crate) const URL: UrlRules = UrlRules::servers(&[
+    "schema",
+    "sslmode",
+    "sslrootcert",
+    "application_name",
+    "connect_timeout",
+    "options",
+    "target_session_attrs",
+    "keepalives",
+    "keepalives_idle",
+    "channel_binding",
+    "load_balance_hosts",
+]);
 
 /// The PostgreSQL backend's capabilities.
 pub fn capabilities() -> Capabilities {

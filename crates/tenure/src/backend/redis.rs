@@ -21,7 +21,7 @@ use redis::Value;
 
 use super::codec;
 use super::poll::{self, Listeners, Listening, Look};
-use super::url::{mask_password, Shape, StoreUrl, UrlRules};
+use super::url::{mask_password, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
     Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
@@ -40,11 +40,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules {
-    shape: Shape::Servers,
-    options: &["prefix", "tls_ca"],
-    fragment: true,
-};
+pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_fragment();
 
 /// The Redis backend's capabilities.
 pub fn capabilities() -> Capabilities {

@@ -43,7 +43,7 @@ use async_trait::async_trait;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::redis::{NodeJoin, RedisStore};
-use super::url::{mask_password, Shape, StoreUrl, UrlRules};
+use super::url::{mask_password, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
     Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
@@ -70,11 +70,7 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 const MAX_SEQ: u64 = 1 << 53;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules {
-    shape: Shape::Servers,
-    options: &["prefix", "node_timeout", "tls_ca"],
-    fragment: false,
-};
+pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "node_timeout", "tls_ca"]);
 
 /// The Redlock backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -1085,7 +1081,7 @@ mod tests {
     use super::*;
 
     fn parse(url: &str) -> Result<(Vec<String>, Duration)> {
-        parse_url(&crate::registry::parse_url(url)?)
+        parse_url(&StoreUrl::parse(url, &URL)?)
     }
 
     #[test]

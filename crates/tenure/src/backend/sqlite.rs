@@ -21,7 +21,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBeha
 
 use super::codec;
 use super::poll::{self, Listeners};
-use super::url::{Shape, StoreUrl, UrlRules};
+use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
@@ -50,11 +50,7 @@ fn count_statement(_sql: &str) {
 }
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules {
-    shape: Shape::File,
-    options: &["synchronous"],
-    fragment: false,
-};
+pub(crate) const URL: UrlRules = UrlRules::file(&["synchronous"]);
 
 /// The SQLite backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -996,7 +992,7 @@ mod tests {
     use super::*;
 
     fn parse(url: &str) -> Result<(PathBuf, &'static str)> {
-        parse_url(&crate::registry::parse_url(url)?)
+        parse_url(&StoreUrl::parse(url, &URL)?)
     }
 
     #[test]

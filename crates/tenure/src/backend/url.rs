@@ -25,6 +25,34 @@ pub struct UrlRules {
     pub fragment: bool,
 }
 
+impl UrlRules {
+    /// A server URL taking `options`.
+    pub const fn servers(options: &'static [&'static str]) -> UrlRules {
+        UrlRules {
+            shape: Shape::Servers,
+            options,
+            fragment: false,
+        }
+    }
+
+    /// A file URL taking `options`.
+    pub const fn file(options: &'static [&'static str]) -> UrlRules {
+        UrlRules {
+            shape: Shape::File,
+            options,
+            fragment: false,
+        }
+    }
+
+    /// These rules, with a `#fragment` passed on to the driver.
+    pub const fn with_fragment(self) -> UrlRules {
+        UrlRules {
+            fragment: true,
+            ..self
+        }
+    }
+}
+
 /// See [`UrlRules::shape`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {

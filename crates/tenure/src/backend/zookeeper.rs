@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use zookeeper_client as zk;
 
 use super::codec;
-use super::url::{Shape, StoreUrl, UrlRules};
+use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
     Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
@@ -48,11 +48,7 @@ const REAP_EVERY: Duration = Duration::from_millis(50);
 const OBSERVE_POLL: Duration = Duration::from_millis(200);
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules {
-    shape: Shape::Servers,
-    options: &[],
-    fragment: false,
-};
+pub(crate) const URL: UrlRules = UrlRules::servers(&[]);
 
 /// The ZooKeeper backend's capabilities.
 pub fn capabilities() -> Capabilities {
