@@ -120,7 +120,8 @@ pub fn check_command(command: &[String]) -> Result<(), Failure> {
     let found = if program.contains('/') {
         runnable(Path::new(program))
     } else {
-        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        let path =
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
         let mut found = None;
         for dir in std::env::split_paths(&path) {
             let dir = if dir.as_os_str().is_empty() {
@@ -219,7 +220,10 @@ impl Supervised {
         let exe = match Path::new("/proc/self/exe").exists() {
             true => PathBuf::from("/proc/self/exe"),
             false => std::env::current_exe().map_err(|e| {
-                Failure::new(exit::SOFTWARE, format!("cannot find tenure's own binary: {e}"))
+                Failure::new(
+                    exit::SOFTWARE,
+                    format!("cannot find tenure's own binary: {e}"),
+                )
             })?,
         };
         let (ctl_r, ctl_w) = pipe()?;
@@ -336,7 +340,10 @@ impl Supervised {
     async fn finish(&mut self) {
         if !self.ended {
             if let Some(pgid) = self.pgid {
-                tracing::error!(pgid, "the supervisor died: killing the command's group from tenure");
+                tracing::error!(
+                    pgid,
+                    "the supervisor died: killing the command's group from tenure"
+                );
                 signal_group(pgid, libc::SIGKILL);
                 let until = Instant::now() + Duration::from_secs(5);
                 while group_exists(pgid) && Instant::now() < until {

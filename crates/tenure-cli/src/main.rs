@@ -388,7 +388,11 @@ fn validate(command: &Command) -> Result<(), Failure> {
             let tz: chrono_tz::Tz = args.tz.parse().map_err(|e| {
                 Failure::new(exit::USAGE, format!("invalid time zone {:?}: {e}", args.tz))
             })?;
-            if cron.after(&chrono::Utc::now().with_timezone(&tz)).next().is_none() {
+            if cron
+                .after(&chrono::Utc::now().with_timezone(&tz))
+                .next()
+                .is_none()
+            {
                 return Err(Failure::new(
                     exit::USAGE,
                     format!(
@@ -573,9 +577,7 @@ async fn finish(
             }
             Err(Failure::new(
                 exit::LEASE_LOST,
-                format!(
-                    "lease lost while the command ran ({why}); its process group was killed"
-                ),
+                format!("lease lost while the command ran ({why}); its process group was killed"),
             ))
         }
     }

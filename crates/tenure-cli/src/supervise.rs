@@ -333,7 +333,10 @@ pub fn main(args: &[OsString]) -> u8 {
             let line: Vec<u8> = pending.drain(..=end).collect();
             let line = String::from_utf8_lossy(&line);
             let mut words = line.split_whitespace();
-            match (words.next(), words.next().and_then(|w| w.parse::<u64>().ok())) {
+            match (
+                words.next(),
+                words.next().and_then(|w| w.parse::<u64>().ok()),
+            ) {
                 (Some("D"), Some(ns)) => {
                     let next = Duration::from_nanos(ns);
                     if deadline != Some(next) {
