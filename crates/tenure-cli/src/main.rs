@@ -76,10 +76,13 @@ enum Command {
     #[command(
         after_help = "Example:\n  tenure lock nightly-report --ttl 15s -- ./report.sh\n\n\
         The command gets TENURE_LOCK=<name> and TENURE_FENCE=<token> in its environment and runs\n\
-        in its own process group. If the lease may be lost while it runs, tenure sends SIGTERM to\n\
-        the group --kill-grace before the lease's local deadline and SIGKILL at it, so the command\n\
-        is stopped before the store can grant the lock to anyone else; tenure then exits 79.\n\
-        SIGINT, SIGTERM and SIGHUP sent to tenure are passed on to the command."
+        in its own process group under a small supervisor process (tenure itself, re-run). If no\n\
+        renewal is confirmed, the group gets SIGTERM --kill-grace before the lease's local deadline\n\
+        and SIGKILL at it, so the command is stopped before the store can grant the lock to anyone\n\
+        else; tenure then exits 79. The supervisor does this even if tenure itself is stopped, and\n\
+        kills the group at once if tenure dies. SIGINT, SIGTERM and SIGHUP sent to tenure are passed\n\
+        on to the command; a second SIGINT within 3 s kills the group (SIGKILL). The lock is\n\
+        released only once nothing of the group is left."
     )]
     Lock(LockArgs),
     /// Campaign for leadership; hold it until stopped, or run a command while leader.
@@ -112,9 +115,11 @@ enum Command {
         SCHEDULE has six fields (sec min hour day month weekday) or the classic five (at second 0).\n\
         Each tick runs at most once across every instance sharing the store (per-tick mode), or\n\
         only on the elected leader (leader mode). The command gets TENURE_JOB, TENURE_TICK (Unix\n\
-        seconds), TENURE_TICK_AT (RFC 3339) and, in leader mode, TENURE_FENCE. A run is killed\n\
-        (its whole process group) after --at-most, or when the lease is lost. SIGINT/SIGTERM stop\n\
-        the schedule; a run in progress gets the signal and is waited for."
+        seconds), TENURE_TICK_AT (RFC 3339, in the --tz zone) and, in leader mode, TENURE_FENCE.\n\
+        A run is killed (its whole process group) after --at-most, when the lease is lost, or if\n\
+        tenure dies. SIGINT/SIGTERM stop the schedule; a run in progress gets the signal and is\n\
+        waited for (a second SIGINT within 3 s kills it). A schedule that never fires, or a\n\
+        command that cannot be found (127) or run (126), is refused at start."
     )]
     Cron(CronArgs),
     /// Show what each built-in backend can do.
@@ -178,11 +183,15 @@ struct CronArgs {
     /// What to do about ticks missed while no instance could run them.
     #[arg(long, value_enum, default_value = "skip")]
     missed: CronMissed,
-    /// Kill a run that lasts longer than this.
+    /// Kill a run (its whole process group) that lasts longer than this (more than 0).
     #[arg(long, value_parser = parse_duration)]
     at_most: Option<Duration>,
-    /// Hold a tick's claim at least this long after it was due.
-    #[arg(long, value_parser = parse_duration)]
+    /// Keep each tick's claim held at least this long after the tick was due,
+    /// even if the run ends sooner. Each tick has a claim of its own, so this
+    /// does NOT limit how often the job runs across instances (ShedLock's
+    /// lockAtLeastFor does); it only keeps the claim held (and shown by
+    /// `tenure status`) that long.
+    #[arg(long, value_parser = parse_duration, verbatim_doc_comment)]
     at_least: Option<Duration>,
     /// Session TTL.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
@@ -683,6 +692,22 @@ fn unix_ms(t: Option<SystemTime>) -> Option<u128> {
         .map(|d| d.as_millis())
 }
 
+/// A value on one line of text output: a backslash and control characters
+/// (newline, tab, ESC, …) are escaped as in Rust (`\\`, `\n`, `\u{1b}`), so
+/// one leader is always one line and no escape sequence reaches a terminal.
+/// `--json` carries the value unchanged.
+fn escape_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '\\' || c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn leader_line(name: &Name, leader: &Option<tenure::Leader>, json: bool) -> String {
     match (leader, json) {
         (Some(l), true) => serde_json::json!({
@@ -694,7 +719,12 @@ fn leader_line(name: &Name, leader: &Option<tenure::Leader>, json: bool) -> Stri
         })
         .to_string(),
         (None, true) => serde_json::json!({ "name": name.as_str(), "token": null }).to_string(),
-        (Some(l), false) => format!("{} token={} label={}", l.value_str(), l.token, l.label),
+        (Some(l), false) => format!(
+            "{} token={} label={}",
+            escape_line(&l.value_str()),
+            l.token,
+            escape_line(&l.label)
+        ),
         (None, false) => "none".to_string(),
     }
 }
@@ -749,7 +779,7 @@ async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8
                     if e.granted { "holder" } else { "waiter" },
                     e.seq,
                     e.kind,
-                    e.label,
+                    escape_line(&e.label),
                     e.session_tag,
                     humantime::format_duration(Duration::from_millis(
                         e.expires_in.as_millis() as u64
