@@ -846,3 +846,76 @@ fn backends(json: bool) -> Result<u8, Failure> {
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error kind, one exit code, whichever subcommand meets it.
+    #[test]
+    fn each_error_kind_has_one_exit_code() {
+        let boxed = || -> tenure::BoxError { "x".into() };
+        for (e, code) in [
+            (Error::SessionLost("x"), exit::LEASE_LOST),
+            (Error::Timeout(Duration::from_secs(1)), exit::NOT_ACQUIRED),
+            (
+                Error::Conflict {
+                    name: "n".into(),
+                    reason: "r".into(),
+                },
+                exit::NOT_ACQUIRED,
+            ),
+            (
+                Error::InvalidUrl {
+                    url: "u".into(),
+                    reason: "r".into(),
+                },
+                exit::USAGE,
+            ),
+            (
+                Error::Unavailable {
+                    backend: "b",
+                    source: boxed(),
+                },
+                exit::UNAVAILABLE,
+            ),
+            (
+                Error::Backend {
+                    backend: "b",
+                    source: boxed(),
+                },
+                exit::SOFTWARE,
+            ),
+            (Error::NotHeld("x"), exit::SOFTWARE),
+        ] {
+            assert_eq!(Failure::from(e).code, code);
+        }
+    }
+
+    #[test]
+    fn escape_line_keeps_one_line_and_plain_text() {
+        assert_eq!(escape_line("host:1 é"), "host:1 é");
+        assert_eq!(escape_line("a\nb\u{1b}[1m\\"), r"a\nb\u{1b}[1m\\");
+    }
+
+    #[test]
+    fn spawn_failures_map_like_a_shell() {
+        use std::io::Error as E;
+        assert_eq!(
+            supervise::spawn_failure_code(&E::from_raw_os_error(libc::ENOENT)),
+            127
+        );
+        assert_eq!(
+            supervise::spawn_failure_code(&E::from_raw_os_error(libc::EACCES)),
+            126
+        );
+        assert_eq!(
+            supervise::spawn_failure_code(&E::from_raw_os_error(libc::ENOEXEC)),
+            126
+        );
+        assert_eq!(
+            supervise::spawn_failure_code(&E::from_raw_os_error(libc::EAGAIN)),
+            70
+        );
+    }
+}
