@@ -1,13 +1,28 @@
 //! Running the user's command while a lease is held, and stopping its whole
-//! process group before the lease can run out.
+//! process group before the lease can run out, even if tenure itself is
+//! killed or stopped: the command runs under the supervisor
+//! ([`crate::supervise`]), which tenure feeds with each confirmed renewal's
+//! deadline.
 
-use std::os::unix::process::ExitStatusExt;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
+use crate::supervise::{self, group_exists, signal_group};
 use crate::{exit, Failure};
 use tenure::Session;
+
+/// How often tenure looks for a newer lease deadline to pass on.
+const DEADLINE_POLL: Duration = Duration::from_millis(50);
+
+/// A second SIGINT within this long kills the command's group.
+pub const SECOND_INTERRUPT: Duration = Duration::from_secs(3);
 
 /// SIGINT, SIGTERM and SIGHUP delivered to tenure.
 pub struct Signals {
@@ -39,6 +54,37 @@ impl Signals {
     }
 }
 
+/// Passes signals on to a command's group: a second SIGINT within
+/// [`SECOND_INTERRUPT`] of the first becomes SIGKILL.
+#[derive(Default)]
+struct Escalation {
+    last_interrupt: Option<Instant>,
+}
+
+impl Escalation {
+    /// The signal to send the group for `sig` delivered to tenure.
+    fn for_signal(&mut self, sig: i32) -> i32 {
+        if sig != libc::SIGINT {
+            return sig;
+        }
+        let now = Instant::now();
+        let again = self
+            .last_interrupt
+            .is_some_and(|t| now.duration_since(t) < SECOND_INTERRUPT);
+        self.last_interrupt = Some(now);
+        if again {
+            tracing::warn!("second SIGINT: killing the command's process group (SIGKILL)");
+            libc::SIGKILL
+        } else {
+            tracing::info!(
+                "passing SIGINT on to the command (a second one within {}s kills it)",
+                SECOND_INTERRUPT.as_secs()
+            );
+            sig
+        }
+    }
+}
+
 /// How the command ended.
 #[derive(Debug)]
 pub enum Outcome {
@@ -48,29 +94,288 @@ pub enum Outcome {
     LeaseLost(String),
 }
 
-fn signal_group(pgid: i32, sig: i32) {
-    // SAFETY: kill(2) with a negative pid signals a process group; it touches
-    // no memory of ours.
-    let rc = unsafe { libc::kill(-pgid, sig) };
+/// The lease's local deadline as an absolute `CLOCK_BOOTTIME` reading, for
+/// the supervisor. The boot clock is read first: any delay before the
+/// monotonic reading makes the result earlier, never later.
+fn boot_deadline(session: &Session) -> Option<Duration> {
+    let boot = supervise::boot_time()?;
+    let deadline = session.deadline();
+    let left = deadline.saturating_duration_since(Instant::now());
+    Some(boot + left)
+}
+
+/// Whether `program` can be run, as `execvp` would look it up: 127 when it
+/// is not found, 126 when found but not executable.
+pub fn check_command(command: &[String]) -> Result<(), Failure> {
+    let program = command
+        .first()
+        .ok_or_else(|| Failure::new(exit::USAGE, "no command given after --"))?;
+    let runnable = |p: &Path| -> Option<bool> {
+        let meta = std::fs::metadata(p).ok()?;
+        let c = CString::new(p.as_os_str().as_bytes()).ok()?;
+        // SAFETY: access(2) reads a NUL-terminated path we own.
+        let exec = unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0;
+        Some(meta.is_file() && exec)
+    };
+    let found = if program.contains('/') {
+        runnable(Path::new(program))
+    } else {
+        let path =
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        let mut found = None;
+        for dir in std::env::split_paths(&path) {
+            let dir = if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            };
+            match runnable(&dir.join(program)) {
+                Some(true) => {
+                    found = Some(true);
+                    break;
+                }
+                Some(false) => found = Some(false),
+                None => {}
+            }
+        }
+        found
+    };
+    match found {
+        Some(true) => Ok(()),
+        Some(false) => Err(Failure::new(
+            126,
+            format!("cannot run {program:?}: not an executable file (permission denied)"),
+        )),
+        None => Err(Failure::new(
+            127,
+            format!("cannot run {program:?}: command not found"),
+        )),
+    }
+}
+
+/// What the supervisor tells tenure.
+#[derive(Debug)]
+enum Report {
+    Started(i32),
+    SpawnFailed(u8, String),
+    Terminating,
+    Killing,
+    Ended(u8),
+}
+
+fn parse_report(line: &str) -> Option<Report> {
+    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    Some(match word {
+        "P" => Report::Started(rest.trim().parse().ok()?),
+        "E" => {
+            let (code, message) = rest.split_once(' ').unwrap_or((rest, ""));
+            Report::SpawnFailed(code.parse().ok()?, message.to_string())
+        }
+        "T" => Report::Terminating,
+        "K" => Report::Killing,
+        "X" => Report::Ended(rest.trim().parse().ok()?),
+        _ => return None,
+    })
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into an array we own.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
     if rc != 0 {
-        tracing::debug!(pgid, sig, error = %std::io::Error::last_os_error(), "signalling the process group failed");
+        return Err(Failure::new(
+            exit::SOFTWARE,
+            format!("cannot make a pipe: {}", std::io::Error::last_os_error()),
+        ));
+    }
+    // SAFETY: pipe2 succeeded: both descriptors are open and ours alone.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The command, running under its supervisor.
+struct Supervised {
+    supervisor: tokio::process::Child,
+    /// The control pipe's write end (non-blocking); dropping it tells the
+    /// supervisor to kill the group.
+    ctl: Option<std::fs::File>,
+    reports: mpsc::UnboundedReceiver<Report>,
+    pgid: Option<i32>,
+    ended: bool,
+}
+
+impl Supervised {
+    /// Starts the supervisor, which starts the command. `deadline` (boot
+    /// clock) is enforced from the start; `None` means no lease to enforce
+    /// (the supervisor still kills the group if tenure dies).
+    fn spawn(
+        command: &[String],
+        env: &[(&str, String)],
+        grace: Duration,
+        deadline: Option<Duration>,
+    ) -> Result<Supervised, Failure> {
+        if command.is_empty() {
+            return Err(Failure::new(exit::USAGE, "no command given after --"));
+        }
+        // /proc/self/exe still runs this binary if its file was replaced since.
+        let exe = match Path::new("/proc/self/exe").exists() {
+            true => PathBuf::from("/proc/self/exe"),
+            false => std::env::current_exe().map_err(|e| {
+                Failure::new(
+                    exit::SOFTWARE,
+                    format!("cannot find tenure's own binary: {e}"),
+                )
+            })?,
+        };
+        let (ctl_r, ctl_w) = pipe()?;
+        let (rep_r, rep_w) = pipe()?;
+        let (ctl_fd, rep_fd) = (ctl_r.as_raw_fd(), rep_w.as_raw_fd());
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.arg0("tenure")
+            .arg(supervise::ARG)
+            .arg(ctl_fd.to_string())
+            .arg(rep_fd.to_string())
+            .arg(std::process::id().to_string())
+            .arg(grace.as_nanos().to_string())
+            .arg(deadline.map_or_else(|| "-".to_string(), |d| d.as_nanos().to_string()))
+            .arg("--")
+            .args(command)
+            .kill_on_drop(false);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        // SAFETY: only async-signal-safe calls (fcntl, prctl). The two pipe
+        // ends the supervisor needs survive its exec; the parent-death signal
+        // is set before exec so no window is left (the supervisor checks
+        // getppid() for a death before this point).
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in [ctl_fd, rep_fd] {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    supervise::PARENT_DEATH_SIGNAL as libc::c_ulong,
+                );
+                Ok(())
+            });
+        }
+        let supervisor = cmd.spawn().map_err(|e| {
+            Failure::new(
+                exit::SOFTWARE,
+                format!("cannot start tenure's supervisor process: {e}"),
+            )
+        })?;
+        drop((ctl_r, rep_w));
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe {
+            let flags = libc::fcntl(ctl_w.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(ctl_w.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        let (tx, reports) = mpsc::unbounded_channel();
+        let reader = std::fs::File::from(rep_r);
+        std::thread::Builder::new()
+            .name("tenure-supervisor-reports".into())
+            .spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(reader).lines() {
+                    let Ok(line) = line else { break };
+                    match parse_report(&line) {
+                        Some(report) => {
+                            if tx.send(report).is_err() {
+                                break;
+                            }
+                        }
+                        None => tracing::debug!(%line, "unknown report from the supervisor"),
+                    }
+                }
+            })
+            .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot start a thread: {e}")))?;
+        Ok(Supervised {
+            supervisor,
+            ctl: Some(std::fs::File::from(ctl_w)),
+            reports,
+            pgid: None,
+            ended: false,
+        })
+    }
+
+    fn send(&mut self, line: &str) {
+        use std::io::Write;
+        if let Some(ctl) = self.ctl.as_mut() {
+            if let Err(e) = ctl.write_all(format!("{line}\n").as_bytes()) {
+                tracing::warn!(error = %e, "cannot reach the supervisor");
+            }
+        }
+    }
+
+    /// Passes a signal on to the command's group (SIGKILL at once, also from
+    /// here, not only through the supervisor).
+    fn signal(&mut self, sig: i32) {
+        if sig == libc::SIGKILL {
+            if let Some(pgid) = self.pgid {
+                signal_group(pgid, libc::SIGKILL);
+            }
+            self.send("K");
+        } else {
+            self.send(&format!("S {sig}"));
+        }
+    }
+
+    /// The next report; `None` when the supervisor is gone.
+    async fn next(&mut self) -> Option<Report> {
+        let report = self.reports.recv().await;
+        if let Some(Report::Started(pgid)) = report {
+            self.pgid = Some(pgid);
+        }
+        if let Some(Report::Ended(_) | Report::SpawnFailed(..)) = report {
+            self.ended = true;
+        }
+        report
+    }
+
+    /// Reaps the supervisor after its last report, or after it died: then
+    /// kills the group from here and waits (bounded) until it is gone.
+    async fn finish(&mut self) {
+        if !self.ended {
+            if let Some(pgid) = self.pgid {
+                tracing::error!(
+                    pgid,
+                    "the supervisor died: killing the command's group from tenure"
+                );
+                signal_group(pgid, libc::SIGKILL);
+                let until = Instant::now() + Duration::from_secs(5);
+                while group_exists(pgid) && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+        self.ctl = None;
+        let _ = self.supervisor.wait().await;
     }
 }
 
-fn exit_code(status: std::process::ExitStatus) -> u8 {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
-        (None, Some(sig)) => 128u8.saturating_add(u8::try_from(sig).unwrap_or(0)),
-        (None, None) => 1,
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        // A run dropped mid-way (cron's --at-most, a lost lease): kill the
+        // group now; the closed pipe tells the supervisor the same.
+        if !self.ended {
+            if let Some(pgid) = self.pgid {
+                signal_group(pgid, libc::SIGKILL);
+            }
+        }
     }
 }
 
-/// Runs `command` in a process group of its own while `session` holds its
-/// lease. When the command exits, anything it left running in its group is
-/// killed, so nothing of it outlives the lock. SIGTERM goes to the group when no renewal has been confirmed
-/// `grace` before the lease's local deadline, SIGKILL at the deadline (which
-/// comes before the store's expiry), and at once if the store says the lease
-/// is gone.
+/// Runs `command` under the supervisor while `session` holds its lease.
+/// The supervisor kills the command's group if tenure dies, SIGTERMs it
+/// `grace` before the lease's local deadline and SIGKILLs it at the deadline
+/// when no newer deadline came from tenure (tenure stopped, or no renewal
+/// confirmed); tenure also has it killed at once when the store says the
+/// lease is gone. When the command exits, whatever is left in its group is
+/// killed, and this returns only once the group is gone, so nothing of it
+/// outlives the lock.
 pub async fn run_while_held(
     command: &[String],
     env: &[(&str, String)],
@@ -78,60 +383,61 @@ pub async fn run_while_held(
     grace: Duration,
     signals: &mut Signals,
 ) -> Result<Outcome, Failure> {
-    let (program, rest) = command
-        .split_first()
-        .ok_or_else(|| Failure::new(exit::USAGE, "no command given after --"))?;
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(rest).process_group(0).kill_on_drop(false);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().map_err(|e| {
-        let code = if e.kind() == std::io::ErrorKind::NotFound {
-            127
-        } else {
-            126
-        };
-        Failure::new(code, format!("cannot run {program:?}: {e}"))
-    })?;
-    let pgid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .ok_or_else(|| Failure::new(exit::SOFTWARE, "the command has no process id"))?;
+    let mut sent = session.deadline();
+    let mut child = Supervised::spawn(command, env, grace, boot_deadline(session))?;
     let lost = session.lost();
     tokio::pin!(lost);
-    let mut terminating: Option<String> = None;
+    let mut lost_seen = false;
+    let mut trouble: Option<String> = None;
+    let mut escalation = Escalation::default();
+    let mut poll = tokio::time::interval(DEADLINE_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let deadline = session.deadline();
-        let warn_at = deadline.checked_sub(grace).unwrap_or(deadline);
         tokio::select! {
-            status = child.wait() => {
-                // Nothing the command started may outlive the lease: whatever
-                // is left in its process group goes before the release.
-                signal_group(pgid, libc::SIGKILL);
-                let status = status.map_err(|e| Failure::new(exit::SOFTWARE, format!("waiting for the command: {e}")))?;
-                return Ok(match terminating {
-                    Some(why) => Outcome::LeaseLost(why),
-                    None => Outcome::Exited(exit_code(status)),
-                });
-            }
-            reason = &mut lost => {
+            report = child.next() => match report {
+                Some(Report::Started(pgid)) => tracing::debug!(pgid, "the command started"),
+                Some(Report::SpawnFailed(code, message)) => {
+                    child.finish().await;
+                    return Err(Failure::new(code, message));
+                }
+                Some(Report::Terminating) => {
+                    tracing::warn!("lease at risk: no renewal confirmed --kill-grace before the lease's local deadline; SIGTERM sent to the command's process group");
+                    trouble.get_or_insert_with(|| "no renewal confirmed before the lease's local deadline".into());
+                }
+                Some(Report::Killing) => {
+                    tracing::error!("the lease's local deadline passed with no confirmed renewal; SIGKILL sent to the command's process group");
+                    trouble.get_or_insert_with(|| "no renewal confirmed before the lease's local deadline".into());
+                }
+                Some(Report::Ended(code)) => {
+                    child.finish().await;
+                    return Ok(match trouble {
+                        Some(why) => Outcome::LeaseLost(why),
+                        None => Outcome::Exited(code),
+                    });
+                }
+                None => {
+                    child.finish().await;
+                    return Err(Failure::new(exit::SOFTWARE, "tenure's supervisor process died unexpectedly; the command's process group was killed"));
+                }
+            },
+            reason = &mut lost, if !lost_seen => {
+                lost_seen = true;
                 tracing::error!(%reason, "lease lost: killing the command's process group");
-                signal_group(pgid, libc::SIGKILL);
-                let _ = child.wait().await;
-                return Ok(Outcome::LeaseLost(reason.to_string()));
+                child.signal(libc::SIGKILL);
+                trouble = Some(reason.to_string());
             }
-            () = tokio::time::sleep_until(warn_at), if terminating.is_none() => {
-                // Still no confirmed renewal since this deadline was set?
-                if session.deadline() == deadline && !session.is_lost() {
-                    tracing::warn!("lease at risk: no renewal confirmed; sending SIGTERM to the command");
-                    signal_group(pgid, libc::SIGTERM);
-                    terminating = Some("no renewal confirmed before the lease's deadline".into());
+            _ = poll.tick() => {
+                let deadline = session.deadline();
+                if deadline != sent {
+                    sent = deadline;
+                    if let Some(boot) = boot_deadline(session) {
+                        child.send(&format!("D {}", boot.as_nanos()));
+                    }
                 }
             }
             sig = signals.recv() => {
-                tracing::info!(sig, "passing the signal on to the command");
-                signal_group(pgid, sig);
+                let sig = escalation.for_signal(sig);
+                child.signal(sig);
             }
         }
     }
@@ -151,30 +457,27 @@ impl RunningGroup {
     }
 }
 
-/// Kills a process group when dropped: a run whose future is dropped (it ran
-/// too long, or the lease was lost) leaves nothing behind.
-struct KillOnDrop {
-    pgid: i32,
-    running: RunningGroup,
-}
+/// Clears the running group when a run ends or is dropped.
+struct ClearOnDrop(RunningGroup);
 
-impl Drop for KillOnDrop {
+impl Drop for ClearOnDrop {
     fn drop(&mut self) {
-        signal_group(self.pgid, libc::SIGKILL);
-        self.running.set(None);
+        self.0.set(None);
     }
 }
 
 /// Passes SIGINT/SIGTERM/SIGHUP on to the run in progress and resolves (the
-/// schedule's shutdown) on the first one.
+/// schedule's shutdown) on the first one. A second SIGINT within
+/// [`SECOND_INTERRUPT`] kills the run's group.
 pub fn forward_signals_then_stop(
     running: RunningGroup,
 ) -> Result<impl std::future::Future<Output = ()>, Failure> {
     let mut signals = Signals::new()?;
     let (tx, mut rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
+        let mut escalation = Escalation::default();
         loop {
-            let sig = signals.recv().await;
+            let sig = escalation.for_signal(signals.recv().await);
             if let Some(pgid) = running.get() {
                 signal_group(pgid, sig);
             }
@@ -186,36 +489,35 @@ pub fn forward_signals_then_stop(
     })
 }
 
-/// Runs one tick's command in its own process group and returns its exit code.
-/// Dropping the future kills the group.
+/// Runs one tick's command under the supervisor (no lease deadline: the
+/// schedule drops this future when the run must stop, which kills the group;
+/// the supervisor kills it if tenure dies) and returns its exit code.
 pub async fn run_tick(
     command: &[String],
     env: &[(&str, String)],
     running: &RunningGroup,
 ) -> Result<u8, Failure> {
-    let (program, rest) = command
-        .split_first()
-        .ok_or_else(|| Failure::new(exit::USAGE, "no command given after --"))?;
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(rest).process_group(0);
-    for (k, v) in env {
-        cmd.env(k, v);
+    let mut child = Supervised::spawn(command, env, Duration::ZERO, None)?;
+    let _clear = ClearOnDrop(running.clone());
+    loop {
+        match child.next().await {
+            Some(Report::Started(pgid)) => running.set(Some(pgid)),
+            Some(Report::SpawnFailed(code, message)) => {
+                child.finish().await;
+                return Err(Failure::new(code, message));
+            }
+            Some(Report::Terminating | Report::Killing) => {}
+            Some(Report::Ended(code)) => {
+                child.finish().await;
+                return Ok(code);
+            }
+            None => {
+                child.finish().await;
+                return Err(Failure::new(
+                    exit::SOFTWARE,
+                    "tenure's supervisor process died unexpectedly; the run's process group was killed",
+                ));
+            }
+        }
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot run {program:?}: {e}")))?;
-    let pgid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .ok_or_else(|| Failure::new(exit::SOFTWARE, "the command has no process id"))?;
-    running.set(Some(pgid));
-    let _kill = KillOnDrop {
-        pgid,
-        running: running.clone(),
-    };
-    let status = child
-        .wait()
-        .await
-        .map_err(|e| Failure::new(exit::SOFTWARE, format!("waiting for the command: {e}")))?;
-    Ok(exit_code(status))
 }

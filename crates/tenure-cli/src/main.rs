@@ -1,6 +1,7 @@
 //! `tenure`: run a command under a distributed lock, or only while leader.
 
 mod child;
+mod supervise;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,23 +18,32 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 69;
     /// Any other failure of tenure itself.
     pub const SOFTWARE: u8 = 70;
-    /// The lock was not acquired within `--wait` (or at once with `--no-wait`).
+    /// The lock was not acquired within `--wait` (or at once with `--no-wait`),
+    /// or others hold the name in a way that conflicts.
     pub const NOT_ACQUIRED: u8 = 75;
-    /// The lease was lost (or at risk) while the command ran; its process
-    /// group was terminated.
+    /// The session's lease was lost (or at risk): while waiting, while
+    /// leading, or while the command ran (its process group was terminated).
     pub const LEASE_LOST: u8 = 79;
+    /// The command was found but could not be run.
+    pub const NOT_EXECUTABLE: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
     /// `tenure leader`: nobody leads.
     pub const NO_LEADER: u8 = 3;
 }
 
 const EXIT_CODES: &str = "\
-Exit codes:
+Exit codes (the same in every subcommand):
   the command's own code   when tenure ran a command (128+N if it died of signal N)
-  64  usage error (bad URL, duration, name or flag)
-  69  store unavailable
-  70  other internal failure
-  75  lock not acquired within --wait, or at once with --no-wait
-  79  lease lost while the command ran: its process group was terminated
+  126 the command was found but is not executable
+  127 the command was not found
+  64  usage error: bad URL, duration, name, flag or schedule (invalid input)
+  69  store unavailable, or it refused the credentials
+  70  other failure (a store error of another kind, an internal error)
+  75  not acquired: within --wait, at once with --no-wait, or the name is held
+      in a conflicting way
+  79  the session's lease was lost: while waiting, while leading, or while the
+      command ran (its process group was killed first)
   3   `tenure leader`: nobody leads";
 
 #[derive(Parser, Debug)]
@@ -66,10 +76,13 @@ enum Command {
     #[command(
         after_help = "Example:\n  tenure lock nightly-report --ttl 15s -- ./report.sh\n\n\
         The command gets TENURE_LOCK=<name> and TENURE_FENCE=<token> in its environment and runs\n\
-        in its own process group. If the lease may be lost while it runs, tenure sends SIGTERM to\n\
-        the group --kill-grace before the lease's local deadline and SIGKILL at it, so the command\n\
-        is stopped before the store can grant the lock to anyone else; tenure then exits 79.\n\
-        SIGINT, SIGTERM and SIGHUP sent to tenure are passed on to the command."
+        in its own process group under a small supervisor process (tenure itself, re-run). If no\n\
+        renewal is confirmed, the group gets SIGTERM --kill-grace before the lease's local deadline\n\
+        and SIGKILL at it, so the command is stopped before the store can grant the lock to anyone\n\
+        else; tenure then exits 79. The supervisor does this even if tenure itself is stopped, and\n\
+        kills the group at once if tenure dies. SIGINT, SIGTERM and SIGHUP sent to tenure are passed\n\
+        on to the command; a second SIGINT within 3 s kills the group (SIGKILL). The lock is\n\
+        released only once nothing of the group is left."
     )]
     Lock(LockArgs),
     /// Campaign for leadership; hold it until stopped, or run a command while leader.
@@ -102,9 +115,11 @@ enum Command {
         SCHEDULE has six fields (sec min hour day month weekday) or the classic five (at second 0).\n\
         Each tick runs at most once across every instance sharing the store (per-tick mode), or\n\
         only on the elected leader (leader mode). The command gets TENURE_JOB, TENURE_TICK (Unix\n\
-        seconds), TENURE_TICK_AT (RFC 3339) and, in leader mode, TENURE_FENCE. A run is killed\n\
-        (its whole process group) after --at-most, or when the lease is lost. SIGINT/SIGTERM stop\n\
-        the schedule; a run in progress gets the signal and is waited for."
+        seconds), TENURE_TICK_AT (RFC 3339, in the --tz zone) and, in leader mode, TENURE_FENCE.\n\
+        A run is killed (its whole process group) after --at-most, when the lease is lost, or if\n\
+        tenure dies. SIGINT/SIGTERM stop the schedule; a run in progress gets the signal and is\n\
+        waited for (a second SIGINT within 3 s kills it). A schedule that never fires, or a\n\
+        command that cannot be found (127) or run (126), is refused at start."
     )]
     Cron(CronArgs),
     /// Show what each built-in backend can do.
@@ -168,11 +183,15 @@ struct CronArgs {
     /// What to do about ticks missed while no instance could run them.
     #[arg(long, value_enum, default_value = "skip")]
     missed: CronMissed,
-    /// Kill a run that lasts longer than this.
+    /// Kill a run (its whole process group) that lasts longer than this (more than 0).
     #[arg(long, value_parser = parse_duration)]
     at_most: Option<Duration>,
-    /// Hold a tick's claim at least this long after it was due.
-    #[arg(long, value_parser = parse_duration)]
+    /// Keep each tick's claim held at least this long after the tick was due,
+    /// even if the run ends sooner. Each tick has a claim of its own, so this
+    /// does NOT limit how often the job runs across instances (ShedLock's
+    /// lockAtLeastFor does); it only keeps the claim held (and shown by
+    /// `tenure status`) that long.
+    #[arg(long, value_parser = parse_duration, verbatim_doc_comment)]
     at_least: Option<Duration>,
     /// Session TTL.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
@@ -252,24 +271,34 @@ impl Failure {
     }
 }
 
+/// The one mapping from the library's errors to exit codes, used by every
+/// subcommand (the table is `EXIT_CODES`, and the README's).
+fn exit_code(e: &Error) -> u8 {
+    match e {
+        Error::InvalidName { .. }
+        | Error::InvalidArgument { .. }
+        | Error::InvalidUrl { .. }
+        | Error::BackendDisabled { .. }
+        | Error::Unsupported { .. } => exit::USAGE,
+        Error::Unavailable { .. } | Error::Auth { .. } => exit::UNAVAILABLE,
+        Error::Timeout(_) | Error::Conflict { .. } => exit::NOT_ACQUIRED,
+        Error::SessionLost(_) => exit::LEASE_LOST,
+        _ => exit::SOFTWARE,
+    }
+}
+
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
-        let code = match &e {
-            Error::InvalidName { .. }
-            | Error::InvalidArgument { .. }
-            | Error::InvalidUrl { .. }
-            | Error::BackendDisabled { .. }
-            | Error::Unsupported { .. } => exit::USAGE,
-            Error::Unavailable { .. } | Error::Auth { .. } => exit::UNAVAILABLE,
-            Error::Timeout(_) => exit::NOT_ACQUIRED,
-            _ => exit::SOFTWARE,
-        };
-        Failure::new(code, e.to_string())
+        Failure::new(exit_code(&e), e.to_string())
     }
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == supervise::ARG) {
+        return ExitCode::from(supervise::main(argv.get(2..).unwrap_or_default()));
+    }
+    let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -288,6 +317,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        .with_ansi(colour())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -300,7 +330,11 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::SOFTWARE);
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // Background work (a best-effort release on a store that does not answer)
+    // must not hold the exit up.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
             eprintln!("tenure: {}", f.message);
@@ -309,10 +343,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// Colour in log lines only on a terminal, and never with `NO_COLOR` set
+/// (to anything but the empty string: <https://no-color.org>).
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    std::io::stderr().is_terminal() && !no_color
+}
+
 async fn run(cli: Cli) -> Result<u8, Failure> {
     if let Command::Backends(args) = &cli.command {
         return backends(args.json);
     }
+    validate(&cli.command)?;
     let url = store_url(cli.store)?;
     let store = tenure::open(&url).await?;
     match cli.command {
@@ -326,10 +369,63 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
     }
 }
 
+/// Checks what can be checked without the store, so a mistake is reported
+/// as one (64, 126, 127) whether or not the store answers.
+fn validate(command: &Command) -> Result<(), Failure> {
+    match command {
+        Command::Lock(args) => {
+            check_ttl(args.lease.ttl)?;
+            child::check_command(&args.command)
+        }
+        Command::Elect(args) => {
+            check_ttl(args.lease.ttl)?;
+            if args.command.is_empty() {
+                Ok(())
+            } else {
+                child::check_command(&args.command)
+            }
+        }
+        Command::Cron(args) => {
+            check_ttl(args.ttl)?;
+            if args.at_most.is_some_and(|d| d.is_zero()) {
+                return Err(Failure::new(
+                    exit::USAGE,
+                    "--at-most 0s would kill every run at once: give a positive duration, or leave it out",
+                ));
+            }
+            let cron = tenure::parse_cron(&args.schedule)?;
+            let tz: chrono_tz::Tz = args.tz.parse().map_err(|e| {
+                Failure::new(exit::USAGE, format!("invalid time zone {:?}: {e}", args.tz))
+            })?;
+            if cron
+                .after(&chrono::Utc::now().with_timezone(&tz))
+                .next()
+                .is_none()
+            {
+                return Err(Failure::new(
+                    exit::USAGE,
+                    format!(
+                        "the schedule {:?} never fires (no time matches it from now on)",
+                        args.schedule
+                    ),
+                ));
+            }
+            child::check_command(&args.command)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// --store, else $TENURE_STORE (through clap), else the SQLite file in the
 /// user's state directory, created on first use.
 fn store_url(flag: Option<String>) -> Result<String, Failure> {
-    if let Some(url) = flag.filter(|u| !u.is_empty()) {
+    if let Some(url) = flag {
+        if url.trim().is_empty() {
+            return Err(Failure::new(
+                exit::USAGE,
+                "the store URL (--store or $TENURE_STORE) is empty: give a URL, or leave both unset for the default SQLite store",
+            ));
+        }
         return Ok(url);
     }
     let dir = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
@@ -360,6 +456,7 @@ async fn open_session(
     store: &std::sync::Arc<dyn Store>,
     lease: &LeaseArgs,
 ) -> Result<(Session, Duration), Failure> {
+    check_ttl(lease.ttl)?;
     let grace = lease.kill_grace.unwrap_or(lease.ttl / 6);
     if grace >= lease.ttl / 2 {
         return Err(Failure::new(
@@ -372,6 +469,16 @@ async fn open_session(
     }
     let session = Session::with_options(store, SessionOptions::new().ttl(lease.ttl)).await?;
     Ok((session, grace))
+}
+
+fn check_ttl(ttl: Duration) -> Result<(), Failure> {
+    if ttl.is_zero() {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--ttl 0s: the session TTL must be more than zero (such as 15s)",
+        ));
+    }
+    Ok(())
 }
 
 async fn lock(store: std::sync::Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
@@ -413,13 +520,10 @@ async fn lock(store: std::sync::Arc<dyn Store>, args: LockArgs) -> Result<u8, Fa
                 ),
             ));
         }
-        Err(Error::SessionLost(why)) => {
-            return Err(Failure::new(
-                exit::NOT_ACQUIRED,
-                format!("not acquired: session lost ({why})"),
-            ))
+        Err(e) => {
+            let _ = bounded_close(&session).await;
+            return Err(e.into());
         }
-        Err(e) => return Err(e.into()),
     };
     tracing::info!(name = %args.name, token = guard.token(), "lock acquired");
     let env = [
@@ -432,31 +536,59 @@ async fn lock(store: std::sync::Arc<dyn Store>, args: LockArgs) -> Result<u8, Fa
             Err(f) => {
                 // Release now: a runtime shutting down would not run a drop's release.
                 let _ = guard.release().await;
-                let _ = session.close().await;
+                let _ = bounded_close(&session).await;
                 return Err(f);
             }
         };
-    finish(outcome, guard.release().await, &session).await
+    finish(outcome, guard.release(), &session).await
 }
 
-/// Turns a child's outcome into tenure's exit code, after releasing.
+/// How long tenure waits, at most, to end a session whose lease is lost:
+/// the store ends it by itself within the TTL anyway.
+const LOST_CLOSE_BOUND: Duration = Duration::from_secs(1);
+
+/// Closes the session, waiting at most [`LOST_CLOSE_BOUND`].
+async fn bounded_close(session: &Session) -> bool {
+    matches!(
+        tokio::time::timeout(LOST_CLOSE_BOUND, session.close()).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Turns a child's outcome into tenure's exit code, after releasing. Called
+/// only once the command's process group is gone.
 async fn finish(
     outcome: child::Outcome,
-    released: tenure::Result<()>,
+    release: impl std::future::Future<Output = tenure::Result<()>>,
     session: &Session,
 ) -> Result<u8, Failure> {
-    let _ = session.close().await;
     match outcome {
         child::Outcome::Exited(code) => {
-            if let Err(e) = released {
+            if let Err(e) = release.await {
                 tracing::warn!(error = %e, "release after the command exited failed");
             }
+            let _ = bounded_close(session).await;
             Ok(code)
         }
-        child::Outcome::LeaseLost(why) => Err(Failure::new(
-            exit::LEASE_LOST,
-            format!("lease lost while the command ran ({why}); its process group was terminated"),
-        )),
+        child::Outcome::LeaseLost(why) => {
+            // Nothing to release: the lease is gone or about to be. Ending the
+            // session lets others in sooner, but a store that does not answer
+            // must not keep tenure from reporting the loss.
+            drop(release);
+            tracing::warn!(
+                "the command's process group is gone; ending the session (best effort, at most {}s)",
+                LOST_CLOSE_BOUND.as_secs()
+            );
+            if bounded_close(session).await {
+                tracing::info!("session ended");
+            } else {
+                tracing::warn!("the store did not confirm the session's end; it expires it by itself within the TTL");
+            }
+            Err(Failure::new(
+                exit::LEASE_LOST,
+                format!("lease lost while the command ran ({why}); its process group was killed"),
+            ))
+        }
     }
 }
 
@@ -496,11 +628,11 @@ async fn elect(store: std::sync::Arc<dyn Store>, args: ElectArgs) -> Result<u8, 
             Ok(outcome) => outcome,
             Err(f) => {
                 let _ = term.resign().await;
-                let _ = session.close().await;
+                let _ = bounded_close(&session).await;
                 return Err(f);
             }
         };
-    finish(outcome, term.resign().await, &session).await
+    finish(outcome, term.resign(), &session).await
 }
 
 async fn cron(store: std::sync::Arc<dyn Store>, args: CronArgs) -> Result<u8, Failure> {
@@ -525,13 +657,15 @@ async fn cron(store: std::sync::Arc<dyn Store>, args: CronArgs) -> Result<u8, Fa
     let stop = child::forward_signals_then_stop(running.clone())?;
     let name = args.name.clone();
     let command = args.command.clone();
+    // Checked in `validate`; the library parsed it too.
+    let tz: chrono_tz::Tz = args.tz.parse().unwrap_or(chrono_tz::UTC);
     schedule
         .run(
             move |tick| {
                 let mut env = vec![
                     ("TENURE_JOB", name.clone()),
                     ("TENURE_TICK", tick.at.timestamp().to_string()),
-                    ("TENURE_TICK_AT", tick.at.to_rfc3339()),
+                    ("TENURE_TICK_AT", tick.at.with_timezone(&tz).to_rfc3339()),
                 ];
                 if let Some(token) = tick.leader_token {
                     env.push(("TENURE_FENCE", token.to_string()));
@@ -558,6 +692,22 @@ fn unix_ms(t: Option<SystemTime>) -> Option<u128> {
         .map(|d| d.as_millis())
 }
 
+/// A value on one line of text output: a backslash and control characters
+/// (newline, tab, ESC, …) are escaped as in Rust (`\\`, `\n`, `\u{1b}`), so
+/// one leader is always one line and no escape sequence reaches a terminal.
+/// `--json` carries the value unchanged.
+fn escape_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '\\' || c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn leader_line(name: &Name, leader: &Option<tenure::Leader>, json: bool) -> String {
     match (leader, json) {
         (Some(l), true) => serde_json::json!({
@@ -569,7 +719,12 @@ fn leader_line(name: &Name, leader: &Option<tenure::Leader>, json: bool) -> Stri
         })
         .to_string(),
         (None, true) => serde_json::json!({ "name": name.as_str(), "token": null }).to_string(),
-        (Some(l), false) => format!("{} token={} label={}", l.value_str(), l.token, l.label),
+        (Some(l), false) => format!(
+            "{} token={} label={}",
+            escape_line(&l.value_str()),
+            l.token,
+            escape_line(&l.label)
+        ),
         (None, false) => "none".to_string(),
     }
 }
@@ -624,7 +779,7 @@ async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8
                     if e.granted { "holder" } else { "waiter" },
                     e.seq,
                     e.kind,
-                    e.label,
+                    escape_line(&e.label),
                     e.session_tag,
                     humantime::format_duration(Duration::from_millis(
                         e.expires_in.as_millis() as u64
@@ -690,4 +845,77 @@ fn backends(json: bool) -> Result<u8, Failure> {
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error kind, one exit code, whichever subcommand meets it.
+    #[test]
+    fn each_error_kind_has_one_exit_code() {
+        let boxed = || -> tenure::BoxError { "x".into() };
+        for (e, code) in [
+            (Error::SessionLost("x"), exit::LEASE_LOST),
+            (Error::Timeout(Duration::from_secs(1)), exit::NOT_ACQUIRED),
+            (
+                Error::Conflict {
+                    name: "n".into(),
+                    reason: "r".into(),
+                },
+                exit::NOT_ACQUIRED,
+            ),
+            (
+                Error::InvalidUrl {
+                    url: "u".into(),
+                    reason: "r".into(),
+                },
+                exit::USAGE,
+            ),
+            (
+                Error::Unavailable {
+                    backend: "b",
+                    source: boxed(),
+                },
+                exit::UNAVAILABLE,
+            ),
+            (
+                Error::Backend {
+                    backend: "b",
+                    source: boxed(),
+                },
+                exit::SOFTWARE,
+            ),
+            (Error::NotHeld("x"), exit::SOFTWARE),
+        ] {
+            assert_eq!(Failure::from(e).code, code);
+        }
+    }
+
+    #[test]
+    fn escape_line_keeps_one_line_and_plain_text() {
+        assert_eq!(escape_line("host:1 é"), "host:1 é");
+        assert_eq!(escape_line("a\nb\u{1b}[1m\\"), r"a\nb\u{1b}[1m\\");
+    }
+
+    #[test]
+    fn spawn_failures_map_like_a_shell() {
+        use std::io::Error as E;
+        assert_eq!(
+            supervise::spawn_failure_code(&E::from_raw_os_error(libc::ENOENT)),
+            127
+        );
+        assert_eq!(
+            supervise::spawn_failure_code(&E::from_raw_os_error(libc::EACCES)),
+            126
+        );
+        assert_eq!(
+            supervise::spawn_failure_code(&E::from_raw_os_error(libc::ENOEXEC)),
+            126
+        );
+        assert_eq!(
+            supervise::spawn_failure_code(&E::from_raw_os_error(libc::EAGAIN)),
+            70
+        );
+    }
 }
