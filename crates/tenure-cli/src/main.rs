@@ -37,7 +37,8 @@ Exit codes (the same in every subcommand):
   the command's own code   when tenure ran a command (128+N if it died of signal N)
   126 the command was found but is not executable
   127 the command was not found
-  64  usage error: bad URL, duration, name, flag or schedule (invalid input)
+  64  usage error: bad URL, duration, name, flag or schedule (invalid input),
+      or a store holding another version's schema or key layout
   69  store unavailable, or it refused the credentials
   70  other failure (a store error of another kind, an internal error)
   75  not acquired: within --wait, at once with --no-wait, or the name is held
@@ -278,6 +279,7 @@ fn exit_code(e: &Error) -> u8 {
         Error::InvalidName { .. }
         | Error::InvalidArgument { .. }
         | Error::InvalidUrl { .. }
+        | Error::SchemaMismatch { .. }
         | Error::BackendDisabled { .. }
         | Error::Unsupported { .. } => exit::USAGE,
         Error::Unavailable { .. } | Error::Auth { .. } => exit::UNAVAILABLE,
@@ -856,7 +858,19 @@ mod tests {
     fn each_error_kind_has_one_exit_code() {
         let boxed = || -> tenure::BoxError { "x".into() };
         for (e, code) in [
-            (Error::SessionLost("x"), exit::LEASE_LOST),
+            (
+                Error::SessionLost(tenure::LostReason::Expired),
+                exit::LEASE_LOST,
+            ),
+            (
+                Error::SchemaMismatch {
+                    backend: "redis",
+                    url: "u".into(),
+                    found: "layout 1".into(),
+                    expected: "layout 2".into(),
+                },
+                exit::USAGE,
+            ),
             (Error::Timeout(Duration::from_secs(1)), exit::NOT_ACQUIRED),
             (
                 Error::Conflict {
