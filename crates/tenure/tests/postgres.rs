@@ -146,3 +146,17 @@ async fn a_join_that_waited_for_the_name_reads_the_clock_after_the_wait() {
         .get(0);
     assert_eq!(entries, 0);
 }
+
+/// A database the server does not have is bad input (exit 64 from the
+/// CLI), said in words: not PostgreSQL's bare "db error".
+#[tokio::test]
+async fn a_database_the_server_does_not_have_is_bad_input() {
+    let Some(server) = shared() else { return };
+    let url = server.url();
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let e = tenure::open(&format!("{base}/no_such_db"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert!(e.to_string().contains("does not exist"), "{e}");
+}

@@ -78,3 +78,14 @@ async fn a_prefix_of_another_key_layout_is_refused() {
     assert!(old_write.is_err(), "{old_write:?}");
     assert!(tenure::open(&url("layout-fresh")).await.is_ok());
 }
+
+/// A database number the server does not have is bad input (exit 64 from
+/// the CLI), said in words, not a store error.
+#[tokio::test]
+async fn a_database_the_server_does_not_have_is_bad_input() {
+    let Some(server) = shared() else { return };
+    let url = format!("redis://127.0.0.1:{}/99", server.port());
+    let e = tenure::open(&url).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert!(e.to_string().contains("no such database"), "{e}");
+}

@@ -140,6 +140,16 @@ fn pg_err(e: tokio_postgres::Error) -> Error {
                     .unwrap_or_default(),
             };
         }
+        if *code == SqlState::INVALID_CATALOG_NAME {
+            // The URL names a database the server does not have.
+            return Error::InvalidArgument {
+                what: "database in the store URL",
+                reason: e
+                    .as_db_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_else(|| "it does not exist".into()),
+            };
+        }
         if *code == SqlState::T_R_DEADLOCK_DETECTED
             || *code == SqlState::T_R_SERIALIZATION_FAILURE
             || *code == SqlState::ADMIN_SHUTDOWN

@@ -98,6 +98,14 @@ fn redis_err(e: redis::RedisError) -> Error {
             reason: e.to_string(),
         };
     }
+    if e.to_string().contains("DB index is out of range") {
+        // The URL's /N names a database the server does not have.
+        return Error::InvalidArgument {
+            what: "database number in the store URL",
+            reason: "the Redis server has no such database (see `databases` in its configuration)"
+                .into(),
+        };
+    }
     if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal() {
         return Error::unavailable(BACKEND, e);
     }
