@@ -158,10 +158,10 @@ impl Error {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostReason {
-    /// The store said the session had expired (or was ended by someone else).
+    /// The store said it no longer has the session: it expired, or an
+    /// administrator ended it (`evict`, `tenure release --force`); the stores
+    /// do not yet tell these apart.
     Expired,
-    /// An administrator ended the session (a forced release).
-    Evicted,
     /// No renewal was confirmed before the local deadline, so the store may
     /// already have expired the session.
     Unconfirmed,
@@ -173,7 +173,6 @@ impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             LostReason::Expired => "the store no longer has the session (it expired or was ended)",
-            LostReason::Evicted => "the session was evicted (a forced release)",
             LostReason::Unconfirmed => "no renewal was confirmed before the lease's local deadline",
             LostReason::Closed => "the session was closed",
         })
