@@ -216,8 +216,10 @@ impl Supervised {
         if command.is_empty() {
             return Err(Failure::new(exit::USAGE, "no command given after --"));
         }
-        // /proc/self/exe still runs this binary if its file was replaced since.
-        let exe = match Path::new("/proc/self/exe").exists() {
+        // /proc/self/exe still runs this binary if its file was replaced or
+        // deleted since (an upgrade), where current_exe() names a path that
+        // is gone.
+        let exe = match std::fs::symlink_metadata("/proc/self/exe").is_ok() {
             true => PathBuf::from("/proc/self/exe"),
             false => std::env::current_exe().map_err(|e| {
                 Failure::new(

@@ -257,3 +257,36 @@ fn redis_paused_tenure_exits_79_promptly() {
         "took {took:?}:\n{stderr}"
     );
 }
+
+/// The supervisor is this very binary, even if its file was deleted (an
+/// upgrade) between tenure's start and the command's.
+#[test]
+fn the_supervisor_runs_even_if_tenures_file_was_deleted() {
+    let env = Env::sqlite();
+    let bin = env.path("tenure-copy");
+    std::fs::copy(env!("CARGO_BIN_EXE_tenure"), &bin).unwrap();
+    let mut holder = env
+        .cmd(&["lock", "upgrade", "--", "sleep", "300"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _cleanup = KillOnDrop(vec![holder.id() as i32]);
+    env.wait_held("upgrade");
+    let mut waiter = std::process::Command::new(&bin)
+        .args([
+            "--store", &env.url, "lock", "upgrade", "--wait", "30s", "--",
+        ])
+        .args(["sh", "-c", r#"echo ran > "$D/ran""#])
+        .env("D", env.dir.path())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Let the waiter start and queue up, then delete its file.
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::remove_file(&bin).unwrap();
+    signal(holder.id(), libc::SIGTERM);
+    wait_exit(&mut holder, Duration::from_secs(10));
+    let status = wait_exit(&mut waiter, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    assert_eq!(wait_file(&env.path("ran")), "ran");
+}
