@@ -2,7 +2,7 @@
 //! async check functions over a store, split by topic. Any `Store` — one of
 //! tenure's or your own — runs it with one line:
 //!
-//! ```ignore
+//! ```text
 //! tenure_testkit::conformance_tests!(async { Some(Target::new(url).await) });
 //! ```
 //!
