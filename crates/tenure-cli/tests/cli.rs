@@ -1,114 +1,17 @@
 //! End-to-end tests of the real `tenure` binary on an SQLite store.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-struct Env {
-    dir: tempfile::TempDir,
-    url: String,
-}
-
-impl Env {
-    fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("t.db").display());
-        Env { dir, url }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
-        cmd.arg("--store")
-            .arg(&self.url)
-            .args(args)
-            .env("D", self.dir.path());
-        cmd
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
-    }
-
-    /// Waits (bounded) until `name` has a holder.
-    fn wait_held(&self, name: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let out = self.run(&["status", name, "--json"]);
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            let held = v.as_array().unwrap().iter().any(|n| {
-                n["name"] == name
-                    && n["entries"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|e| e["state"] == "holder")
-            });
-            if held {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{name} never held");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn wait_file(path: &Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if s.ends_with('\n') {
-                return s.trim().to_string();
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never written",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("process did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Whether a process is gone (a zombie counts as gone: it runs nothing).
-fn dead(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-            .unwrap_or(false),
-    }
-}
-
-fn signal(pid: u32, sig: i32) {
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
-}
+use common::{dead, signal, wait_exit, wait_file, Env};
 
 #[test]
 fn two_lockers_never_overlap_and_fences_increase() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let script = r#"mkdir "$D/inside" || exit 9; echo "$TENURE_FENCE" >> "$D/log"; sleep 0.05; rmdir "$D/inside""#;
     std::thread::scope(|s| {
         for _ in 0..2 {
@@ -128,7 +31,7 @@ fn two_lockers_never_overlap_and_fences_increase() {
 
 #[test]
 fn no_wait_and_wait_give_75_on_a_held_lock() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let mut holder = env
         .cmd(&["lock", "busy", "--", "sleep", "30"])
         .spawn()
@@ -151,7 +54,7 @@ fn no_wait_and_wait_give_75_on_a_held_lock() {
 
 #[test]
 fn exit_code_of_the_command_is_passed_through() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let out = env.run(&["lock", "code", "--", "sh", "-c", "exit 7"]);
     assert_eq!(out.status.code(), Some(7));
     let out = env.run(&["lock", "code", "--", "/no/such/program"]);
@@ -160,7 +63,7 @@ fn exit_code_of_the_command_is_passed_through() {
 
 #[test]
 fn sigkilled_holder_is_replaced_within_ttl_plus_renew() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let ttl = Duration::from_secs(1);
     let mut holder = env
         .cmd(&[
@@ -193,7 +96,7 @@ fn sigkilled_holder_is_replaced_within_ttl_plus_renew() {
 
 #[test]
 fn lease_loss_kills_the_process_group() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let mut holder = env
         .cmd(&[
             "lock",
@@ -231,7 +134,7 @@ fn lease_loss_kills_the_process_group() {
 
 #[test]
 fn elect_fails_over_and_leader_watch_shows_terms_in_order() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let mut watch = env
         .cmd(&["leader", "sched", "--watch"])
         .stdout(Stdio::piped())
@@ -299,7 +202,7 @@ fn elect_fails_over_and_leader_watch_shows_terms_in_order() {
 
 #[test]
 fn elect_runs_the_command_only_while_leader() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let out = env.run(&[
         "elect",
         "job",
@@ -316,7 +219,7 @@ fn elect_runs_the_command_only_while_leader() {
 
 #[test]
 fn usage_errors_exit_64_without_secrets() {
-    let env = Env::new();
+    let env = Env::sqlite();
     for args in [
         vec!["lock", "x", "--ttl", "5parsecs", "--", "true"],
         vec!["lock", "", "--", "true"],
@@ -387,7 +290,7 @@ fn backends_lists_the_capability_matrix() {
 
 #[test]
 fn nothing_the_command_started_outlives_the_lock() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let out = env.run(&[
         "lock",
         "bg",
@@ -410,7 +313,7 @@ fn nothing_the_command_started_outlives_the_lock() {
 
 /// Three `tenure cron` instances on one store: each tick runs exactly once.
 fn cron_instances_run_each_tick_once(mode: &str) {
-    let env = Env::new();
+    let env = Env::sqlite();
     let script = r#"echo "$TENURE_TICK $TENURE_FENCE" >> "$D/runs""#;
     let mut instances: Vec<Child> = (0..3)
         .map(|_| {
@@ -469,7 +372,7 @@ fn cron_leader_mode_runs_each_tick_once_on_the_leader() {
 
 #[test]
 fn cron_rejects_bad_schedules_and_zones() {
-    let env = Env::new();
+    let env = Env::sqlite();
     for args in [
         vec!["cron", "every tuesday", "j", "--", "true"],
         vec![
@@ -498,7 +401,7 @@ fn cron_rejects_bad_schedules_and_zones() {
 
 #[test]
 fn cron_at_most_kills_a_long_run_with_its_group() {
-    let env = Env::new();
+    let env = Env::sqlite();
     let script = r#"sleep 300 & echo $! >> "$D/pids"; wait"#;
     let mut cron = env
         .cmd(&[
