@@ -130,6 +130,11 @@ fn lease_loss_kills_the_process_group() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(stderr.contains("lease lost"), "{stderr}");
+    // The holder is told what happened: evicted, not an expiry.
+    assert!(
+        stderr.contains("evicted") && !stderr.contains("the store expired"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -158,10 +158,14 @@ impl Error {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostReason {
-    /// The store said it no longer has the session: it expired, or an
-    /// administrator ended it (`evict`, `tenure release --force`); the stores
-    /// do not yet tell these apart.
+    /// The store said it no longer has the session, once the lease could
+    /// have run out by the store's clock: it expired.
     Expired,
+    /// The store said it no longer has the session while the lease still had
+    /// time left by this client's clock, which no expiry explains: someone
+    /// ended it, such as an administrator's forced release (`evict`, `tenure
+    /// release --force`) — or the store's clock stepped forward.
+    Evicted,
     /// No renewal was confirmed before the local deadline, so the store may
     /// already have expired the session.
     Unconfirmed,
@@ -172,7 +176,11 @@ pub enum LostReason {
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            LostReason::Expired => "the store no longer has the session (it expired or was ended)",
+            LostReason::Expired => "the store expired the session",
+            LostReason::Evicted => {
+                "the store ended the session before its lease ran out (evicted by a forced \
+                 release, or the store's clock stepped forward)"
+            }
             LostReason::Unconfirmed => "no renewal was confirmed before the lease's local deadline",
             LostReason::Closed => "the session was closed",
         })

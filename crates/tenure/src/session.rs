@@ -401,6 +401,15 @@ async fn renew(inner: &Inner) -> Result<()> {
             Ok(())
         }
         Err(Error::SessionLost(reason)) => {
+            // The store's expiry comes after our deadline; an answer that the
+            // session is gone, received before that deadline, cannot be an
+            // expiry: the session was ended by someone.
+            let reason = match reason {
+                LostReason::Expired if Instant::now() < effective_deadline(inner) => {
+                    LostReason::Evicted
+                }
+                other => other,
+            };
             mark_lost(inner, reason);
             Err(Error::SessionLost(reason))
         }

@@ -296,6 +296,36 @@ pub async fn check_close_releases_everything(t: &Target) {
     drop(term);
 }
 
+/// A forced release (`evict`) ends the holder's session: the holder is told
+/// within one renew interval that it was evicted (not that its lease ran
+/// out), and the waiter behind it is granted with a higher token.
+pub async fn check_evicted_holder_is_told(t: &Target) {
+    let ttl = short_ttl(t, Duration::from_secs(3));
+    let options = || SessionOptions::new().ttl(ttl);
+    let a = Session::with_options(&t.store, options()).await.unwrap();
+    let b = Session::with_options(&t.store, options()).await.unwrap();
+    let name = unique("evict");
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { Mutex::new(&b, &name).unwrap().lock().await })
+    };
+    wait_queue_len(&t.store, &name, 2).await;
+    let evicted = t.store.evict(&Name::new(&name).unwrap()).await.unwrap();
+    assert_eq!(evicted, 1, "evict ended {evicted} sessions");
+    let reason = tokio::time::timeout(a.renew_interval() + Duration::from_secs(2), held.lost())
+        .await
+        .expect("the evicted holder was told within a renew interval");
+    assert_eq!(reason, tenure::LostReason::Evicted, "told {reason}");
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted after the eviction")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > held.token(), "token went back");
+    next.release().await.unwrap();
+}
+
 /// A holder that stops renewing learns of the loss before its local
 /// deadline, and the lock passes on within TTL + one renew interval — never
 /// before the old holder was told.
