@@ -143,13 +143,7 @@ impl SqliteStore {
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
             | OpenFlags::SQLITE_OPEN_URI;
-        let open_error = |e: rusqlite::Error| Error::InvalidUrl {
-            url: url.to_string(),
-            reason: format!(
-                "cannot open {} for reading and writing: {e}",
-                path.display()
-            ),
-        };
+        let open_error = |e: rusqlite::Error| file_error(path, e);
         let mut conn = Connection::open_with_flags(path, flags).map_err(open_error)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(db_err)?;
         conn.set_prepared_statement_cache_capacity(64);
@@ -164,10 +158,12 @@ impl SqliteStore {
         loop {
             match setup(&mut conn, synchronous) {
                 Ok(Ok(())) => break,
-                Ok(Err(reason)) => {
-                    return Err(Error::InvalidUrl {
+                Ok(Err(found)) => {
+                    return Err(Error::SchemaMismatch {
+                        backend: BACKEND,
                         url: url.to_string(),
-                        reason: format!("cannot set up the tables in {}: {reason}", path.display()),
+                        found,
+                        expected: format!("version {SCHEMA_VERSION}"),
                     })
                 }
                 Err(e) if is_busy(&e) && started.elapsed() < Duration::from_secs(10) => {
@@ -360,6 +356,49 @@ fn parse_url(url: &StoreUrl) -> Result<(PathBuf, &'static str)> {
     Ok((PathBuf::from(path), synchronous))
 }
 
+/// What is wrong with the file, in words: not a database, read-only, or
+/// not to be opened where it is. Each is bad input (the path or its
+/// permissions), not a fault of the store.
+fn file_error(path: &Path, e: rusqlite::Error) -> Error {
+    let code = e.sqlite_error_code();
+    let shown = path.display();
+    let reason = match code {
+        Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => {
+            format!(
+                "{shown} is not an SQLite database (or is damaged), so it is not a tenure store"
+            )
+        }
+        Some(rusqlite::ErrorCode::ReadOnly) => format!(
+            "{shown} is read-only for this user: tenure writes to it, and beside it (its WAL files)"
+        ),
+        _ if path.is_file() && !accessible(path, libc::R_OK) => {
+            format!("{shown} cannot be read by this user")
+        }
+        _ if path.is_file() && !accessible(path, libc::W_OK) => format!(
+            "{shown} is read-only for this user: tenure writes to it, and beside it (its WAL files)"
+        ),
+        _ => format!(
+            "cannot open {shown} for reading and writing ({e}): does its directory exist, and may \
+             this user write there?"
+        ),
+    };
+    Error::InvalidArgument {
+        what: "SQLite store file",
+        reason,
+    }
+}
+
+/// Whether this process may access `path` in `mode` (`access(2)`: the real
+/// user, a read-only mount included).
+fn accessible(path: &Path, mode: libc::c_int) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated path that lives through the call.
+    unsafe { libc::access(c_path.as_ptr(), mode) == 0 }
+}
+
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _)
         if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
@@ -430,9 +469,7 @@ fn create_tables(conn: &mut Connection) -> rusqlite::Result<std::result::Result<
             )?;
         }
         Some(v) if v > SCHEMA_VERSION => {
-            return Ok(Err(format!(
-                "the file has tenure schema version {v}, newer than this build's {SCHEMA_VERSION}"
-            )));
+            return Ok(Err(format!("the file has tenure schema version {v}")));
         }
         Some(_) => {}
     }
