@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::{EntryKind, JoinMode, Joined, Name};
+use crate::store::{EntryKind, JoinMode, JoinRequest, Joined, Name};
 use crate::task::{finish, spawn_detached};
 
 impl Session {
@@ -40,7 +40,15 @@ impl Session {
             }
         };
         let joined = finish(
-            async move { store.join(&key, &task_name, kind, &value, mode).await },
+            async move {
+                let request = JoinRequest {
+                    name: &task_name,
+                    kind,
+                    value: &value,
+                    mode,
+                };
+                store.join(&key, request).await
+            },
             undo,
         )
         .await?;

@@ -135,6 +135,13 @@ pub struct SessionSpec {
     pub label: String,
 }
 
+impl SessionSpec {
+    /// The TTL in whole milliseconds, as stores count it.
+    pub fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
 /// A session the store has opened.
 #[derive(Debug, Clone)]
 pub struct OpenedSession {
@@ -142,6 +149,17 @@ pub struct OpenedSession {
     pub key: SessionKey,
     /// A public identifier of the session, shown to others in queue entries.
     pub tag: String,
+}
+
+impl OpenedSession {
+    /// A new random secret (128 bits) and public tag (48 bits), for a store
+    /// to record.
+    pub fn random() -> Result<OpenedSession> {
+        Ok(OpenedSession {
+            key: SessionKey::random()?,
+            tag: random_hex(6)?,
+        })
+    }
 }
 
 /// What an entry asks for.
@@ -168,6 +186,22 @@ pub enum JoinMode {
     Wait,
     /// Only if granted at once; otherwise change nothing and report so.
     IfGranted,
+}
+
+/// What [`Store::join`] asks for: an entry of `kind` with `value` at the end
+/// of `name`'s queue.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinRequest<'a> {
+    /// The queue.
+    pub name: &'a Name,
+    /// What the entry asks for. Its own sense (permits within the limit) is
+    /// checked before the store is called; its fit with the queue is the
+    /// store's to check.
+    pub kind: EntryKind,
+    /// The entry's first value (an election's leader value).
+    pub value: &'a [u8],
+    /// Whether a waiting entry may be left behind.
+    pub mode: JoinMode,
 }
 
 /// The answer to [`Store::join`].
@@ -278,6 +312,34 @@ pub struct Capabilities {
     pub round_trips: &'static str,
 }
 
+impl Capabilities {
+    /// What most stores can do: fencing, durable, shared by processes on
+    /// several machines, FIFO, shared entries and permits, grant times, TTLs
+    /// from 100 ms to 7 days, waiters woken one at a time. A backend states
+    /// how it differs.
+    pub const fn durable_store(
+        backend: &'static str,
+        clock: &'static str,
+        round_trips: &'static str,
+    ) -> Capabilities {
+        Capabilities {
+            backend,
+            fencing: true,
+            durable: true,
+            multi_process: true,
+            fifo: true,
+            shared: true,
+            permits: true,
+            wake: Wake::NextOnly,
+            clock,
+            min_ttl: Duration::from_millis(100),
+            max_ttl: Duration::from_secs(7 * 24 * 3600),
+            grant_times: true,
+            round_trips,
+        }
+    }
+}
+
 /// The backend contract.
 ///
 /// Every method that takes a [`SessionKey`] fails with
@@ -313,14 +375,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// reentrant per session; the kind must then match, else
     /// [`Error::Conflict`]. With [`JoinMode::IfGranted`] nothing changes
     /// unless the entry is granted at once, and `Ok(None)` says so.
-    async fn join(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        kind: EntryKind,
-        value: &[u8],
-        mode: JoinMode,
-    ) -> Result<Option<Joined>>;
+    async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>>;
 
     /// Drops one hold of the session's entry `seq`; the entry leaves the queue
     /// when its hold count reaches zero. Returns the remaining hold count.

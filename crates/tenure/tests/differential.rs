@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::store::{JoinMode, SessionKey, SessionSpec};
+use tenure::store::{JoinMode, JoinRequest, SessionKey, SessionSpec};
 use tenure::{EntryKind, Error, Name, Store};
 
 /// A small deterministic generator (xorshift64*), so a failure names its seed.
@@ -143,7 +143,19 @@ async fn run(seed: u64, steps: usize, other_url: &str) {
                     } else {
                         JoinMode::Wait
                     };
-                    match side.store.join(&key, name, kind, &[slot as u8], mode).await {
+                    match side
+                        .store
+                        .join(
+                            &key,
+                            JoinRequest {
+                                name,
+                                kind,
+                                value: &[slot as u8],
+                                mode,
+                            },
+                        )
+                        .await
+                    {
                         Ok(Some(j)) => format!(
                             "joined #{} granted={} holds={} first={}",
                             side.norm(name, j.seq),

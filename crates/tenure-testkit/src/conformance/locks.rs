@@ -206,14 +206,14 @@ pub async fn check_non_holder_cannot_act(t: &Target) {
     let b = t.store.open_session(&spec).await.unwrap();
     let ja = t
         .store
-        .join(&a.key, &name, EntryKind::Exclusive, b"a", JoinMode::Wait)
+        .join(&a.key, request(&name, EntryKind::Exclusive, b"a"))
         .await
         .unwrap()
         .unwrap();
     assert!(ja.granted);
     let jb = t
         .store
-        .join(&b.key, &name, EntryKind::Exclusive, b"b", JoinMode::Wait)
+        .join(&b.key, request(&name, EntryKind::Exclusive, b"b"))
         .await
         .unwrap()
         .unwrap();

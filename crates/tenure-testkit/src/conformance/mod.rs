@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use tenure::store::{JoinMode, SessionKey, SessionSpec};
+use tenure::store::{JoinMode, JoinRequest, SessionKey, SessionSpec};
 use tenure::{Election, Elector, EntryKind, Error, Mutex, Name, Session, SessionOptions, Store};
 
 use tokio::time::Instant;
@@ -55,6 +55,16 @@ impl Target {
     /// For backends that may be skipped (a server that is not installed).
     pub async fn some(url: String) -> Option<Target> {
         Some(Self::new(url).await)
+    }
+}
+
+/// A waiting join of `kind` on `name` with `value`.
+pub(crate) fn request<'a>(name: &'a Name, kind: EntryKind, value: &'a [u8]) -> JoinRequest<'a> {
+    JoinRequest {
+        name,
+        kind,
+        value,
+        mode: JoinMode::Wait,
     }
 }
 

@@ -8,7 +8,7 @@ pub(super) async fn join(
     name: &Name,
     kind: EntryKind,
 ) -> tenure::Result<Option<tenure::store::Joined>> {
-    store.join(key, name, kind, b"", JoinMode::Wait).await
+    store.join(key, request(name, kind, b"")).await
 }
 
 /// Shared and permit entries follow the same queue rules everywhere.
@@ -88,10 +88,7 @@ pub async fn check_shared_and_permits(t: &Target) {
             .store
             .join(
                 &c.key,
-                &n,
-                EntryKind::Permits { count: 1, limit: 4 },
-                b"",
-                JoinMode::Wait,
+                request(&n, EntryKind::Permits { count: 1, limit: 4 }, b""),
             )
             .await;
         assert!(matches!(clash, Err(Error::Conflict { .. })), "{clash:?}");

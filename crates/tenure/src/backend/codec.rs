@@ -2,19 +2,6 @@
 //! entry's kind (a letter or a number, and a permit count and limit) and the
 //! status words that server-side code answers with.
 
-// Each backend uses part of this module; with some features off, parts go unused.
-#![cfg_attr(
-    not(all(
-        feature = "sqlite",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "etcd",
-        feature = "zookeeper"
-    )),
-    allow(dead_code)
-)]
-
 use crate::error::{Error, LostReason, Result};
 use crate::store::EntryKind;
 

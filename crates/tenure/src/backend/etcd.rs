@@ -37,8 +37,8 @@ use super::codec;
 use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
-    SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store,
 };
 
 const BACKEND: &str = "etcd";
@@ -54,19 +54,13 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]);
 /// The etcd backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        backend: BACKEND,
-        fencing: true,
-        durable: true,
-        multi_process: true,
-        fifo: true,
-        shared: true,
-        permits: true,
-        wake: Wake::NextOnly,
-        clock: "etcd's lease clock (the raft leader's), TTL in whole seconds",
         min_ttl: Duration::from_secs(2),
-        max_ttl: Duration::from_secs(7 * 24 * 3600),
         grant_times: false,
-        round_trips: "acquire: 1 (txn), release: 1 (txn), renew: 1 (lease keep-alive)",
+        ..Capabilities::durable_store(
+            BACKEND,
+            "etcd's lease clock (the raft leader's), TTL in whole seconds",
+            "acquire: 1 (txn), release: 1 (txn), renew: 1 (lease keep-alive)",
+        )
     }
 }
 
@@ -90,14 +84,7 @@ struct Keeper {
     stream: LeaseKeepAliveStream,
 }
 
-impl std::fmt::Debug for EtcdStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore")
-            .field("url", &self.inner.url)
-            .field("prefix", &self.inner.prefix)
-            .finish()
-    }
-}
+store_debug!(EtcdStore: url, prefix);
 
 fn etcd_err(e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
@@ -591,8 +578,9 @@ impl Store for EtcdStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let secret = crate::store::random_hex(16)?;
-        let tag = crate::store::random_hex(6)?;
+        // The lease id is part of the key; the secret follows it.
+        let OpenedSession { key, tag } = OpenedSession::random()?;
+        let secret = key.secret().to_string();
         let ttl = i64::try_from(spec.ttl.as_millis().div_ceil(1000).max(1)).map_err(|_| {
             Error::InvalidArgument {
                 what: "ttl",
@@ -682,14 +670,8 @@ impl Store for EtcdStore {
         }
     }
 
-    async fn join(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        kind: EntryKind,
-        value: &[u8],
-        mode: JoinMode,
-    ) -> Result<Option<Joined>> {
+    async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
+        let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
         let (lease, secret) = split_key(session)?;
         let entry = self.entry_key(name, lease);
         let qp = self.queue_prefix(name);

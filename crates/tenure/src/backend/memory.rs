@@ -17,8 +17,8 @@ use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
-    SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store,
 };
 
 const BACKEND: &str = "memory";
@@ -29,19 +29,14 @@ pub(crate) const URL: UrlRules = UrlRules::file(&[]);
 /// The memory backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        backend: BACKEND,
-        fencing: true,
         durable: false,
         multi_process: false,
-        fifo: true,
-        shared: true,
-        permits: true,
-        wake: Wake::NextOnly,
-        clock: "this process's monotonic clock",
         min_ttl: Duration::from_millis(10),
-        max_ttl: Duration::from_secs(7 * 24 * 3600),
-        grant_times: true,
-        round_trips: "none (in-process)",
+        ..Capabilities::durable_store(
+            BACKEND,
+            "this process's monotonic clock",
+            "none (in-process)",
+        )
     }
 }
 
@@ -312,14 +307,8 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn join(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        kind: EntryKind,
-        value: &[u8],
-        mode: JoinMode,
-    ) -> Result<Option<Joined>> {
+    async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
+        let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
         let mut state = self.lock();
         Self::session(&state, session)?;
         let rec = state.names.entry(name.clone()).or_insert_with(|| NameRec {

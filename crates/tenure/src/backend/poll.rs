@@ -2,20 +2,6 @@
 //! or pushed notification wakes a waiter at once, a backoff poll catches the
 //! rest (such as a holder that expires silently).
 
-// Each backend uses part of this module; with some features off, parts go unused.
-#![cfg_attr(
-    not(all(
-        feature = "sqlite",
-        feature = "redis",
-        feature = "redlock",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "etcd",
-        feature = "zookeeper"
-    )),
-    allow(dead_code)
-)]
-
 use std::future::Future;
 use std::time::Duration;
 

@@ -8,22 +8,20 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
+use tokio_postgres::types::{ToSql, Type};
 #[cfg(not(feature = "tls"))]
 use tokio_postgres::NoTls;
 use tokio_postgres::{AsyncMessage, Client, Statement};
 
-use super::codec;
-use super::poll::{self, Listeners, Look};
+use super::poll::{self, Listeners};
+use super::sql::{Arg, Cell, SqlDriver, SqlRow, SqlSchema, SqlStore};
 use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
-use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
-    SessionSpec, Store, Wake,
-};
+use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
@@ -59,27 +57,25 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&[
 /// The PostgreSQL backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        backend: BACKEND,
-        fencing: true,
-        durable: true,
-        multi_process: true,
-        fifo: true,
-        shared: true,
-        permits: true,
         wake: Wake::PubSub {
             fallback_poll: POLL_MAX,
         },
-        clock: "the database's clock_timestamp()",
-        min_ttl: Duration::from_millis(100),
-        max_ttl: Duration::from_secs(7 * 24 * 3600),
-        grant_times: true,
-        round_trips: "acquire: 1 (a function call), release: 1, renew: 1",
+        ..Capabilities::durable_store(
+            BACKEND,
+            "the database's clock_timestamp()",
+            "acquire: 1 (a function call), release: 1, renew: 1",
+        )
     }
 }
 
-/// A store in one PostgreSQL database.
+/// A store in one PostgreSQL database: the SQL core over [`Postgres`].
+pub type PostgresStore = SqlStore<Postgres>;
+
+/// The PostgreSQL driver of the SQL core: one connection with prepared
+/// statements, and one more that listens for notifications once a waiter
+/// needs it.
 #[derive(Clone)]
-pub struct PostgresStore {
+pub struct Postgres {
     inner: Arc<Inner>,
 }
 
@@ -88,7 +84,6 @@ struct Inner {
     tls: Tls,
     schema: String,
     url: String,
-    caps: Capabilities,
     conn: tokio::sync::Mutex<Option<Connected>>,
     listeners: Listeners,
     /// The LISTEN connection's client while it listens.
@@ -114,17 +109,27 @@ struct Statements {
     rows: Statement,
     refresh: Statement,
     names: Statement,
+    names_of: Statement,
     evict: Statement,
 }
 
-impl std::fmt::Debug for PostgresStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresStore")
-            .field("url", &self.inner.url)
-            .field("schema", &self.inner.schema)
-            .finish()
+impl Statements {
+    /// The statement that calls one of tenure's functions.
+    fn routine(&self, routine: &str) -> Result<&Statement> {
+        Ok(match routine {
+            "close" => &self.close,
+            "join" => &self.join,
+            "leave" => &self.leave,
+            "look" => &self.look,
+            "set_value" => &self.set_value,
+            "refresh" => &self.refresh,
+            "evict" => &self.evict,
+            other => return Err(Error::backend(BACKEND, format!("no routine {other}"))),
+        })
     }
 }
+
+store_debug!(Postgres: url, schema);
 
 fn pg_err(e: tokio_postgres::Error) -> Error {
     use tokio_postgres::error::SqlState;
@@ -302,43 +307,83 @@ fn parse_url(url: &StoreUrl) -> Result<(tokio_postgres::Config, String, TlsChoic
     Ok((config, schema.to_string(), tls))
 }
 
-fn to_u64(v: i64) -> Result<u64> {
-    u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
+/// An argument as the statement's parameter type wants it.
+fn to_sql(arg: &Arg<'_>, ty: &Type) -> Result<Box<dyn ToSql + Sync + Send>> {
+    let out_of_range = || Error::backend(BACKEND, format!("{arg:?} does not fit {ty}"));
+    Ok(match *arg {
+        Arg::Text(v) => Box::new(v.to_string()),
+        Arg::Bytes(v) => Box::new(v.to_vec()),
+        Arg::Flag(v) => Box::new(v),
+        Arg::Int(v) if *ty == Type::INT2 => Box::new(i16::try_from(v).map_err(|_| out_of_range())?),
+        Arg::Int(v) if *ty == Type::INT4 => Box::new(i32::try_from(v).map_err(|_| out_of_range())?),
+        Arg::Int(v) => Box::new(v),
+    })
 }
 
-/// A column of one of our rows; a type other than the one expected (a
-/// schema changed under us) is an error, not the panic of `Row::get`.
-fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
-    row: &'a tokio_postgres::Row,
-    i: usize,
-) -> Result<T> {
-    row.try_get(i).map_err(|e| Error::backend(BACKEND, e))
+/// A row as the core reads it.
+fn to_row(row: &tokio_postgres::Row) -> Result<SqlRow> {
+    let cell = |i: usize, ty: &Type| -> std::result::Result<Cell, tokio_postgres::Error> {
+        Ok(if *ty == Type::INT2 {
+            row.try_get::<_, Option<i16>>(i)?
+                .map_or(Cell::Null, |v| Cell::Int(v.into()))
+        } else if *ty == Type::INT4 {
+            row.try_get::<_, Option<i32>>(i)?
+                .map_or(Cell::Null, |v| Cell::Int(v.into()))
+        } else if *ty == Type::INT8 {
+            row.try_get::<_, Option<i64>>(i)?
+                .map_or(Cell::Null, Cell::Int)
+        } else if *ty == Type::BOOL {
+            row.try_get::<_, Option<bool>>(i)?
+                .map_or(Cell::Null, Cell::Flag)
+        } else if *ty == Type::BYTEA {
+            row.try_get::<_, Option<Vec<u8>>>(i)?
+                .map_or(Cell::Null, Cell::Bytes)
+        } else if [Type::TEXT, Type::VARCHAR, Type::NAME, Type::BPCHAR].contains(ty) {
+            row.try_get::<_, Option<String>>(i)?
+                .map_or(Cell::Null, Cell::Text)
+        } else {
+            // `void` (close, refresh) and anything the core does not read.
+            Cell::Null
+        })
+    };
+    row.columns()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| cell(i, c.type_()).map_err(|e| Error::backend(BACKEND, e)))
+        .collect::<Result<Vec<Cell>>>()
+        .map(SqlRow)
 }
 
 impl PostgresStore {
     pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
         let (config, schema, tls) = parse_url(&url)?;
         let tls = make_tls(&url, &tls)?;
-        let store = PostgresStore {
+        let listeners = Listeners::default();
+        let driver = Postgres {
             inner: Arc::new(Inner {
                 config,
                 tls,
                 url: url.masked().to_string(),
-                caps: capabilities(),
                 conn: tokio::sync::Mutex::new(None),
-                listeners: Listeners::default(),
+                listeners: listeners.clone(),
                 listener: tokio::sync::Mutex::new(None),
                 schema,
             }),
         };
-        store.connected().await?;
+        driver.connected().await?;
         // The LISTEN connection opens with the first wait, not now: while
         // this process listens, every NOTIFY in the database wakes its
         // backend and this process, which a process that only takes free
         // locks need not pay for.
-        Ok(store)
+        Ok(SqlStore {
+            driver,
+            caps: capabilities(),
+            listeners,
+        })
     }
+}
 
+impl Postgres {
     async fn connect_raw(&self) -> Result<(Client, PgConnection)> {
         tokio::time::timeout(
             CONNECT_TIMEOUT + Duration::from_secs(1),
@@ -365,8 +410,23 @@ impl PostgresStore {
                 tracing::debug!(error = %e, "postgres connection ended");
             }
         });
-        self.create_schema(&client).await?;
         let s = &self.inner.schema;
+        let mismatch = |v: &str| Error::SchemaMismatch {
+            backend: BACKEND,
+            url: self.inner.url.clone(),
+            found: format!("schema {s} has tenure schema version {v}"),
+            expected: format!("version {SCHEMA_VERSION}"),
+        };
+        super::sql::ensure_schema(
+            &mut PgSchema {
+                client: &client,
+                schema: s,
+            },
+            SCHEMA_VERSION,
+            UPGRADES_FROM,
+            mismatch,
+        )
+        .await?;
         let prep = |sql: String| {
             let client = &client;
             async move { client.prepare(&sql).await.map_err(pg_err) }
@@ -400,6 +460,7 @@ impl PostgresStore {
                   WHERE s.expires_ms > {s}.now_ms() AND left(e.name, length($1)) = $1 ORDER BY 1"
             ))
             .await?,
+            names_of: prep(format!("SELECT DISTINCT name FROM {s}.entries WHERE session = $1")).await?,
             evict: prep(format!("SELECT {s}.evict($1)")).await?,
         };
         let connected = Connected {
@@ -410,69 +471,26 @@ impl PostgresStore {
         Ok(connected)
     }
 
-    /// Creates the schema once per database, or upgrades one of a version in
-    /// [`UPGRADES_FROM`], under an advisory lock so that concurrent first
-    /// users do not race. A newer schema is never rewritten.
-    async fn create_schema(&self, client: &Client) -> Result<()> {
-        let s = &self.inner.schema;
-        let select = format!("SELECT value FROM {s}.meta WHERE key = 'schema'");
-        if let Ok(Some(row)) = client.query_opt(&select, &[]).await {
-            let v: String = col(&row, 0)?;
-            if !UPGRADES_FROM.contains(&v.as_str()) {
-                return self.check_version(&v);
-            }
-        }
-        client
-            .batch_execute(&format!(
-                "BEGIN;
-                 SELECT pg_advisory_xact_lock(hashtext('tenure schema {s}'));
-                 CREATE SCHEMA IF NOT EXISTS {s};
-                 CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL);"
-            ))
-            .await
-            .map_err(pg_err)?;
-        // Read again under the lock: another user may have just done it.
-        let found = client.query_opt(&select, &[]).await.map_err(pg_err)?;
-        if let Some(v) = found.map(|row| col::<String>(&row, 0)).transpose()? {
-            if !UPGRADES_FROM.contains(&v.as_str()) {
-                client.batch_execute("COMMIT").await.map_err(pg_err)?;
-                return self.check_version(&v);
-            }
-        }
-        let ddl = SCHEMA_SQL.replace("@s", s);
-        client
-            .batch_execute(&format!(
-                "{ddl}
-                 INSERT INTO {s}.meta (key, value) VALUES ('schema', '{SCHEMA_VERSION}')
-                     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
-                 COMMIT;"
-            ))
-            .await
-            .map_err(pg_err)
-    }
-
-    fn check_version(&self, v: &str) -> Result<()> {
-        if v != SCHEMA_VERSION {
-            return Err(Error::SchemaMismatch {
-                backend: BACKEND,
-                url: self.inner.url.clone(),
-                found: format!("schema {} has tenure schema version {v}", self.inner.schema),
-                expected: format!("version {SCHEMA_VERSION}"),
-            });
-        }
-        Ok(())
-    }
-
     /// Runs one statement, retrying deadlocks; one round trip normally.
     async fn query(
         &self,
-        pick: fn(&Statements) -> &Statement,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        pick: impl Fn(&Statements) -> Result<&Statement>,
+        args: &[Arg<'_>],
     ) -> Result<Vec<tokio_postgres::Row>> {
         let mut attempt = 0;
         loop {
             let c = self.connected().await?;
-            match c.client.query(pick(&c.stmts), params).await {
+            let statement = pick(&c.stmts)?;
+            let params = args
+                .iter()
+                .zip(statement.params())
+                .map(|(arg, ty)| to_sql(arg, ty))
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<&(dyn ToSql + Sync)> = params
+                .iter()
+                .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                .collect();
+            match c.client.query(statement, &refs).await {
                 Ok(rows) => return Ok(rows),
                 Err(e) if is_retryable(&e) && attempt < RETRIES => attempt += 1,
                 Err(e) => return Err(pg_err(e)),
@@ -480,21 +498,87 @@ impl PostgresStore {
         }
     }
 
-    async fn execute(
-        &self,
-        pick: fn(&Statements) -> &Statement,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64> {
+    async fn texts(&self, pick: fn(&Statements) -> &Statement, arg: &str) -> Result<Vec<String>> {
+        let rows = self.query(|s| Ok(pick(s)), &[Arg::Text(arg)]).await?;
+        rows.iter()
+            .map(|r| {
+                r.try_get::<_, String>(0)
+                    .map_err(|e| Error::backend(BACKEND, e))
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl SqlDriver for Postgres {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn open(&self, secret: &str, tag: &str, label: &str, ttl_ms: i64) -> Result<()> {
+        let args = [
+            Arg::Text(secret),
+            Arg::Text(tag),
+            Arg::Text(label),
+            Arg::Int(ttl_ms),
+        ];
+        self.query(|s| Ok(&s.open), &args).await.map(|_| ())
+    }
+
+    async fn keep_alive(&self, secret: &str) -> Result<bool> {
         let c = self.connected().await?;
-        c.client
-            .execute(pick(&c.stmts), params)
+        let n = c
+            .client
+            .execute(&c.stmts.keep_alive, &[&secret])
             .await
-            .map_err(pg_err)
+            .map_err(pg_err)?;
+        Ok(n > 0)
+    }
+
+    async fn call(&self, routine: &'static str, args: &[Arg<'_>]) -> Result<SqlRow> {
+        let rows = self.query(|s| s.routine(routine), args).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::backend(BACKEND, format!("{routine} returned no row")))?;
+        to_row(row)
+    }
+
+    async fn rows(&self, name: &str) -> Result<(Vec<SqlRow>, i64)> {
+        let rows = self.query(|s| Ok(&s.rows), &[Arg::Text(name)]).await?;
+        let version = match rows.last() {
+            Some(row) => row
+                .try_get::<_, Option<i64>>(10)
+                .map_err(|e| Error::backend(BACKEND, e))?,
+            None => None,
+        };
+        let version = match version {
+            Some(v) => v,
+            None => self
+                .query(|s| Ok(&s.version), &[Arg::Text(name)])
+                .await?
+                .first()
+                .map(|r| {
+                    r.try_get::<_, i64>(0)
+                        .map_err(|e| Error::backend(BACKEND, e))
+                })
+                .transpose()?
+                .unwrap_or(0),
+        };
+        let rows = rows.iter().map(to_row).collect::<Result<_>>()?;
+        Ok((rows, version))
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<String>> {
+        self.texts(|s| &s.names, prefix).await
+    }
+
+    async fn names_of(&self, secret: &str) -> Result<Vec<String>> {
+        self.texts(|s| &s.names_of, secret).await
     }
 
     /// Listens for this schema's notifications on a connection of its own,
     /// started on first use and restarted if it drops.
-    async fn ensure_listener(&self) {
+    async fn listen(&self) {
         let mut listening = self.inner.listener.lock().await;
         if listening.as_ref().is_some_and(|c| !c.is_closed()) {
             return;
@@ -541,224 +625,67 @@ impl PostgresStore {
             Err(e) => tracing::debug!(error = %e, "LISTEN failed; waiters poll"),
         }
     }
+
+    fn wakes_by_hand(&self) -> bool {
+        false
+    }
+
+    fn poll_bounds(&self) -> (Duration, Duration) {
+        (POLL_MIN, POLL_MAX)
+    }
+}
+
+/// The schema in its own PostgreSQL schema, versioned in `SCHEMA.meta`,
+/// created under a transaction-scoped advisory lock.
+struct PgSchema<'a> {
+    client: &'a Client,
+    schema: &'a str,
 }
 
 #[async_trait]
-impl Store for PostgresStore {
-    fn capabilities(&self) -> &Capabilities {
-        &self.inner.caps
-    }
-
-    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let secret = crate::store::random_hex(16)?;
-        let tag = crate::store::random_hex(6)?;
-        let ttl = i64::try_from(spec.ttl.as_millis()).unwrap_or(i64::MAX);
-        self.execute(|s| &s.open, &[&secret, &tag, &spec.label, &ttl])
-            .await?;
-        Ok(OpenedSession {
-            key: SessionKey::new(secret),
-            tag,
-        })
-    }
-
-    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
-        let n = self
-            .execute(|s| &s.keep_alive, &[&session.secret()])
-            .await?;
-        if n == 0 {
-            return Err(Error::SessionLost(crate::error::LostReason::Expired));
+impl SqlSchema for PgSchema<'_> {
+    async fn stored_version(&mut self) -> Result<Option<String>> {
+        let s = self.schema;
+        let select = format!("SELECT value FROM {s}.meta WHERE key = 'schema'");
+        // An error here is a schema or table not made yet.
+        match self.client.query_opt(&select, &[]).await {
+            Ok(Some(row)) => row
+                .try_get::<_, String>(0)
+                .map(Some)
+                .map_err(|e| Error::backend(BACKEND, e)),
+            _ => Ok(None),
         }
-        Ok(())
     }
 
-    async fn close_session(&self, session: &SessionKey) -> Result<()> {
-        self.query(|s| &s.close, &[&session.secret()])
+    async fn lock(&mut self) -> Result<()> {
+        let s = self.schema;
+        self.client
+            .batch_execute(&format!(
+                "BEGIN;
+                 SELECT pg_advisory_xact_lock(hashtext('tenure schema {s}'));
+                 CREATE SCHEMA IF NOT EXISTS {s};
+                 CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL);"
+            ))
             .await
-            .map(|_| ())
+            .map_err(pg_err)
     }
 
-    async fn join(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        kind: EntryKind,
-        value: &[u8],
-        mode: JoinMode,
-    ) -> Result<Option<Joined>> {
-        let (k, count, limit) = codec::kind_code(kind);
-        let (count, limit) = (
-            i32::try_from(count).unwrap_or(i32::MAX),
-            i32::try_from(limit).unwrap_or(i32::MAX),
-        );
-        let if_granted = mode == JoinMode::IfGranted;
-        let rows = self
-            .query(
-                |s| &s.join,
-                &[
-                    &session.secret(),
-                    &name.as_str(),
-                    &k,
-                    &count,
-                    &limit,
-                    &value,
-                    &if_granted,
-                ],
-            )
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| Error::backend(BACKEND, "join returned no row"))?;
-        let status: String = col(row, 0)?;
-        match status.as_str() {
-            "ok" => Ok(Some(Joined {
-                seq: to_u64(col(row, 1)?)?,
-                granted: col(row, 2)?,
-                holds: u32::try_from(col::<i32>(row, 3)?)
-                    .map_err(|e| Error::backend(BACKEND, e))?,
-                first: col(row, 4)?,
-            })),
-            "none" => Ok(None),
-            s => Err(codec::status_error(BACKEND, s, None, name.as_str())),
-        }
+    async fn apply(&mut self, version: &str) -> Result<()> {
+        let s = self.schema;
+        let ddl = SCHEMA_SQL.replace("@s", s);
+        self.client
+            .batch_execute(&format!(
+                "{ddl}
+                 INSERT INTO {s}.meta (key, value) VALUES ('schema', '{version}')
+                     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;"
+            ))
+            .await
+            .map_err(pg_err)
     }
 
-    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
-        let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
-        let rows = self
-            .query(|s| &s.leave, &[&session.secret(), &name.as_str(), &seq])
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| Error::backend(BACKEND, "leave returned no row"))?;
-        let status: String = col(row, 0)?;
-        if status != "ok" {
-            return Err(codec::status_error(BACKEND, &status, None, name.as_str()));
-        }
-        u32::try_from(col::<i32>(row, 1)?).map_err(|e| Error::backend(BACKEND, e))
-    }
-
-    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
-        self.ensure_listener().await;
-        let (listening, _) = self
-            .inner
-            .listeners
-            .listen(poll::grant_key(name.as_str(), seq));
-        let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
-        poll::until_granted(listening.notify(), POLL_MIN, POLL_MAX, || async {
-            let rows = self
-                .query(|s| &s.look, &[&session.secret(), &name.as_str(), &seq])
-                .await?;
-            let row = rows
-                .first()
-                .ok_or_else(|| Error::backend(BACKEND, "look returned no row"))?;
-            let status: String = col(row, 0)?;
-            match status.as_str() {
-                "granted" => Ok(Look::Granted),
-                "wait" => Ok(Look::Wait(poll::next_expiry(col(row, 1)?))),
-                s => Err(codec::status_error(BACKEND, s, None, name.as_str())),
-            }
-        })
-        .await
-    }
-    async fn set_value(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        seq: u64,
-        value: &[u8],
-    ) -> Result<()> {
-        let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
-        let rows = self
-            .query(
-                |s| &s.set_value,
-                &[&session.secret(), &name.as_str(), &seq, &value],
-            )
-            .await?;
-        let status: String = rows
-            .first()
-            .ok_or_else(|| Error::backend(BACKEND, "set_value returned no row"))
-            .and_then(|row| col(row, 0))?;
-        if status == "ok" {
-            Ok(())
-        } else {
-            Err(codec::status_error(BACKEND, &status, None, name.as_str()))
-        }
-    }
-
-    async fn queue(&self, name: &Name) -> Result<Queue> {
-        loop {
-            let rows = self.query(|s| &s.rows, &[&name.as_str()]).await?;
-            let mut entries = Vec::with_capacity(rows.len());
-            let mut stale = false;
-            let mut version = None;
-            for row in &rows {
-                version = col::<Option<i64>>(row, 10)?;
-                let left: i64 = col(row, 8)?;
-                if left <= 0 {
-                    stale = true;
-                    continue;
-                }
-                let granted_ms: Option<i64> = col(row, 7)?;
-                entries.push(Entry {
-                    seq: to_u64(col(row, 0)?)?,
-                    kind: codec::kind_from_code(
-                        BACKEND,
-                        col::<i16>(row, 1)?.into(),
-                        col::<i32>(row, 2)?.into(),
-                        col::<i32>(row, 3)?.into(),
-                    )?,
-                    session_tag: col(row, 4)?,
-                    label: col(row, 5)?,
-                    value: col(row, 6)?,
-                    granted: granted_ms.is_some(),
-                    granted_at: granted_ms
-                        .and_then(|ms| u64::try_from(ms).ok())
-                        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-                    expires_in: Duration::from_millis(to_u64(left)?),
-                    holds: u32::try_from(col::<i32>(row, 9)?)
-                        .map_err(|e| Error::backend(BACKEND, e))?,
-                });
-            }
-            let unstamped = poll::has_unstamped_grant(&entries);
-            if stale || unstamped {
-                self.query(|s| &s.refresh, &[&name.as_str()]).await?;
-                continue;
-            }
-            let version = match version {
-                Some(v) => v,
-                None => self
-                    .query(|s| &s.version, &[&name.as_str()])
-                    .await?
-                    .first()
-                    .map(|r| col::<i64>(r, 0))
-                    .transpose()?
-                    .unwrap_or(0),
-            };
-            return Ok(Queue {
-                version: to_u64(version)?,
-                entries,
-            });
-        }
-    }
-
-    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
-        self.ensure_listener().await;
-        let (listening, _) = self.inner.listeners.listen(poll::change_key(name.as_str()));
-        poll::until_changed(self, name, version, listening.notify(), POLL_MIN, POLL_MAX).await
-    }
-    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
-        let rows = self.query(|s| &s.names, &[&prefix]).await?;
-        rows.iter()
-            .map(|r| Name::new(col::<String>(r, 0)?))
-            .collect()
-    }
-
-    async fn evict(&self, name: &Name) -> Result<usize> {
-        let rows = self.query(|s| &s.evict, &[&name.as_str()]).await?;
-        let n: i32 = rows
-            .first()
-            .ok_or_else(|| Error::backend(BACKEND, "evict returned no row"))
-            .and_then(|row| col(row, 0))?;
-        usize::try_from(n).map_err(|e| Error::backend(BACKEND, e))
+    async fn unlock(&mut self) -> Result<()> {
+        // After a failed `apply` the transaction is aborted, and COMMIT
+        // rolls it back.
+        self.client.batch_execute("COMMIT").await.map_err(pg_err)
     }
 }

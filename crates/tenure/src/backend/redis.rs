@@ -24,8 +24,8 @@ use super::poll::{self, Listeners, Listening, Look};
 use super::url::{mask_password, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
-    SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "redis";
@@ -45,21 +45,14 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_f
 /// The Redis backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        backend: BACKEND,
-        fencing: true,
-        durable: true,
-        multi_process: true,
-        fifo: true,
-        shared: true,
-        permits: true,
         wake: Wake::PubSub {
             fallback_poll: POLL_MAX,
         },
-        clock: "Redis's TIME, inside each script",
-        min_ttl: Duration::from_millis(100),
-        max_ttl: Duration::from_secs(7 * 24 * 3600),
-        grant_times: true,
-        round_trips: "acquire: 1 (EVALSHA), release: 1, renew: 1",
+        ..Capabilities::durable_store(
+            BACKEND,
+            "Redis's TIME, inside each script",
+            "acquire: 1 (EVALSHA), release: 1, renew: 1",
+        )
     }
 }
 
@@ -80,14 +73,7 @@ struct Inner {
     wakeups: Wakeups,
 }
 
-impl std::fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("url", &self.inner.url)
-            .field("prefix", &self.inner.prefix)
-            .finish()
-    }
-}
+store_debug!(RedisStore: url, prefix);
 
 fn redis_err(e: redis::RedisError) -> Error {
     if e.kind() == redis::ErrorKind::AuthenticationFailed
@@ -511,10 +497,7 @@ impl Store for RedisStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let opened = OpenedSession {
-            key: SessionKey::new(crate::store::random_hex(16)?),
-            tag: crate::store::random_hex(6)?,
-        };
+        let opened = OpenedSession::random()?;
         self.open_session_as(&opened, spec).await?;
         Ok(opened)
     }
@@ -531,14 +514,8 @@ impl Store for RedisStore {
             .map(|_| ())
     }
 
-    async fn join(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        kind: EntryKind,
-        value: &[u8],
-        mode: JoinMode,
-    ) -> Result<Option<Joined>> {
+    async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
+        let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
         match self.join_at(session, name, kind, value, mode, None).await? {
             NodeJoin::Placed(joined) => Ok(Some(joined)),
             NodeJoin::NotGranted => Ok(None),

@@ -46,8 +46,8 @@ use super::redis::{NodeJoin, RedisStore};
 use super::url::{mask_password, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
-    SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "redlock";
@@ -75,23 +75,18 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "node_timeout", "
 /// The Redlock backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        backend: BACKEND,
-        fencing: true,
-        durable: true,
-        multi_process: true,
-        fifo: true,
-        shared: true,
         // Per-node admission cannot bound a count of three or more entries
         // (they need not share a node): no semaphores above one permit.
         permits: false,
         wake: Wake::PubSub {
             fallback_poll: POLL_MAX,
         },
-        clock: "each node's TIME; a majority must agree",
         min_ttl: Duration::from_millis(300),
-        max_ttl: Duration::from_secs(7 * 24 * 3600),
-        grant_times: true,
-        round_trips: "acquire: 1 per node in parallel (2 after a clock step), release: 1 per node, renew: 1 per node",
+        ..Capabilities::durable_store(
+            BACKEND,
+            "each node's TIME; a majority must agree",
+            "acquire: 1 per node in parallel (2 after a clock step), release: 1 per node, renew: 1 per node",
+        )
     }
 }
 
@@ -198,14 +193,7 @@ struct Inner {
     skew: AtomicU64,
 }
 
-impl std::fmt::Debug for RedlockStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedlockStore")
-            .field("url", &self.inner.url)
-            .field("majority", &self.inner.majority)
-            .finish()
-    }
-}
+store_debug!(RedlockStore: url, majority);
 
 /// Splits a `redlock://` URL into one `redis://` URL per node and the node
 /// timeout.
@@ -578,10 +566,7 @@ impl Store for RedlockStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let opened = OpenedSession {
-            key: SessionKey::new(crate::store::random_hex(16)?),
-            tag: crate::store::random_hex(6)?,
-        };
+        let opened = OpenedSession::random()?;
         let (_, tally) = self
             .tally(self.inner.all, |node| {
                 let opened = &opened;
@@ -651,14 +636,8 @@ impl Store for RedlockStore {
         }
     }
 
-    async fn join(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        kind: EntryKind,
-        value: &[u8],
-        mode: JoinMode,
-    ) -> Result<Option<Joined>> {
+    async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
+        let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
         if let EntryKind::Permits { limit, .. } = kind {
             if limit > 1 {
                 return Err(Error::Unsupported {

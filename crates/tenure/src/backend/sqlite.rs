@@ -25,8 +25,8 @@ use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
-    SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "sqlite";
@@ -55,22 +55,15 @@ pub(crate) const URL: UrlRules = UrlRules::file(&["synchronous"]);
 /// The SQLite backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        backend: BACKEND,
-        fencing: true,
-        durable: true,
-        multi_process: true,
-        fifo: true,
-        shared: true,
-        permits: true,
         wake: Wake::LocalOrPoll {
             min: POLL_MIN,
             max: POLL_MAX,
         },
-        clock: "this machine's CLOCK_BOOTTIME, shared by every process on it; sessions of an earlier boot are dropped",
-        min_ttl: Duration::from_millis(100),
-        max_ttl: Duration::from_secs(7 * 24 * 3600),
-        grant_times: true,
-        round_trips: "no network; acquire: 1 transaction of 5 statements, release: 1 of 5 (6 when it grants a waiter), renew: 1 statement",
+        ..Capabilities::durable_store(
+            BACKEND,
+            "this machine's CLOCK_BOOTTIME, shared by every process on it; sessions of an earlier boot are dropped",
+            "no network; acquire: 1 transaction of 5 statements, release: 1 of 5 (6 when it grants a waiter), renew: 1 statement",
+        )
     }
 }
 
@@ -89,13 +82,7 @@ struct Inner {
     listeners: Listeners,
 }
 
-impl std::fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("path", &self.inner.path)
-            .finish()
-    }
-}
+store_debug!(SqliteStore: path);
 
 fn db_err(e: rusqlite::Error) -> Error {
     if is_busy(&e) {
@@ -618,11 +605,10 @@ impl Store for SqliteStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
-        let key = crate::store::random_hex(16)?;
-        let tag = crate::store::random_hex(6)?;
+        let opened = OpenedSession::random()?;
         let label = spec.label.clone();
-        let ttl_ms = i64::try_from(spec.ttl.as_millis()).unwrap_or(i64::MAX);
-        let (k, t) = (key.clone(), tag.clone());
+        let ttl_ms = spec.ttl_ms();
+        let (k, t) = (opened.key.secret().to_string(), opened.tag.clone());
         self.write(move |tx| {
             // Collect long-dead sessions now and then so the table stays small;
             // their names are settled so observers see the change.
@@ -650,10 +636,7 @@ impl Store for SqliteStore {
             Ok(((), names))
         })
         .await?;
-        Ok(OpenedSession {
-            key: SessionKey::new(key),
-            tag,
-        })
+        Ok(opened)
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
@@ -687,14 +670,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn join(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        kind: EntryKind,
-        value: &[u8],
-        mode: JoinMode,
-    ) -> Result<Option<Joined>> {
+    async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
+        let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
         let key = session.clone();
         let name = name.clone();
         let value = value.to_vec();

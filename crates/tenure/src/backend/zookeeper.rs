@@ -35,8 +35,8 @@ use super::codec;
 use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, Joined, Name, OpenedSession, Queue, SessionKey,
-    SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
+    SessionKey, SessionSpec, Store,
 };
 
 const BACKEND: &str = "zookeeper";
@@ -53,20 +53,15 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&[]);
 /// The ZooKeeper backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        backend: BACKEND,
-        fencing: true,
-        durable: true,
-        multi_process: true,
-        fifo: true,
-        shared: true,
-        permits: true,
-        wake: Wake::NextOnly,
-        clock: "the ZooKeeper server's session clock",
         // The server's minSessionTimeout (2 × tickTime) may be higher.
         min_ttl: Duration::from_millis(400),
         max_ttl: Duration::from_secs(24 * 3600),
         grant_times: false,
-        round_trips: "acquire: 2 (create + list), release: 1 (delete), renew: 1 (a multi-read of the session's entries)",
+        ..Capabilities::durable_store(
+            BACKEND,
+            "the ZooKeeper server's session clock",
+            "acquire: 2 (create + list), release: 1 (delete), renew: 1 (a multi-read of the session's entries)",
+        )
     }
 }
 
@@ -112,14 +107,7 @@ struct Mine {
     value: Vec<u8>,
 }
 
-impl std::fmt::Debug for ZkStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ZkStore")
-            .field("url", &self.inner.url)
-            .field("base", &self.inner.base)
-            .finish()
-    }
-}
+store_debug!(ZkStore: url, base);
 
 fn zk_err(e: zk::Error) -> Error {
     match e {
@@ -535,8 +523,7 @@ impl Store for ZkStore {
                 ),
             });
         }
-        let tag = crate::store::random_hex(6)?;
-        let key = SessionKey::new(crate::store::random_hex(16)?);
+        let OpenedSession { key, tag } = OpenedSession::random()?;
         let label = super::poll::printable(&spec.label);
         let session = Arc::new(ZkSession {
             client,
@@ -629,14 +616,8 @@ impl Store for ZkStore {
         Ok(())
     }
 
-    async fn join(
-        &self,
-        key: &SessionKey,
-        name: &Name,
-        kind: EntryKind,
-        value: &[u8],
-        mode: JoinMode,
-    ) -> Result<Option<Joined>> {
+    async fn join(&self, key: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
+        let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
         let session = self.session(key)?;
         let mut entries = session.entries.lock().await;
         let dir = self.name_path(name);

@@ -1,0 +1,482 @@
+//! The SQL core. PostgreSQL and MySQL keep the same tables and run the
+//! contract through server-side routines of the same names and answers
+//! (`join`, `leave`, `look`, `set_value`, `refresh`, `evict`, `close`); all
+//! but talking to the server is written here once, over [`SqlDriver`]:
+//! decoding answers, the queue read that settles expired entries, waiting,
+//! wake-ups, and creating or upgrading the schema.
+
+use std::fmt;
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use super::codec;
+use super::poll::{self, Listeners, Look};
+use crate::error::{Error, LostReason, Result};
+use crate::store::{
+    Capabilities, Entry, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue, SessionKey,
+    SessionSpec, Store,
+};
+
+/// A value passed to a routine.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    /// Text.
+    Text(&'a str),
+    /// A whole number.
+    Int(i64),
+    /// Bytes.
+    Bytes(&'a [u8]),
+    /// A truth value.
+    Flag(bool),
+}
+
+/// A value of a routine's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cell {
+    /// SQL NULL.
+    Null,
+    /// A whole number of any width.
+    Int(i64),
+    /// Text.
+    Text(String),
+    /// Bytes.
+    Bytes(Vec<u8>),
+    /// A truth value.
+    Flag(bool),
+}
+
+/// One row of an answer, read with typed errors (a schema changed under us
+/// is an error, never a panic).
+#[derive(Debug, Clone, Default)]
+pub struct SqlRow(pub Vec<Cell>);
+
+impl SqlRow {
+    fn cell(&self, i: usize) -> Result<&Cell> {
+        self.0
+            .get(i)
+            .ok_or_else(|| Error::backend("sql", format!("an answer without column {i}")))
+    }
+
+    fn wrong(i: usize, want: &str, got: &Cell) -> Error {
+        Error::backend("sql", format!("column {i}: expected {want}, got {got:?}"))
+    }
+
+    /// A whole number.
+    pub fn int(&self, i: usize) -> Result<i64> {
+        match self.cell(i)? {
+            Cell::Int(v) => Ok(*v),
+            other => Err(Self::wrong(i, "a number", other)),
+        }
+    }
+
+    /// A whole number or NULL.
+    pub fn opt_int(&self, i: usize) -> Result<Option<i64>> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            _ => self.int(i).map(Some),
+        }
+    }
+
+    /// Text.
+    pub fn text(&self, i: usize) -> Result<String> {
+        match self.cell(i)? {
+            Cell::Text(v) => Ok(v.clone()),
+            Cell::Bytes(v) => String::from_utf8(v.clone()).map_err(|e| Error::backend("sql", e)),
+            other => Err(Self::wrong(i, "text", other)),
+        }
+    }
+
+    /// Bytes (NULL reads as none).
+    pub fn bytes(&self, i: usize) -> Result<Vec<u8>> {
+        match self.cell(i)? {
+            Cell::Bytes(v) => Ok(v.clone()),
+            Cell::Text(v) => Ok(v.clone().into_bytes()),
+            Cell::Null => Ok(Vec::new()),
+            other => Err(Self::wrong(i, "bytes", other)),
+        }
+    }
+
+    /// A truth value (a number: not zero).
+    pub fn flag(&self, i: usize) -> Result<bool> {
+        match self.cell(i)? {
+            Cell::Flag(v) => Ok(*v),
+            Cell::Int(v) => Ok(*v != 0),
+            other => Err(Self::wrong(i, "a truth value", other)),
+        }
+    }
+
+    fn count<T: TryFrom<i64>>(&self, i: usize) -> Result<T> {
+        T::try_from(self.int(i)?)
+            .map_err(|_| Error::backend("sql", format!("column {i} out of range")))
+    }
+}
+
+/// What a SQL database must do for the core: run tenure's routines and a few
+/// plain statements, one round trip each, and say how it wakes waiters.
+#[async_trait]
+pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
+    /// The backend's name.
+    fn backend(&self) -> &'static str;
+
+    /// Records a new session of `ttl_ms`, by the server's clock.
+    async fn open(&self, secret: &str, tag: &str, label: &str, ttl_ms: i64) -> Result<()>;
+
+    /// Extends a live session by its TTL; `false` when there is none.
+    async fn keep_alive(&self, secret: &str) -> Result<bool>;
+
+    /// Calls one of tenure's routines; its first row. Deadlocks and
+    /// serialization failures are retried.
+    async fn call(&self, routine: &'static str, args: &[Arg<'_>]) -> Result<SqlRow>;
+
+    /// A name's entries in queue order — seq, kind, count, limit, tag,
+    /// label, value, granted_ms, ms left, holds — and its version.
+    async fn rows(&self, name: &str) -> Result<(Vec<SqlRow>, i64)>;
+
+    /// The names with live entries that start with `prefix`, sorted.
+    async fn names(&self, prefix: &str) -> Result<Vec<String>>;
+
+    /// The names a session has entries in (to wake them after it ends).
+    async fn names_of(&self, secret: &str) -> Result<Vec<String>>;
+
+    /// Before a wait: make sure the server's notifications arrive, where it
+    /// sends any (PostgreSQL's `LISTEN`).
+    async fn listen(&self) {}
+
+    /// Whether changes made here must wake this process's waiters by hand
+    /// (a server that sends no notifications).
+    fn wakes_by_hand(&self) -> bool;
+
+    /// The shortest and longest poll, for a change no notification tells.
+    fn poll_bounds(&self) -> (Duration, Duration);
+}
+
+/// A store over a SQL database: [`PostgresStore`](super::postgres::PostgresStore)
+/// and [`MysqlStore`](super::mysql::MysqlStore).
+#[derive(Clone)]
+pub struct SqlStore<D> {
+    pub(crate) driver: D,
+    pub(crate) caps: Capabilities,
+    /// This process's waiters and observers (the driver may hold a clone,
+    /// to wake them from the server's notifications).
+    pub(crate) listeners: Listeners,
+}
+
+impl<D: fmt::Debug> fmt::Debug for SqlStore<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.driver.fmt(f)
+    }
+}
+
+fn seq_arg(seq: u64) -> Result<i64> {
+    i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))
+}
+
+impl<D: SqlDriver> SqlStore<D> {
+    fn status(&self, row: &SqlRow, name: &Name) -> Result<String> {
+        let status = row.text(0)?;
+        match status.as_str() {
+            "ok" | "none" | "granted" | "wait" => Ok(status),
+            s => Err(codec::status_error(
+                self.driver.backend(),
+                s,
+                None,
+                name.as_str(),
+            )),
+        }
+    }
+
+    /// Wakes this process's observers of `name` after a change made here.
+    fn changed(&self, name: &str) {
+        if self.driver.wakes_by_hand() {
+            self.listeners.wake(&poll::change_key(name));
+        }
+    }
+
+    /// Wakes the first local waiter of `name` in queue order after a change
+    /// made here: in FIFO order it is the one a release may have granted.
+    /// Waiters behind it (several readers or permits granted at once) find
+    /// out by polling; a herd of lookups would cost more than it saves.
+    fn wake_next(&self, name: &str) {
+        if self.driver.wakes_by_hand() {
+            self.listeners.wake_first(&poll::grant_prefix(name));
+            self.changed(name);
+        }
+    }
+
+    fn entry(&self, row: &SqlRow) -> Result<Option<Entry>> {
+        let left = row.int(8)?;
+        if left <= 0 {
+            return Ok(None);
+        }
+        let granted_ms = row.opt_int(7)?;
+        Ok(Some(Entry {
+            seq: row.count(0)?,
+            kind: codec::kind_from_code(
+                self.driver.backend(),
+                row.int(1)?,
+                row.int(2)?,
+                row.int(3)?,
+            )?,
+            session_tag: row.text(4)?,
+            label: row.text(5)?,
+            value: row.bytes(6)?,
+            granted: granted_ms.is_some(),
+            granted_at: granted_ms
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+            expires_in: Duration::from_millis(row.count(8)?),
+            holds: row.count(9)?,
+        }))
+    }
+}
+
+#[async_trait]
+impl<D: SqlDriver> Store for SqlStore<D> {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let opened = OpenedSession::random()?;
+        let label: String = spec.label.chars().take(255).collect();
+        self.driver
+            .open(opened.key.secret(), &opened.tag, &label, spec.ttl_ms())
+            .await?;
+        Ok(opened)
+    }
+
+    async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+        match self.driver.keep_alive(session.secret()).await? {
+            true => Ok(()),
+            false => Err(Error::SessionLost(LostReason::Expired)),
+        }
+    }
+
+    async fn close_session(&self, session: &SessionKey) -> Result<()> {
+        let names = if self.driver.wakes_by_hand() {
+            self.driver.names_of(session.secret()).await?
+        } else {
+            Vec::new()
+        };
+        self.driver
+            .call("close", &[Arg::Text(session.secret())])
+            .await?;
+        for name in names {
+            self.wake_next(&name);
+        }
+        Ok(())
+    }
+
+    async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
+        let name = request.name;
+        let (k, count, limit) = codec::kind_code(request.kind);
+        let args = [
+            Arg::Text(session.secret()),
+            Arg::Text(name.as_str()),
+            Arg::Int(k.into()),
+            Arg::Int(count),
+            Arg::Int(limit),
+            Arg::Bytes(request.value),
+            Arg::Flag(request.mode == JoinMode::IfGranted),
+        ];
+        let row = self.driver.call("join", &args).await?;
+        if self.status(&row, name)? == "none" {
+            return Ok(None);
+        }
+        self.changed(name.as_str());
+        Ok(Some(Joined {
+            seq: row.count(1)?,
+            granted: row.flag(2)?,
+            holds: row.count(3)?,
+            first: row.flag(4)?,
+        }))
+    }
+
+    async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        let args = [
+            Arg::Text(session.secret()),
+            Arg::Text(name.as_str()),
+            Arg::Int(seq_arg(seq)?),
+        ];
+        let row = self.driver.call("leave", &args).await?;
+        self.status(&row, name)?;
+        let holds = row.count(1)?;
+        if holds == 0 {
+            // Whoever is next may be waiting in this process.
+            self.wake_next(name.as_str());
+        }
+        Ok(holds)
+    }
+
+    async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        self.driver.listen().await;
+        let (listening, _) = self.listeners.listen(poll::grant_key(name.as_str(), seq));
+        let args = [
+            Arg::Text(session.secret()),
+            Arg::Text(name.as_str()),
+            Arg::Int(seq_arg(seq)?),
+        ];
+        let (min, max) = self.driver.poll_bounds();
+        poll::until_granted(listening.notify(), min, max, || async {
+            let row = self.driver.call("look", &args).await?;
+            Ok(match self.status(&row, name)?.as_str() {
+                "granted" => Look::Granted,
+                _ => Look::Wait(poll::next_expiry(row.opt_int(1)?)),
+            })
+        })
+        .await
+    }
+
+    async fn set_value(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<()> {
+        let args = [
+            Arg::Text(session.secret()),
+            Arg::Text(name.as_str()),
+            Arg::Int(seq_arg(seq)?),
+            Arg::Bytes(value),
+        ];
+        let row = self.driver.call("set_value", &args).await?;
+        self.status(&row, name)?;
+        self.changed(name.as_str());
+        Ok(())
+    }
+
+    async fn queue(&self, name: &Name) -> Result<Queue> {
+        loop {
+            let (rows, version) = self.driver.rows(name.as_str()).await?;
+            let mut entries = Vec::with_capacity(rows.len());
+            let mut stale = false;
+            for row in &rows {
+                match self.entry(row)? {
+                    Some(entry) => entries.push(entry),
+                    None => stale = true,
+                }
+            }
+            // An expired entry, or one the rules grant that the store has
+            // not stamped: settle the name (ending expired sessions for
+            // good) before anyone reads a grant from it.
+            if stale || poll::has_unstamped_grant(&entries) {
+                self.driver
+                    .call("refresh", &[Arg::Text(name.as_str())])
+                    .await?;
+                self.wake_next(name.as_str());
+                continue;
+            }
+            return Ok(Queue {
+                version: u64::try_from(version).map_err(|e| Error::backend("sql", e))?,
+                entries,
+            });
+        }
+    }
+
+    async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+        self.driver.listen().await;
+        let (listening, _) = self.listeners.listen(poll::change_key(name.as_str()));
+        let (min, max) = self.driver.poll_bounds();
+        poll::until_changed(self, name, version, listening.notify(), min, max).await
+    }
+
+    async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        self.driver
+            .names(prefix)
+            .await?
+            .into_iter()
+            .map(Name::new)
+            .collect()
+    }
+
+    async fn evict(&self, name: &Name) -> Result<usize> {
+        let row = self
+            .driver
+            .call("evict", &[Arg::Text(name.as_str())])
+            .await?;
+        self.wake_next(name.as_str());
+        // PostgreSQL answers the count alone, MySQL a status first.
+        let n = match row.0.len() {
+            1 => row.int(0)?,
+            _ => row.int(1)?,
+        };
+        usize::try_from(n).map_err(|e| Error::backend(self.driver.backend(), e))
+    }
+}
+
+/// How a database keeps its schema, for [`ensure_schema`].
+#[async_trait]
+pub trait SqlSchema: Send + Sync {
+    /// The schema version recorded, or `None` before the first user.
+    async fn stored_version(&mut self) -> Result<Option<String>>;
+    /// Takes the lock that serializes schema work among first users.
+    async fn lock(&mut self) -> Result<()>;
+    /// Creates the tables and routines (an upgrade rewrites them) and
+    /// records `version`, under the lock.
+    async fn apply(&mut self, version: &str) -> Result<()>;
+    /// Gives the lock back (committing what `apply` did).
+    async fn unlock(&mut self) -> Result<()>;
+}
+
+/// Creates the schema once, or upgrades one of a version in `upgrades_from`,
+/// under a lock so that concurrent first users do not race. A newer schema
+/// is never rewritten: it is an [`Error::SchemaMismatch`], as is any other.
+pub(crate) async fn ensure_schema(
+    schema: &mut dyn SqlSchema,
+    version: &str,
+    upgrades_from: &[&str],
+    mismatch: impl Fn(&str) -> Error,
+) -> Result<()> {
+    let current = |v: &Option<String>| match v {
+        Some(v) if v == version => Ok(true),
+        Some(v) if upgrades_from.contains(&v.as_str()) => Ok(false),
+        Some(v) => Err(mismatch(v)),
+        None => Ok(false),
+    };
+    if current(&schema.stored_version().await?)? {
+        return Ok(());
+    }
+    schema.lock().await?;
+    let result = async {
+        // Read again under the lock: another user may have just done it.
+        if !current(&schema.stored_version().await?)? {
+            schema.apply(version).await?;
+        }
+        Ok(())
+    }
+    .await;
+    let unlocked = schema.unlock().await;
+    result.and(unlocked)?;
+    match schema.stored_version().await? {
+        Some(v) if v == version => Ok(()),
+        other => Err(mismatch(other.as_deref().unwrap_or("none"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_read_with_typed_errors() {
+        let row = SqlRow(vec![
+            Cell::Int(7),
+            Cell::Flag(true),
+            Cell::Null,
+            Cell::Text("x".into()),
+            Cell::Bytes(b"v".to_vec()),
+        ]);
+        assert_eq!(row.int(0).unwrap(), 7);
+        assert!(row.flag(1).unwrap() && row.flag(0).unwrap());
+        assert_eq!(row.opt_int(2).unwrap(), None);
+        assert_eq!(row.text(3).unwrap(), "x");
+        assert_eq!(row.bytes(4).unwrap(), b"v");
+        assert_eq!(row.bytes(2).unwrap(), b"");
+        assert!(row.int(3).is_err());
+        assert!(row.int(9).is_err());
+        assert!(row.count::<u32>(0).is_ok());
+        assert!(SqlRow(vec![Cell::Int(-1)]).count::<u32>(0).is_err());
+    }
+}
