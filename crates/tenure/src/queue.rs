@@ -35,6 +35,18 @@ pub fn grants(kinds: &[EntryKind]) -> Vec<bool> {
     out
 }
 
+/// The error for a session that joins a queue again (reentrantly) asking
+/// for another kind than the entry it already has there.
+pub fn check_same_kind(name: &Name, held: EntryKind, asked: EntryKind) -> Result<()> {
+    if held == asked {
+        return Ok(());
+    }
+    Err(Error::Conflict {
+        name: name.to_string(),
+        reason: format!("this session already has a {held:?} entry here; asked for {asked:?}"),
+    })
+}
+
 /// Whether an entry of `kind` may join a queue that holds `existing` kinds:
 /// locks (exclusive and shared) and semaphores do not mix on one name, and
 /// every client of a semaphore must agree on its limit.

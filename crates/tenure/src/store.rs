@@ -277,6 +277,18 @@ pub enum Wake {
     },
 }
 
+impl Wake {
+    /// [`Wake::LocalOrPoll`] from `min` to `max`.
+    pub const fn local_or_poll(min: Duration, max: Duration) -> Wake {
+        Wake::LocalOrPoll { min, max }
+    }
+
+    /// [`Wake::PubSub`], polling at most every `fallback_poll`.
+    pub const fn pub_sub(fallback_poll: Duration) -> Wake {
+        Wake::PubSub { fallback_poll }
+    }
+}
+
 /// What a backend can do: plain data, shown by `tenure backends` and used to
 /// pick which conformance checks apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -392,13 +404,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Replaces the value of the session's entry `seq`, which must be granted
     /// (an election's proclaim); else [`Error::NotHeld`].
-    async fn set_value(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        seq: u64,
-        value: &[u8],
-    ) -> Result<()>;
+    async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()>;
 
     /// Reads `name`'s live queue.
     async fn queue(&self, name: &Name) -> Result<Queue>;

@@ -487,12 +487,7 @@ impl EtcdStore {
                 return Err(Error::NotHeld("the session's entry went away"));
             };
             let row = &read.rows[i];
-            if row.kind != kind {
-                return Err(Error::Conflict {
-                    name: name.to_string(),
-                    reason: "this session already has another kind of entry here".into(),
-                });
-            }
+            crate::queue::check_same_kind(name, row.kind, kind)?;
             let granted = read.granted[i];
             if mode == JoinMode::IfGranted && !granted {
                 return Ok(None);
@@ -941,14 +936,8 @@ impl Store for EtcdStore {
         }
     }
 
-    async fn set_value(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        seq: u64,
-        value: &[u8],
-    ) -> Result<()> {
-        let (lease, secret) = split_key(session)?;
+    async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
+        let (lease, secret) = split_key(key)?;
         for _ in 0..CAS_ATTEMPTS {
             let (alive, read) = self.read(lease, name).await?;
             if !alive {

@@ -317,15 +317,7 @@ impl Store for MemoryStore {
             entries: Vec::new(),
         });
         if let Some(own) = rec.entries.iter_mut().find(|e| &e.session == session) {
-            if own.kind != kind {
-                return Err(Error::Conflict {
-                    name: name.to_string(),
-                    reason: format!(
-                        "this session already has a {:?} entry here; asked for {kind:?}",
-                        own.kind
-                    ),
-                });
-            }
+            queue::check_same_kind(name, own.kind, kind)?;
             if mode == JoinMode::IfGranted && !own.granted {
                 return Ok(None);
             }
@@ -431,15 +423,9 @@ impl Store for MemoryStore {
         }
     }
 
-    async fn set_value(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        seq: u64,
-        value: &[u8],
-    ) -> Result<()> {
+    async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
         let mut state = self.lock();
-        Self::session(&state, session)?;
+        Self::session(&state, key)?;
         let rec = state
             .names
             .get_mut(name)
@@ -447,7 +433,7 @@ impl Store for MemoryStore {
         let entry = rec
             .entries
             .iter_mut()
-            .find(|e| e.seq == seq && &e.session == session && e.granted)
+            .find(|e| e.seq == seq && &e.session == key && e.granted)
             .ok_or(Error::NotHeld(
                 "this session holds no granted entry with that token",
             ))?;

@@ -52,10 +52,7 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&[
 /// The MySQL/MariaDB backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        wake: Wake::LocalOrPoll {
-            min: POLL_MIN,
-            max: POLL_MAX,
-        },
+        wake: Wake::local_or_poll(POLL_MIN, POLL_MAX),
         ..Capabilities::durable_store(
             BACKEND,
             "the server's SYSDATE(3)",

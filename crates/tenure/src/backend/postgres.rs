@@ -57,9 +57,7 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&[
 /// The PostgreSQL backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        wake: Wake::PubSub {
-            fallback_poll: POLL_MAX,
-        },
+        wake: Wake::pub_sub(POLL_MAX),
         ..Capabilities::durable_store(
             BACKEND,
             "the database's clock_timestamp()",

@@ -45,9 +45,7 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_f
 /// The Redis backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        wake: Wake::PubSub {
-            fallback_poll: POLL_MAX,
-        },
+        wake: Wake::pub_sub(POLL_MAX),
         ..Capabilities::durable_store(
             BACKEND,
             "Redis's TIME, inside each script",
@@ -568,18 +566,12 @@ impl Store for RedisStore {
         })
         .await
     }
-    async fn set_value(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        seq: u64,
-        value: &[u8],
-    ) -> Result<()> {
+    async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
         let seq = seq.to_string();
         self.call(
             "setvalue",
             &[
-                session.secret().as_bytes(),
+                key.secret().as_bytes(),
                 name.as_str().as_bytes(),
                 seq.as_bytes(),
                 value,

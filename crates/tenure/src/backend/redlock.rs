@@ -78,9 +78,7 @@ pub fn capabilities() -> Capabilities {
         // Per-node admission cannot bound a count of three or more entries
         // (they need not share a node): no semaphores above one permit.
         permits: false,
-        wake: Wake::PubSub {
-            fallback_poll: POLL_MAX,
-        },
+        wake: Wake::pub_sub(POLL_MAX),
         min_ttl: Duration::from_millis(300),
         ..Capabilities::durable_store(
             BACKEND,
@@ -828,20 +826,14 @@ impl Store for RedlockStore {
         self.majority_or_error(&tally)
     }
 
-    async fn set_value(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        seq: u64,
-        value: &[u8],
-    ) -> Result<()> {
-        let mask = self.nodes_for(session, name, Some(seq));
+    async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
+        let mask = self.nodes_for(key, name, Some(seq));
         let (_, tally) = self
             .tally(mask, |node| async move {
-                node.set_value(session, name, seq, value).await
+                node.set_value(key, name, seq, value).await
             })
             .await;
-        self.mark_dead(session, tally.lost);
+        self.mark_dead(key, tally.lost);
         self.majority_or_error(&tally)
     }
 

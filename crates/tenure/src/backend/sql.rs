@@ -328,15 +328,9 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         .await
     }
 
-    async fn set_value(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        seq: u64,
-        value: &[u8],
-    ) -> Result<()> {
+    async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
         let args = [
-            Arg::Text(session.secret()),
+            Arg::Text(key.secret()),
             Arg::Text(name.as_str()),
             Arg::Int(seq_arg(seq)?),
             Arg::Bytes(value),

@@ -55,10 +55,7 @@ pub(crate) const URL: UrlRules = UrlRules::file(&["synchronous"]);
 /// The SQLite backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        wake: Wake::LocalOrPoll {
-            min: POLL_MIN,
-            max: POLL_MAX,
-        },
+        wake: Wake::local_or_poll(POLL_MIN, POLL_MAX),
         ..Capabilities::durable_store(
             BACKEND,
             "this machine's CLOCK_BOOTTIME, shared by every process on it; sessions of an earlier boot are dropped",
@@ -684,15 +681,7 @@ impl Store for SqliteStore {
                 // Settling first drops entries of expired sessions ahead of us.
                 let (newly_ahead, rows) = settle_rows(&tx, &name, false)?;
                 if let Some(own) = rows.iter().find(|r| r.session == key.secret()) {
-                    if own.kind != kind {
-                        return Err(Error::Conflict {
-                            name: name.to_string(),
-                            reason: format!(
-                                "this session already has a {:?} entry here; asked for {kind:?}",
-                                own.kind
-                            ),
-                        });
-                    }
+                    queue::check_same_kind(&name, own.kind, kind)?;
                     let granted = own.granted_ms.is_some();
                     if mode == JoinMode::IfGranted && !granted {
                         tx.commit().map_err(db_err)?;
@@ -842,14 +831,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn set_value(
-        &self,
-        session: &SessionKey,
-        name: &Name,
-        seq: u64,
-        value: &[u8],
-    ) -> Result<()> {
-        let key = session.clone();
+    async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
+        let key = key.clone();
         let name = name.clone();
         let value = value.to_vec();
         self.write(move |tx| {

@@ -623,12 +623,7 @@ impl Store for ZkStore {
         let dir = self.name_path(name);
         if let Some(mine) = entries.get(name).cloned() {
             // Reentrant: one more hold of the same entry.
-            if mine.kind != kind {
-                return Err(Error::Conflict {
-                    name: name.to_string(),
-                    reason: "this session already has another kind of entry here".into(),
-                });
-            }
+            crate::queue::check_same_kind(name, mine.kind, kind)?;
             let list = self.list(&session.client, name).await?;
             let i = list.position(&mine.child).ok_or_else(lost)?;
             if mode == JoinMode::IfGranted && !list.granted[i] {
