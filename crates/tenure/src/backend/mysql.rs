@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row, Value};
 
-use super::poll::Listeners;
+use super::poll::{self, Listeners};
 use super::sql::{Arg, Cell, SqlDriver, SqlRow, SqlSchema, SqlStore};
 use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
@@ -263,21 +263,14 @@ impl SqlDriver for Mysql {
         let placeholders = vec!["?"; args.len()].join(", ");
         let sql = format!("CALL {}{routine}({placeholders})", self.inner.prefix);
         let params: Vec<Value> = args.iter().map(to_value).collect();
-        let mut attempt = 0;
-        loop {
+        let row = poll::retry_at_once(RETRIES, is_retryable, my_err, || async {
             let mut conn = self.conn().await?;
-            match conn.exec_first::<Row, _, _>(&sql, params.clone()).await {
-                Ok(Some(row)) => return to_row(row),
-                Ok(None) => {
-                    return Err(Error::backend(
-                        BACKEND,
-                        format!("{routine} returned no row"),
-                    ))
-                }
-                Err(e) if is_retryable(&e) && attempt < RETRIES => attempt += 1,
-                Err(e) => return Err(my_err(e)),
-            }
-        }
+            Ok(conn.exec_first::<Row, _, _>(&sql, params.clone()).await)
+        })
+        .await?;
+        let row =
+            row.ok_or_else(|| Error::backend(BACKEND, format!("{routine} returned no row")))?;
+        to_row(row)
     }
 
     async fn rows(&self, name: &str) -> Result<(Vec<SqlRow>, i64)> {

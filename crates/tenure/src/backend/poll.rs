@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::{Entry, EntryKind, Name, Store};
 
 /// What a waiter learns from one look at its entry.
@@ -198,6 +198,30 @@ impl Drop for Listening {
         };
         if let (true, Some(f)) = (last, self.on_last.take()) {
             f(std::mem::take(&mut self.key));
+        }
+    }
+}
+
+/// Runs `op` again at once while its driver's error is one `again` accepts
+/// (a deadlock or a serialization failure: the database rolled the call
+/// back), up to `times` more times; other errors, and the outer `Err` of
+/// `op` (such as no connection), end it. For calls that may run twice.
+pub(crate) async fn retry_at_once<T, E, F, Fut>(
+    times: usize,
+    again: impl Fn(&E) -> bool,
+    into: impl Fn(E) -> Error,
+    mut op: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<std::result::Result<T, E>>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await? {
+            Ok(v) => return Ok(v),
+            Err(e) if again(&e) && attempt < times => attempt += 1,
+            Err(e) => return Err(into(e)),
         }
     }
 }

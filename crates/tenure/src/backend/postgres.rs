@@ -475,8 +475,7 @@ impl Postgres {
         pick: impl Fn(&Statements) -> Result<&Statement>,
         args: &[Arg<'_>],
     ) -> Result<Vec<tokio_postgres::Row>> {
-        let mut attempt = 0;
-        loop {
+        poll::retry_at_once(RETRIES, is_retryable, pg_err, || async {
             let c = self.connected().await?;
             let statement = pick(&c.stmts)?;
             let params = args
@@ -488,12 +487,9 @@ impl Postgres {
                 .iter()
                 .map(|p| p.as_ref() as &(dyn ToSql + Sync))
                 .collect();
-            match c.client.query(statement, &refs).await {
-                Ok(rows) => return Ok(rows),
-                Err(e) if is_retryable(&e) && attempt < RETRIES => attempt += 1,
-                Err(e) => return Err(pg_err(e)),
-            }
-        }
+            Ok(c.client.query(statement, &refs).await)
+        })
+        .await
     }
 
     async fn texts(&self, pick: fn(&Statements) -> &Statement, arg: &str) -> Result<Vec<String>> {
