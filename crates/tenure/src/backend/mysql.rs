@@ -144,6 +144,8 @@ fn to_cell(value: Value) -> Result<Cell> {
 }
 
 fn to_row(row: Row) -> Result<SqlRow> {
+    // `Row::unwrap` hands over the values; it panics only for a column
+    // taken out before (`Row::take`), which nothing here does.
     row.unwrap()
         .into_iter()
         .map(to_cell)
