@@ -199,6 +199,8 @@ enum SslMode {
 #[derive(Debug, Clone)]
 struct TlsChoice {
     mode: SslMode,
+    /// Read only with the `tls` feature (without it, TLS is refused).
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     root_cert: Option<String>,
 }
 
