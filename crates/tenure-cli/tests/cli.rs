@@ -440,3 +440,44 @@ fn cron_at_most_kills_a_long_run_with_its_group() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Every backend this binary has refuses an option it does not take: exit
+/// 64, the option named, no password shown, and no connection tried
+/// (nothing listens on port 1, and the answer comes at once).
+#[test]
+fn every_backend_refuses_an_unknown_url_option_with_64() {
+    let env = Env::sqlite();
+    let out = env.run(&["backends", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let backends: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<String> = backends
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["backend"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.len() >= 7, "{names:?}");
+    for name in names {
+        let url = match name.as_str() {
+            "memory" => "memory://?bogus=1".to_string(),
+            "sqlite" => format!("sqlite://{}?bogus=1", env.path("b.db").display()),
+            "redlock" => "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1".into(),
+            "zookeeper" => "zk://u:hunter2@127.0.0.1:1?bogus=1".into(),
+            other => format!("{other}://u:hunter2@127.0.0.1:1/db?bogus=1"),
+        };
+        let started = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(["--store", &url, "status"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{name}: {stderr}");
+        assert!(stderr.contains("\"bogus\""), "{name}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{name}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{name}: a connection was tried ({:?})",
+            started.elapsed()
+        );
+    }
+}
