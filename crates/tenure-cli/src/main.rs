@@ -824,6 +824,7 @@ fn backends(json: bool) -> Result<u8, Failure> {
                     "shared": c.shared,
                     "permits": c.permits,
                     "grant_times": c.grant_times,
+                    "exact_first": c.exact_first,
                     "wake": format!("{:?}", c.wake),
                     "clock": c.clock,
                     "min_ttl_ms": c.min_ttl.as_millis(),
@@ -837,8 +838,8 @@ fn backends(json: bool) -> Result<u8, Failure> {
         for c in &all {
             println!("{}", c.backend);
             println!(
-                "  fencing={} durable={} multi_process={} fifo={} shared={} permits={} grant_times={}",
-                c.fencing, c.durable, c.multi_process, c.fifo, c.shared, c.permits, c.grant_times
+                "  fencing={} durable={} multi_process={} fifo={} shared={} permits={} grant_times={} exact_first={}",
+                c.fencing, c.durable, c.multi_process, c.fifo, c.shared, c.permits, c.grant_times, c.exact_first
             );
             println!("  wake: {:?}", c.wake);
             println!("  clock: {}", c.clock);

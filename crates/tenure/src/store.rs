@@ -319,6 +319,12 @@ pub struct Capabilities {
     /// Entries say when they were granted, by the store's clock
     /// ([`Entry::granted_at`]; an election's `Leader::since`).
     pub grant_times: bool,
+    /// [`Joined::first`] is exact: the first claim of a name is told so even
+    /// when several race for it, so a per-tick schedule runs every tick that
+    /// an instance claims in time. Where false (Redlock: a claim undone after
+    /// a split vote uses up a node's "never used" mark), a tick may be
+    /// skipped — never run twice.
+    pub exact_first: bool,
     /// Store round trips (or statements, for SQL) for an uncontended
     /// acquire and for a release.
     pub round_trips: &'static str,
@@ -347,6 +353,7 @@ impl Capabilities {
             min_ttl: Duration::from_millis(100),
             max_ttl: Duration::from_secs(7 * 24 * 3600),
             grant_times: true,
+            exact_first: true,
             round_trips,
         }
     }

@@ -30,7 +30,11 @@ pub async fn check_schedule_per_tick(t: &Target) {
     let before = ticks.len();
     ticks.dedup();
     assert_eq!(ticks.len(), before, "a tick ran twice: {runs:?}");
-    assert!(ticks.len() >= 2, "too few ticks ran: {runs:?}");
+    // Every tick runs where the store tells a first claim exactly; where it
+    // does not (Redlock), a tick may be skipped, never run twice.
+    if t.store.capabilities().exact_first {
+        assert!(ticks.len() >= 2, "too few ticks ran: {runs:?}");
+    }
 }
 
 /// Only the leader runs ticks; pausing it hands the schedule to another.

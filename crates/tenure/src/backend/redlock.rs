@@ -78,6 +78,9 @@ pub fn capabilities() -> Capabilities {
         // Per-node admission cannot bound a count of three or more entries
         // (they need not share a node): no semaphores above one permit.
         permits: false,
+        // A claim undone after a split vote uses up a node's "never used"
+        // mark: a per-tick schedule may skip a tick (never run one twice).
+        exact_first: false,
         wake: Wake::pub_sub(POLL_MAX),
         min_ttl: Duration::from_millis(300),
         ..Capabilities::durable_store(
