@@ -17,6 +17,7 @@
 
 /// `Debug` for a store: its type and the named fields of its `inner` (the
 /// URL is kept with its password masked).
+#[allow(unused_macros)] // only the server backends use it
 macro_rules! store_debug {
     ($store:ident: $($field:ident),+) => {
         impl std::fmt::Debug for $store {

@@ -123,6 +123,13 @@ impl SqliteStore {
     }
 
     fn open_path(path: &Path, synchronous: &str, url: &str) -> Result<Self> {
+        if !crate::clock::boot_time_known() {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "a process whose time namespace's offsets cannot be read \
+                       (/proc/self/timens_offsets): its boot time could not be compared",
+            });
+        }
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
