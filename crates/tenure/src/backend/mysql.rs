@@ -150,7 +150,7 @@ fn to_row(row: Row) -> Result<SqlRow> {
         .into_iter()
         .map(to_cell)
         .collect::<Result<_>>()
-        .map(SqlRow)
+        .map(|cells| SqlRow::new(BACKEND, cells))
 }
 
 fn to_value(arg: &Arg<'_>) -> Value {

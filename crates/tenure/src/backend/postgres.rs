@@ -351,7 +351,7 @@ fn to_row(row: &tokio_postgres::Row) -> Result<SqlRow> {
         .enumerate()
         .map(|(i, c)| cell(i, c.type_()).map_err(|e| Error::backend(BACKEND, e)))
         .collect::<Result<Vec<Cell>>>()
-        .map(SqlRow)
+        .map(|cells| SqlRow::new(BACKEND, cells))
 }
 
 impl PostgresStore {
@@ -461,7 +461,8 @@ impl Postgres {
             ))
             .await?,
             names_of: prep(format!("SELECT DISTINCT name FROM {s}.entries WHERE session = $1")).await?,
-            evict: prep(format!("SELECT {s}.evict($1)")).await?,
+            // A status first, as every routine answers.
+            evict: prep(format!("SELECT 'ok', {s}.evict($1)")).await?,
         };
         let connected = Connected {
             client: Arc::new(client),

@@ -46,27 +46,38 @@ pub enum Cell {
     Flag(bool),
 }
 
-/// One row of an answer, read with typed errors (a schema changed under us
-/// is an error, never a panic).
-#[derive(Debug, Clone, Default)]
-pub struct SqlRow(pub Vec<Cell>);
+/// One row of an answer, read with typed errors that name the backend (a
+/// schema changed under us is an error, never a panic).
+#[derive(Debug, Clone)]
+pub struct SqlRow {
+    backend: &'static str,
+    cells: Vec<Cell>,
+}
 
 impl SqlRow {
-    fn cell(&self, i: usize) -> Result<&Cell> {
-        self.0
-            .get(i)
-            .ok_or_else(|| Error::backend("sql", format!("an answer without column {i}")))
+    /// A row of `backend`'s answer.
+    pub fn new(backend: &'static str, cells: Vec<Cell>) -> SqlRow {
+        SqlRow { backend, cells }
     }
 
-    fn wrong(i: usize, want: &str, got: &Cell) -> Error {
-        Error::backend("sql", format!("column {i}: expected {want}, got {got:?}"))
+    fn cell(&self, i: usize) -> Result<&Cell> {
+        self.cells
+            .get(i)
+            .ok_or_else(|| Error::backend(self.backend, format!("an answer without column {i}")))
+    }
+
+    fn wrong(&self, i: usize, want: &str, got: &Cell) -> Error {
+        Error::backend(
+            self.backend,
+            format!("column {i}: expected {want}, got {got:?}"),
+        )
     }
 
     /// A whole number.
     pub fn int(&self, i: usize) -> Result<i64> {
         match self.cell(i)? {
             Cell::Int(v) => Ok(*v),
-            other => Err(Self::wrong(i, "a number", other)),
+            other => Err(self.wrong(i, "a number", other)),
         }
     }
 
@@ -82,8 +93,10 @@ impl SqlRow {
     pub fn text(&self, i: usize) -> Result<String> {
         match self.cell(i)? {
             Cell::Text(v) => Ok(v.clone()),
-            Cell::Bytes(v) => String::from_utf8(v.clone()).map_err(|e| Error::backend("sql", e)),
-            other => Err(Self::wrong(i, "text", other)),
+            Cell::Bytes(v) => {
+                String::from_utf8(v.clone()).map_err(|e| Error::backend(self.backend, e))
+            }
+            other => Err(self.wrong(i, "text", other)),
         }
     }
 
@@ -93,7 +106,7 @@ impl SqlRow {
             Cell::Bytes(v) => Ok(v.clone()),
             Cell::Text(v) => Ok(v.clone().into_bytes()),
             Cell::Null => Ok(Vec::new()),
-            other => Err(Self::wrong(i, "bytes", other)),
+            other => Err(self.wrong(i, "bytes", other)),
         }
     }
 
@@ -102,13 +115,13 @@ impl SqlRow {
         match self.cell(i)? {
             Cell::Flag(v) => Ok(*v),
             Cell::Int(v) => Ok(*v != 0),
-            other => Err(Self::wrong(i, "a truth value", other)),
+            other => Err(self.wrong(i, "a truth value", other)),
         }
     }
 
     fn count<T: TryFrom<i64>>(&self, i: usize) -> Result<T> {
         T::try_from(self.int(i)?)
-            .map_err(|_| Error::backend("sql", format!("column {i} out of range")))
+            .map_err(|_| Error::backend(self.backend, format!("column {i} out of range")))
     }
 }
 
@@ -363,7 +376,8 @@ impl<D: SqlDriver> Store for SqlStore<D> {
                 continue;
             }
             return Ok(Queue {
-                version: u64::try_from(version).map_err(|e| Error::backend("sql", e))?,
+                version: u64::try_from(version)
+                    .map_err(|e| Error::backend(self.driver.backend(), e))?,
                 entries,
             });
         }
@@ -391,11 +405,8 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             .call("evict", &[Arg::Text(name.as_str())])
             .await?;
         self.wake_next(name.as_str());
-        // PostgreSQL answers the count alone, MySQL a status first.
-        let n = match row.0.len() {
-            1 => row.int(0)?,
-            _ => row.int(1)?,
-        };
+        // Like every routine: a status, then the answer (sessions ended).
+        let n = row.int(1)?;
         usize::try_from(n).map_err(|e| Error::backend(self.driver.backend(), e))
     }
 }
@@ -455,13 +466,16 @@ mod tests {
 
     #[test]
     fn rows_read_with_typed_errors() {
-        let row = SqlRow(vec![
-            Cell::Int(7),
-            Cell::Flag(true),
-            Cell::Null,
-            Cell::Text("x".into()),
-            Cell::Bytes(b"v".to_vec()),
-        ]);
+        let row = SqlRow::new(
+            "t",
+            vec![
+                Cell::Int(7),
+                Cell::Flag(true),
+                Cell::Null,
+                Cell::Text("x".into()),
+                Cell::Bytes(b"v".to_vec()),
+            ],
+        );
         assert_eq!(row.int(0).unwrap(), 7);
         assert!(row.flag(1).unwrap() && row.flag(0).unwrap());
         assert_eq!(row.opt_int(2).unwrap(), None);
@@ -471,6 +485,13 @@ mod tests {
         assert!(row.int(3).is_err());
         assert!(row.int(9).is_err());
         assert!(row.count::<u32>(0).is_ok());
-        assert!(SqlRow(vec![Cell::Int(-1)]).count::<u32>(0).is_err());
+        assert!(SqlRow::new("t", vec![Cell::Int(-1)])
+            .count::<u32>(0)
+            .is_err());
+        assert!(row
+            .int(9)
+            .unwrap_err()
+            .to_string()
+            .contains("t store error"));
     }
 }
