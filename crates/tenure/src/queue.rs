@@ -11,28 +11,62 @@ use crate::store::{EntryKind, Name};
 
 /// Which entries of a queue (given in order) are granted.
 pub fn grants(kinds: &[EntryKind]) -> Vec<bool> {
-    let mut out: Vec<bool> = Vec::with_capacity(kinds.len());
-    let mut all_shared = true;
-    let mut permits: u64 = 0;
-    for (i, kind) in kinds.iter().enumerate() {
-        if i > 0 && !out[i - 1] {
-            out.push(false);
-            continue;
+    let mut rule = GrantWalk::new();
+    let mut open = true;
+    kinds
+        .iter()
+        .map(|kind| {
+            open = open && rule.admit(*kind);
+            open
+        })
+        .collect()
+}
+
+/// The same rule, one entry at a time from the head of a queue: a store that
+/// walks its queue stops at the first entry not admitted, so it reads the
+/// granted entries and one more, however long the queue.
+#[derive(Debug, Clone)]
+pub struct GrantWalk {
+    admitted: usize,
+    all_shared: bool,
+    permits: u64,
+}
+
+impl Default for GrantWalk {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GrantWalk {
+    /// At the head of a queue.
+    pub fn new() -> Self {
+        GrantWalk {
+            admitted: 0,
+            all_shared: true,
+            permits: 0,
         }
-        let granted = match *kind {
-            EntryKind::Exclusive => i == 0,
-            EntryKind::Shared => all_shared,
-            EntryKind::Permits { count, limit } => permits + u64::from(count) <= u64::from(limit),
+    }
+
+    /// Whether the next entry is granted, given that every entry before it
+    /// was admitted; if so it counts as admitted.
+    pub fn admit(&mut self, kind: EntryKind) -> bool {
+        let granted = match kind {
+            EntryKind::Exclusive => self.admitted == 0,
+            EntryKind::Shared => self.all_shared,
+            EntryKind::Permits { count, limit } => {
+                self.permits + u64::from(count) <= u64::from(limit)
+            }
         };
         if granted {
-            all_shared &= *kind == EntryKind::Shared;
-            if let EntryKind::Permits { count, .. } = *kind {
-                permits += u64::from(count);
+            self.admitted += 1;
+            self.all_shared &= kind == EntryKind::Shared;
+            if let EntryKind::Permits { count, .. } = kind {
+                self.permits += u64::from(count);
             }
         }
-        out.push(granted);
+        granted
     }
-    out
 }
 
 /// The error for a session that joins a queue again (reentrantly) asking

@@ -25,11 +25,11 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "mysql";
 const SCHEMA_SQL: &str = include_str!("mysql.sql");
-const SCHEMA_VERSION: &str = "2";
+const SCHEMA_VERSION: &str = "3";
 /// Schema versions this build upgrades in place (the tables are the same;
 /// the procedures are replaced). The upgrade is one-way: a build of an older
 /// version then refuses the tables.
-const UPGRADES_FROM: &[&str] = &["1"];
+const UPGRADES_FROM: &[&str] = &["1", "2"];
 const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);

@@ -1,5 +1,6 @@
--- tenure's MySQL/MariaDB store, schema version 2 (1 read the clock and the
--- session before the name's lock). "@p" is the table prefix.
+-- tenure's MySQL/MariaDB store, schema version 3 (1 read the clock and the
+-- session before the name's lock; 2 read every entry of a queue on each
+-- call). "@p" is the table prefix.
 -- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
 -- server's clock in milliseconds (replaced when loaded, so no stored
 -- function needs SUPER under binary logging). Every operation is one CALL (one
@@ -42,51 +43,55 @@ CREATE TABLE IF NOT EXISTS @pentries (
 ;;
 DROP PROCEDURE IF EXISTS @psettle
 ;;
--- Drops the name's entries of expired sessions (those sessions can never be
--- renewed again), stamps newly granted entries, bumps the version. The caller
--- holds the name's lock inside its transaction.
+-- Walks the name's queue from the head, one row at a time by seq: stamps
+-- newly granted entries, stops at the first entry that waits, bumps the
+-- version if anything changed. An entry of an expired session met on the
+-- way is dropped (that session can never be renewed again); entries further
+-- back are not read, so the cost follows the granted entries, not the
+-- waiters. The caller holds the name's lock inside its transaction.
 CREATE PROCEDURE @psettle(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_changed BOOLEAN)
-proc: BEGIN
+BEGIN
     DECLARE v_now BIGINT DEFAULT @pnow_ms();
-    DECLARE v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_after BIGINT DEFAULT 0;
     DECLARE v_seq BIGINT;
+    DECLARE v_session CHAR(32) CHARACTER SET ascii;
     DECLARE v_kind SMALLINT;
     DECLARE v_count INT;
     DECLARE v_lim INT;
     DECLARE v_granted BIGINT;
+    DECLARE v_expires BIGINT;
     DECLARE v_idx INT DEFAULT 0;
     DECLARE v_shared BOOLEAN DEFAULT TRUE;
     DECLARE v_permits BIGINT DEFAULT 0;
     DECLARE v_ok BOOLEAN;
     DECLARE v_changed BOOLEAN DEFAULT p_changed;
-    DECLARE cur CURSOR FOR
-        SELECT seq, kind, count, lim, granted_ms FROM @pentries WHERE name = p_name ORDER BY seq;
-    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
-    -- The common case, an empty queue: nothing to drop, nothing to grant.
-    IF NOT EXISTS (SELECT 1 FROM @pentries WHERE name = p_name) THEN
-        IF p_changed THEN
-            UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+    -- The walk's last read finds no row: handled here, so that it never
+    -- reaches a caller's handler (close's cursor loop).
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+    walk: LOOP
+        SET v_seq = NULL;
+        SELECT e.seq, e.session, e.kind, e.count, e.lim, e.granted_ms, s.expires_ms
+          INTO v_seq, v_session, v_kind, v_count, v_lim, v_granted, v_expires
+          FROM @pentries e JOIN @psessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq > v_after ORDER BY e.seq LIMIT 1;
+        IF v_seq IS NULL THEN LEAVE walk; END IF;
+        SET v_after = v_seq;
+        IF v_expires <= v_now THEN
+            -- Read again, locked: a renewal that committed since keeps it.
+            SELECT expires_ms INTO v_expires FROM @psessions WHERE id = v_session FOR UPDATE;
+            IF v_expires <= v_now THEN
+                UPDATE @psessions SET expires_ms = 0 WHERE id = v_session AND expires_ms <> 0;
+                DELETE FROM @pentries WHERE name = p_name AND seq = v_seq;
+                SET v_changed = TRUE;
+                ITERATE walk;
+            END IF;
         END IF;
-        LEAVE proc;
-    END IF;
-    UPDATE @psessions s JOIN @pentries e ON e.session = s.id
-       SET s.expires_ms = 0
-     WHERE e.name = p_name AND s.expires_ms <= v_now AND s.expires_ms <> 0;
-    DELETE e FROM @pentries e JOIN @psessions s ON s.id = e.session
-     WHERE e.name = p_name AND s.expires_ms <= v_now;
-    IF ROW_COUNT() > 0 THEN
-        SET v_changed = TRUE;
-    END IF;
-    OPEN cur;
-    grant_loop: LOOP
-        FETCH cur INTO v_seq, v_kind, v_count, v_lim, v_granted;
-        IF v_done THEN LEAVE grant_loop; END IF;
         SET v_idx = v_idx + 1;
         IF v_kind = 0 THEN SET v_ok = (v_idx = 1);
         ELSEIF v_kind = 1 THEN SET v_ok = v_shared;
         ELSE SET v_ok = (v_permits + v_count <= v_lim);
         END IF;
-        IF NOT v_ok THEN LEAVE grant_loop; END IF;
+        IF NOT v_ok THEN LEAVE walk; END IF;
         IF v_kind <> 1 THEN SET v_shared = FALSE; END IF;
         IF v_kind = 2 THEN SET v_permits = v_permits + v_count; END IF;
         IF v_granted IS NULL THEN
@@ -94,7 +99,6 @@ proc: BEGIN
             SET v_changed = TRUE;
         END IF;
     END LOOP;
-    CLOSE cur;
     IF v_changed THEN
         UPDATE @pnames SET version = version + 1 WHERE name = p_name;
     END IF;
@@ -126,12 +130,11 @@ proc: BEGIN
     DECLARE v_mine_granted BIGINT;
     DECLARE v_holds INT;
     DECLARE v_rows INT DEFAULT 0;
-    DECLARE v_ungranted INT DEFAULT 0;
-    DECLARE v_nonshared INT DEFAULT 0;
     DECLARE v_permits BIGINT DEFAULT 0;
-    DECLARE v_other_sem INT DEFAULT 0;
-    DECLARE v_other_lock INT DEFAULT 0;
-    DECLARE v_bad_limit INT DEFAULT NULL;
+    DECLARE v_head_kind SMALLINT DEFAULT NULL;
+    DECLARE v_head_lim INT DEFAULT NULL;
+    DECLARE v_tail_kind SMALLINT DEFAULT NULL;
+    DECLARE v_tail_granted BIGINT DEFAULT NULL;
     DECLARE v_granted BOOLEAN;
     DECLARE v_seq BIGINT;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
@@ -151,7 +154,7 @@ proc: BEGIN
     END IF;
     -- Fast path: an empty queue has nothing to settle, no entry of ours and
     -- nothing to conflict with; it is granted at once.
-    SELECT COUNT(*) INTO v_rows FROM @pentries WHERE name = p_name;
+    SELECT EXISTS (SELECT 1 FROM @pentries WHERE name = p_name) INTO v_rows;
     IF v_rows = 0 AND (p_kind <> 2 OR p_count <= p_lim) THEN
         SET v_granted = TRUE;
     ELSE
@@ -175,28 +178,32 @@ proc: BEGIN
             SELECT 'ok', v_mine_seq, v_mine_granted IS NOT NULL, v_holds + 1, FALSE;
             LEAVE proc;
         END IF;
-        SELECT COUNT(*), COALESCE(SUM(granted_ms IS NULL), 0),
-               COALESCE(SUM(kind <> 1 AND granted_ms IS NOT NULL), 0),
-               COALESCE(SUM(CASE WHEN kind = 2 AND granted_ms IS NOT NULL THEN count ELSE 0 END), 0),
-               COALESCE(SUM(kind = 2), 0), COALESCE(SUM(kind <> 2), 0),
-               MAX(CASE WHEN kind = 2 AND lim <> p_lim THEN lim END)
-          INTO v_rows, v_ungranted, v_nonshared, v_permits, v_other_sem, v_other_lock, v_bad_limit
-          FROM @pentries WHERE name = p_name;
-        IF (p_kind = 2 AND v_other_lock > 0) OR (p_kind <> 2 AND v_other_sem > 0) THEN
+        -- Every entry passed this check against those before it, so the
+        -- head stands for them all.
+        SELECT kind, lim INTO v_head_kind, v_head_lim FROM @pentries
+         WHERE name = p_name ORDER BY seq LIMIT 1;
+        IF v_head_kind IS NOT NULL AND ((p_kind = 2) <> (v_head_kind = 2)) THEN
             COMMIT;
             SELECT 'conflict:locks and semaphores cannot share a name', NULL, NULL, NULL, NULL;
             LEAVE proc;
         END IF;
-        IF p_kind = 2 AND v_bad_limit IS NOT NULL THEN
+        IF p_kind = 2 AND v_head_lim IS NOT NULL AND v_head_lim <> p_lim THEN
             COMMIT;
-            SELECT CONCAT('conflict:semaphore limit ', p_lim, ' disagrees with the limit ', v_bad_limit, ' already in use'),
+            SELECT CONCAT('conflict:semaphore limit ', p_lim, ' disagrees with the limit ', v_head_lim, ' already in use'),
                    NULL, NULL, NULL, NULL;
             LEAVE proc;
         END IF;
-        IF v_ungranted > 0 THEN SET v_granted = FALSE;
-        ELSEIF p_kind = 0 THEN SET v_granted = (v_rows = 0);
-        ELSEIF p_kind = 1 THEN SET v_granted = (v_nonshared = 0);
-        ELSE SET v_granted = (v_permits + p_count <= p_lim);
+        -- Settled, the granted entries are a prefix of the queue: if the
+        -- last entry is granted, all are.
+        SELECT kind, granted_ms INTO v_tail_kind, v_tail_granted FROM @pentries
+         WHERE name = p_name ORDER BY seq DESC LIMIT 1;
+        IF v_tail_kind IS NULL THEN SET v_granted = TRUE;
+        ELSEIF v_tail_granted IS NULL THEN SET v_granted = FALSE;
+        ELSEIF p_kind = 0 THEN SET v_granted = FALSE;
+        ELSEIF p_kind = 1 THEN SET v_granted = (v_tail_kind = 1);
+        ELSE
+            SELECT COALESCE(SUM(count), 0) INTO v_permits FROM @pentries WHERE name = p_name;
+            SET v_granted = (v_permits + p_count <= p_lim);
         END IF;
         IF p_if_granted AND NOT v_granted THEN
             COMMIT;
@@ -259,14 +266,20 @@ proc: BEGIN
     DECLARE v_alive INT DEFAULT 0;
     DECLARE v_found INT DEFAULT 0;
     DECLARE v_stamped BIGINT DEFAULT NULL;
-    DECLARE v_next BIGINT DEFAULT NULL;
+    DECLARE v_now BIGINT;
+    DECLARE v_until BIGINT DEFAULT 0;
+    DECLARE v_next BOOLEAN DEFAULT TRUE;
+    DECLARE v_aseq BIGINT;
+    DECLARE v_asession CHAR(32) CHARACTER SET ascii;
+    DECLARE v_agranted BIGINT;
+    DECLARE v_aexpires BIGINT;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > @pnow_ms();
-    IF v_alive = 0 THEN SELECT 'lost', NULL; LEAVE proc; END IF;
+    IF v_alive = 0 THEN SELECT 'lost', NULL, NULL; LEAVE proc; END IF;
     SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
      WHERE name = p_name AND seq = p_seq AND session = p_secret;
-    IF v_found = 0 THEN SELECT 'notheld', NULL; LEAVE proc; END IF;
-    IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL; LEAVE proc; END IF;
+    IF v_found = 0 THEN SELECT 'notheld', NULL, NULL; LEAVE proc; END IF;
+    IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL, NULL; LEAVE proc; END IF;
     -- Each read must see what the previous lock holder committed (not the
     -- snapshot REPEATABLE READ would keep from before the lock wait).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
@@ -275,13 +288,40 @@ proc: BEGIN
     CALL @psettle(p_name, FALSE);
     SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
      WHERE name = p_name AND seq = p_seq AND session = p_secret;
-    SELECT MIN(s.expires_ms) - @pnow_ms() INTO v_next
-      FROM @pentries e JOIN @psessions s ON s.id = e.session
-     WHERE e.name = p_name AND e.seq < p_seq;
+    IF v_found = 0 THEN COMMIT; SELECT 'notheld', NULL, NULL; LEAVE proc; END IF;
+    IF v_stamped IS NOT NULL THEN COMMIT; SELECT 'granted', NULL, NULL; LEAVE proc; END IF;
+    -- The entry just ahead; an expired one is dropped (it waits too, so no
+    -- grant changes) and the next one read, so this ends.
+    ahead: LOOP
+        SET v_now = @pnow_ms();
+        SET v_aseq = NULL;
+        SELECT e.seq, e.session, e.granted_ms, s.expires_ms
+          INTO v_aseq, v_asession, v_agranted, v_aexpires
+          FROM @pentries e JOIN @psessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq < p_seq ORDER BY e.seq DESC LIMIT 1;
+        IF v_aseq IS NULL THEN LEAVE ahead; END IF;
+        IF v_aexpires <= v_now THEN
+            SELECT expires_ms INTO v_aexpires FROM @psessions WHERE id = v_asession FOR UPDATE;
+            IF v_aexpires <= v_now THEN
+                UPDATE @psessions SET expires_ms = 0 WHERE id = v_asession AND expires_ms <> 0;
+                DELETE FROM @pentries WHERE name = p_name AND seq = v_aseq;
+                UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+                ITERATE ahead;
+            END IF;
+        END IF;
+        IF v_agranted IS NULL THEN
+            SET v_until = GREATEST(v_aexpires - v_now, 0);
+            SET v_next = FALSE;
+        ELSE
+            -- Next in line: every entry ahead is granted.
+            SELECT GREATEST(MIN(s.expires_ms) - v_now, 0) INTO v_until
+              FROM @pentries e JOIN @psessions s ON s.id = e.session
+             WHERE e.name = p_name AND e.seq < p_seq;
+        END IF;
+        LEAVE ahead;
+    END LOOP;
     COMMIT;
-    IF v_found = 0 THEN SELECT 'notheld', NULL; LEAVE proc; END IF;
-    IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL; LEAVE proc; END IF;
-    SELECT 'wait', COALESCE(v_next, -1);
+    SELECT 'wait', v_until, v_next;
 END
 ;;
 DROP PROCEDURE IF EXISTS @pset_value

@@ -14,36 +14,65 @@ use crate::store::{Entry, EntryKind, Name, Store};
 pub(crate) enum Look {
     /// Granted.
     Granted,
-    /// Not yet; the next expiry ahead of it comes in this long, if any.
-    Wait(Option<Duration>),
+    /// Not yet.
+    Wait {
+        /// How long until the expiry that could grant the entry, or move it
+        /// up, without a release: the holders' first expiry for the next in
+        /// line, the expiry of the entry just ahead for the others.
+        until: Option<Duration>,
+        /// Whether the entry is next in line: a release may grant it.
+        next: bool,
+    },
 }
 
-/// Looks until granted: after each look it sleeps until `notify` fires, the
-/// backoff (from `min`, doubling to `max`) runs out, or just past the next
-/// expiry ahead. `notify` is armed before each look, so a wake-up that comes
-/// during the look is not lost.
-pub(crate) async fn until_granted<F, Fut>(
-    notify: &Notify,
+/// Looks until granted, and between looks sleeps until one of:
+/// - `listening` is notified (a grant the store pushed, or a local change),
+/// - the expiry the look named (so a holder that dies silently is noticed),
+/// - while `pushed` says the store's notifications are not arriving, and
+///   only for the waiter a release may grant or the first waiter of the name
+///   in this process: a backoff poll from `min`, doubling to `max`.
+///
+/// So with notifications working no waiter polls, and without them the
+/// polls of a process on a name do not grow with its number of waiters.
+/// `listening` is armed before each look, so a wake-up that comes during
+/// the look is not lost. `pushed` is asked before each look (and may
+/// restore the notification path).
+pub(crate) async fn until_granted<F, Fut, H, HF>(
+    listening: &Listening,
     min: Duration,
     max: Duration,
+    mut pushed: H,
     mut look: F,
 ) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Look>>,
+    H: FnMut() -> HF,
+    HF: Future<Output = bool>,
 {
     let mut backoff = min;
     loop {
-        let notified = notify.notified();
+        let notified = listening.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let sleep = match look().await? {
+        let pushed_now = pushed().await;
+        let (until, next) = match look().await? {
             Look::Granted => return Ok(()),
-            Look::Wait(Some(next_expiry)) => backoff.min(next_expiry + Duration::from_millis(1)),
-            Look::Wait(None) => backoff,
+            Look::Wait { until, next } => (until, next),
+        };
+        let polls = !pushed_now && (next || listening.is_first());
+        listening.set_pass_on(!pushed_now);
+        let expiry = until.map(|d| d + Duration::from_millis(1));
+        let sleep = match (polls, expiry) {
+            (true, Some(e)) => backoff.min(e),
+            (true, None) => backoff,
+            (false, Some(e)) => e,
+            // The store named no expiry to wait for (it always does when it
+            // can): look again after the longest poll.
+            (false, None) => max,
         };
         tokio::select! {
-            () = notified => backoff = min,
+            () = &mut notified => backoff = min,
             () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(max),
         }
     }
@@ -93,7 +122,7 @@ pub(crate) fn has_unstamped_grant(entries: &[Entry]) -> bool {
 }
 
 /// Key -> (its listeners' notifier, how many registrations).
-type Registry = std::collections::HashMap<String, (std::sync::Arc<Notify>, usize)>;
+type Registry = std::collections::BTreeMap<String, (std::sync::Arc<Notify>, usize)>;
 
 /// The tasks of this process waiting on keys (an entry's grant, a name's
 /// changes), woken by key. One registry per store; cheap to clone.
@@ -134,6 +163,8 @@ impl Listeners {
             notify: slot.0.clone(),
             key,
             on_last: None,
+            first_of: None,
+            pass_on: std::sync::atomic::AtomicBool::new(false),
         };
         (listening, slot.1 == 1)
     }
@@ -150,12 +181,39 @@ impl Listeners {
     pub(crate) fn wake_first(&self, prefix: &str) {
         let registry = self.registry();
         let first = registry
-            .iter()
-            .filter(|(k, _)| k.starts_with(prefix))
-            .min_by(|a, b| a.0.cmp(b.0));
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .next()
+            .filter(|(k, _)| k.starts_with(prefix));
         if let Some((_, (notify, _))) = first {
             notify.notify_waiters();
         }
+    }
+
+    /// Every key listened on now (to subscribe them all again).
+    pub(crate) fn keys(&self) -> Vec<String> {
+        self.registry().keys().cloned().collect()
+    }
+
+    /// Wakes every listener (the store's notifications stopped: each waiter
+    /// looks again, and polls until they are back).
+    pub(crate) fn wake_all(&self) {
+        for (notify, _) in self.registry().values() {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Whether `key` is the first key (in key order) that starts with `prefix`.
+    fn is_first(&self, key: &str, prefix: &str) -> bool {
+        self.registry()
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .next()
+            .is_none_or(|(k, _)| k == key)
     }
 }
 
@@ -164,7 +222,13 @@ pub(crate) struct Listening {
     listeners: Listeners,
     key: String,
     notify: std::sync::Arc<Notify>,
-    on_last: Option<Box<dyn FnOnce(String) + Send>>,
+    on_last: Option<Box<dyn FnOnce(String) + Send + Sync>>,
+    /// For a waiter on a [`grant_key`]: the name's prefix, so that only the
+    /// first waiter of the name in this process polls, and hands that on.
+    first_of: Option<String>,
+    /// Whether dropping this wakes the name's next waiter in this process
+    /// (set while the waiter polls: the next one must take over).
+    pass_on: std::sync::atomic::AtomicBool,
 }
 
 impl Listening {
@@ -175,9 +239,30 @@ impl Listening {
 
     /// Runs `f` with the key when the key's last listener goes (to
     /// unsubscribe, say).
-    pub(crate) fn on_last(mut self, f: impl FnOnce(String) + Send + 'static) -> Self {
+    pub(crate) fn on_last(mut self, f: impl FnOnce(String) + Send + Sync + 'static) -> Self {
         self.on_last = Some(Box::new(f));
         self
+    }
+
+    /// Marks this as a waiter among others of its name in this process,
+    /// ordered by key (see [`grant_key`]): without pushed notifications only
+    /// the first of them polls.
+    pub(crate) fn in_line(mut self, prefix: String) -> Self {
+        self.first_of = Some(prefix);
+        self
+    }
+
+    /// Whether this is the first waiter of its name in this process (always,
+    /// for a listener that is not [`Self::in_line`]).
+    fn is_first(&self) -> bool {
+        match &self.first_of {
+            Some(prefix) => self.listeners.is_first(&self.key, prefix),
+            None => true,
+        }
+    }
+
+    fn set_pass_on(&self, on: bool) {
+        self.pass_on.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -196,6 +281,11 @@ impl Drop for Listening {
                 }
             }
         };
+        if let Some(prefix) = &self.first_of {
+            if self.pass_on.load(std::sync::atomic::Ordering::Relaxed) {
+                self.listeners.wake_first(prefix);
+            }
+        }
         if let (true, Some(f)) = (last, self.on_last.take()) {
             f(std::mem::take(&mut self.key));
         }

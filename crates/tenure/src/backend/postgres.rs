@@ -25,13 +25,13 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "3";
+const SCHEMA_VERSION: &str = "4";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
 /// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
 /// fast join reads the clock after the name's lock, and `settle` re-checks
 /// an expiry as it ends the session).
-const UPGRADES_FROM: &[&str] = &["1", "2"];
+const UPGRADES_FROM: &[&str] = &["1", "2", "3"];
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -86,6 +86,8 @@ struct Inner {
     listeners: Listeners,
     /// The LISTEN connection's client while it listens.
     listener: tokio::sync::Mutex<Option<Client>>,
+    /// When opening the LISTEN connection last failed.
+    listen_failed_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// A live connection with its prepared statements.
@@ -367,6 +369,7 @@ impl PostgresStore {
                 conn: tokio::sync::Mutex::new(None),
                 listeners: listeners.clone(),
                 listener: tokio::sync::Mutex::new(None),
+                listen_failed_at: std::sync::Mutex::new(None),
                 schema,
             }),
         };
@@ -433,7 +436,7 @@ impl Postgres {
         };
         let stmts = Statements {
             open: prep(format!(
-                "INSERT INTO {s}.sessions (id, tag, label, ttl_ms, expires_ms) VALUES ($1, $2, $3, $4, {s}.now_ms() + $4)"
+                "SELECT {s}.open($1, $2, $3, $4)"
             ))
             .await?,
             keep_alive: prep(format!(
@@ -574,17 +577,34 @@ impl SqlDriver for Postgres {
     }
 
     /// Listens for this schema's notifications on a connection of its own,
-    /// started on first use and restarted if it drops.
-    async fn listen(&self) {
+    /// started on first use and restarted if it drops (tried at most once a
+    /// second). When it drops, every waiter looks again.
+    async fn listen(&self) -> bool {
         let mut listening = self.inner.listener.lock().await;
         if listening.as_ref().is_some_and(|c| !c.is_closed()) {
-            return;
+            return true;
         }
+        let recently_failed = self
+            .inner
+            .listen_failed_at
+            .lock()
+            .ok()
+            .and_then(|at| *at)
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        if recently_failed {
+            return false;
+        }
+        let failed = || {
+            if let Ok(mut at) = self.inner.listen_failed_at.lock() {
+                *at = Some(std::time::Instant::now());
+            }
+            false
+        };
         let (client, mut connection) = match self.connect_raw().await {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(error = %e, "no LISTEN connection; waiters poll");
-                return;
+                return failed();
             }
         };
         let listeners = self.inner.listeners.clone();
@@ -611,6 +631,9 @@ impl SqlDriver for Postgres {
                     Err(_) => break,
                 }
             }
+            // No more notifications: every waiter looks again, and polls
+            // until a new LISTEN connection is up.
+            listeners.wake_all();
         });
         let s = &self.inner.schema;
         match client
@@ -618,8 +641,16 @@ impl SqlDriver for Postgres {
             .await
         {
             // Kept here: the connection lives as long as its client.
-            Ok(()) => *listening = Some(client),
-            Err(e) => tracing::debug!(error = %e, "LISTEN failed; waiters poll"),
+            Ok(()) => {
+                *listening = Some(client);
+                // Whatever was notified while nobody listened.
+                self.inner.listeners.wake_all();
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "LISTEN failed; waiters poll");
+                failed()
+            }
         }
     }
 

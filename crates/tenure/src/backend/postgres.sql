@@ -1,4 +1,4 @@
--- tenure's PostgreSQL store, schema version 3 (1 had no fast paths; 2 read the clock before the name's lock). "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 4 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
 -- one transaction, judged by the database's clock (clock_timestamp()).
 -- A name's row in @s.names is locked FOR UPDATE by every change to its
@@ -27,19 +27,31 @@ CREATE TABLE IF NOT EXISTS @s.entries (
     granted_ms bigint,
     PRIMARY KEY (name, seq));
 CREATE INDEX IF NOT EXISTS entries_session ON @s.entries(session);
+CREATE INDEX IF NOT EXISTS sessions_expiry ON @s.sessions(expires_ms);
 
 CREATE OR REPLACE FUNCTION @s.now_ms() RETURNS bigint LANGUAGE sql VOLATILE AS $$
     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
 $$;
 
--- Drops the name's entries of expired sessions (and makes those sessions
--- unrenewable for good), stamps and announces newly granted entries, and
--- bumps the version if anything changed. The caller holds the name's lock.
+-- Ends an expired session for good (a renewal that committed since it was
+-- read keeps it); says whether it is ended.
+CREATE OR REPLACE FUNCTION @s.end_expired(p_session text, p_now bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE @s.sessions SET expires_ms = 0 WHERE id = p_session AND expires_ms <= p_now;
+    RETURN FOUND;
+END $$;
+
+-- Walks the name's queue from the head: stamps and announces newly granted
+-- entries, stops at the first entry that waits, and bumps the version if
+-- anything changed. An entry of an expired session met on the way is
+-- dropped (its session can never be renewed again); entries further back
+-- are not read, so the cost follows the granted entries, not the waiters.
+-- The caller holds the name's lock.
 CREATE OR REPLACE FUNCTION @s.settle(p_name text, p_changed boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     now_ms bigint := @s.now_ms();
-    dead text[];
     r record;
     idx integer := 0;
     all_shared boolean := true;
@@ -47,25 +59,14 @@ DECLARE
     ok boolean;
     changed boolean := p_changed;
 BEGIN
-    -- Entries whose session is gone entirely went with it (ON DELETE CASCADE);
-    -- only expired ones are left to find.
-    SELECT array_agg(DISTINCT e.session) INTO dead
-      FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
-     WHERE e.name = p_name AND s.expires_ms <= now_ms;
-    IF dead IS NOT NULL THEN
-        -- Re-checked as it is ended: a renewal that committed since the
-        -- read above keeps its session (and its entries).
-        WITH ended AS (
-            UPDATE @s.sessions SET expires_ms = 0
-             WHERE id = ANY(dead) AND expires_ms <= now_ms RETURNING id)
-        SELECT array_agg(id) INTO dead FROM ended;
-        IF dead IS NOT NULL THEN
-            DELETE FROM @s.entries WHERE name = p_name AND session = ANY(dead);
+    FOR r IN SELECT e.seq, e.session, e.kind, e.count, e.lim, e.granted_ms, s.expires_ms
+               FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+              WHERE e.name = p_name ORDER BY e.seq LOOP
+        IF r.expires_ms <= now_ms AND @s.end_expired(r.session, now_ms) THEN
+            DELETE FROM @s.entries WHERE name = p_name AND seq = r.seq;
             changed := true;
+            CONTINUE;
         END IF;
-    END IF;
-    FOR r IN SELECT e.seq, e.kind, e.count, e.lim, e.granted_ms
-               FROM @s.entries e WHERE e.name = p_name ORDER BY e.seq LOOP
         idx := idx + 1;
         IF r.kind = 0 THEN ok := idx = 1;
         ELSIF r.kind = 1 THEN ok := all_shared;
@@ -108,9 +109,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     mine @s.entries%ROWTYPE;
     r record;
-    idx integer := 0;
-    all_granted boolean := true;
-    all_shared boolean := true;
     permits bigint := 0;
     now_ms bigint;
 BEGIN
@@ -154,8 +152,10 @@ BEGIN
         status := 'ok'; seq := mine.seq; granted := mine.granted_ms IS NOT NULL; first := false;
         RETURN;
     END IF;
-    FOR r IN SELECT e.kind, e.count, e.lim, e.granted_ms
-               FROM @s.entries e WHERE e.name = p_name ORDER BY e.seq LOOP
+    -- Every entry passed this check against those before it, so the head
+    -- stands for them all.
+    SELECT e.kind, e.lim INTO r FROM @s.entries e WHERE e.name = p_name ORDER BY e.seq LIMIT 1;
+    IF FOUND THEN
         IF (r.kind = 2) <> (p_kind = 2) THEN
             status := 'conflict:locks and semaphores cannot share a name'; RETURN;
         END IF;
@@ -164,17 +164,18 @@ BEGIN
                       || r.lim || ' already in use';
             RETURN;
         END IF;
-        idx := idx + 1;
-        IF r.granted_ms IS NULL THEN all_granted := false; END IF;
-        IF all_granted THEN
-            IF r.kind <> 1 THEN all_shared := false; END IF;
-            IF r.kind = 2 THEN permits := permits + r.count; END IF;
-        END IF;
-    END LOOP;
-    IF NOT all_granted THEN granted := false;
-    ELSIF p_kind = 0 THEN granted := idx = 0;
-    ELSIF p_kind = 1 THEN granted := all_shared;
-    ELSE granted := permits + p_count <= p_lim;
+    END IF;
+    -- Settled, the granted entries are a prefix of the queue: if the last
+    -- entry is granted, all are.
+    SELECT e.kind, e.granted_ms INTO r FROM @s.entries e
+     WHERE e.name = p_name ORDER BY e.seq DESC LIMIT 1;
+    IF NOT FOUND THEN granted := true;
+    ELSIF r.granted_ms IS NULL THEN granted := false;
+    ELSIF p_kind = 0 THEN granted := false;
+    ELSIF p_kind = 1 THEN granted := r.kind = 1;
+    ELSE
+        SELECT coalesce(sum(e.count), 0) INTO permits FROM @s.entries e WHERE e.name = p_name;
+        granted := permits + p_count <= p_lim;
     END IF;
     IF p_if_granted AND NOT granted THEN status := 'none'; RETURN; END IF;
     UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1
@@ -224,12 +225,18 @@ BEGIN
     status := 'ok';
 END $$;
 
--- Whether the entry is granted; if not, ms until the next expiry ahead (-1: none).
-CREATE OR REPLACE FUNCTION @s.look(p_secret text, p_name text, p_seq bigint,
-    OUT status text, OUT next_expiry_ms bigint)
+-- Whether the entry is granted; if not, ms until the expiry that could
+-- grant it or move it up without a release (for the next in line the
+-- holders' first expiry, for the others the expiry of the entry just
+-- ahead), and whether it is next in line (a release may grant it).
+DROP FUNCTION IF EXISTS @s.look(text, text, bigint);
+CREATE FUNCTION @s.look(p_secret text, p_name text, p_seq bigint,
+    OUT status text, OUT until_ms bigint, OUT next boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     stamped bigint;
+    ahead record;
+    now_ms bigint;
 BEGIN
     IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     SELECT e.granted_ms INTO stamped FROM @s.entries e
@@ -242,10 +249,51 @@ BEGIN
      WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
     IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
     IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
-    SELECT coalesce(min(s.expires_ms) - @s.now_ms(), -1) INTO next_expiry_ms
-      FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
-     WHERE e.name = p_name AND e.seq < p_seq;
     status := 'wait';
+    -- Each turn that meets an expired entry just ahead drops it (it waits
+    -- too, so no grant changes), so this ends.
+    LOOP
+        now_ms := @s.now_ms();
+        SELECT e.seq, e.session, e.granted_ms, s.expires_ms INTO ahead
+          FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq < p_seq ORDER BY e.seq DESC LIMIT 1;
+        IF NOT FOUND THEN
+            until_ms := 0; next := true; RETURN;
+        END IF;
+        IF ahead.expires_ms <= now_ms AND @s.end_expired(ahead.session, now_ms) THEN
+            DELETE FROM @s.entries WHERE name = p_name AND seq = ahead.seq;
+            UPDATE @s.names SET version = version + 1 WHERE name = p_name;
+            PERFORM pg_notify('@s_change', p_name);
+            CONTINUE;
+        END IF;
+        IF ahead.granted_ms IS NULL THEN
+            until_ms := greatest(ahead.expires_ms - now_ms, 0); next := false; RETURN;
+        END IF;
+        -- Next in line: every entry ahead is granted.
+        SELECT greatest(min(s.expires_ms) - now_ms, 0) INTO until_ms
+          FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq < p_seq;
+        next := true;
+        RETURN;
+    END LOOP;
+END $$;
+
+-- Opens a session, and drops a few sessions that ended, or expired a minute
+-- ago, and have no entries left, oldest expiry first (a renewal of a dropped
+-- session reads "lost" all the same).
+CREATE OR REPLACE FUNCTION @s.open(p_secret text, p_tag text, p_label text, p_ttl_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms bigint := @s.now_ms();
+BEGIN
+    DELETE FROM @s.sessions WHERE id IN (
+        SELECT s.id FROM @s.sessions s
+         WHERE s.expires_ms < now_ms - 60000
+           AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.session = s.id)
+         ORDER BY s.expires_ms LIMIT 16
+           FOR UPDATE SKIP LOCKED);
+    INSERT INTO @s.sessions (id, tag, label, ttl_ms, expires_ms)
+    VALUES (p_secret, p_tag, p_label, p_ttl_ms, now_ms + p_ttl_ms);
 END $$;
 
 CREATE OR REPLACE FUNCTION @s.set_value(p_secret text, p_name text, p_seq bigint, p_value bytea)

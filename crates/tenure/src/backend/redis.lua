@@ -7,13 +7,14 @@
 --                       check of a session reads (a GET is much cheaper
 --                       than a ZSCORE); the key itself outlives it by a
 --                       minute, so sessions nobody ends still go away
---   P:sessions          the key layout's number ("2"), set by the first
+--   P:sessions          the key layout's number ("3"), set by the first
 --                       client; a client of another layout refuses the
 --                       prefix (and a client of layout 1, which kept a zset
 --                       here, fails on it with WRONGTYPE instead of
 --                       granting next to us)
 --   P:live              zset  secret -> expiry, the same: the index of
---                       sessions, to find expired ones and list live ones
+--                       sessions, to find expired ones (in expiry order, a
+--                       few per call) and list live ones
 --   P:sinfo             hash  secret -> "tag\tttl_ms\tlabel"
 --   P:se:<secret>       set   names where the session has an entry
 --   P:c:<name>          the name's counter: each new entry's seq (its fencing
@@ -21,10 +22,17 @@
 --                       version. Kept for ever; seeded from TIME in
 --                       microseconds when missing, so it never goes back.
 --   P:cs:<name>         set while P:c:<name> is a seed no entry used (Redlock)
---   P:e:<name>          hash, the name's queue (queue order = seq order):
+--   P:q:<name>          zset  seq -> seq: the name's queue order, so that an
+--                       operation reads the head of the queue and the entries
+--                       it affects, never the whole queue
+--   P:e:<name>          hash, the name's entries:
 --                         <seq>      "secret\tkind\tcount\tlimit\tholds\tgranted_ms"
 --                         v<seq>     the entry's value, when not empty
 --                         o<secret>  the seq of that session's entry
+-- Granted entries are always a prefix of the queue. An entry whose session
+-- expired is removed (and its session ended everywhere) when an operation
+-- walks past it from the head, when the waiter behind it looks, or when
+-- `open` collects expired sessions in expiry order.
 -- Wake-ups: PUBLISH P:w:<name>:<seq> when an entry is granted (only its
 -- waiter listens), PUBLISH P:ch:<name> on any change (observers).
 --
@@ -65,6 +73,7 @@ if op == 'join' and (ARGV[10] or '') == '' then
       -- (A concatenated number keeps only 14 digits: format this one.)
       redis.call('HSET', ekey, seq, rec, 'v' .. string.format('%.0f', seq), ARGV[8], 'o' .. secret, seq)
     end
+    redis.call('ZADD', P .. ':q:' .. name, seq, seq)
     redis.call('SADD', P .. ':se:' .. secret, name)
     redis.call('PUBLISH', P .. ':ch:' .. name, 'changed')
     -- A bare integer (a reply table costs more than a command): the seq,
@@ -79,14 +88,11 @@ elseif op == 'leave' then
   local e = redis.call('GET', P .. ':s:' .. secret)
   if not e or tonumber(e) <= now then return {'lost'} end
   local ekey = P .. ':e:' .. name
-  local f = redis.call('HGETALL', ekey)
-  if #f == 4 or #f == 6 then
-    local fields = {}
-    for i = 1, #f, 2 do fields[f[i]] = f[i + 1] end
-    local rec = fields[seq]
-    if rec and fields['o' .. secret] == seq and (#f == 4 or fields['v' .. seq])
-        and string.match(rec, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t(%d+)') == '1' then
-      redis.call('DEL', ekey)
+  local qkey = P .. ':q:' .. name
+  if redis.call('ZCARD', qkey) == 1 and redis.call('HGET', ekey, 'o' .. secret) == seq then
+    local rec = redis.call('HGET', ekey, seq)
+    if rec and string.match(rec, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t(%d+)') == '1' then
+      redis.call('DEL', ekey, qkey)
       redis.call('SREM', P .. ':se:' .. secret, name)
       local ckey = P .. ':c:' .. name
       if redis.call('INCR', ckey) == 1 then redis.call('DEL', ckey) end
@@ -142,65 +148,15 @@ local function bump(name)
   if redis.call('INCR', k('c', name)) == 1 then redis.call('DEL', k('c', name)) end
 end
 
--- The name's entries in queue order, with their values and liveness.
-local function rows(name)
-  local f = redis.call('HGETALL', k('e', name))
-  local out = {}
-  local values = {}
-  for i = 1, #f, 2 do
-    local b = string.byte(f[i], 1)
-    if b and b >= 48 and b <= 57 then
-      local r = parse(f[i], f[i + 1])
-      r.n = tonumber(f[i])
-      out[#out + 1] = r
-    elseif b == 118 then
-      values[string.sub(f[i], 2)] = f[i + 1]
-    end
-  end
-  table.sort(out, function(a, b) return a.n < b.n end)
-  for _, r in ipairs(out) do
-    local e = expiry(r.secret)
-    r.live = e ~= nil and e > now
-    r.exp = e or 0
-    r.value = values[r.seq] or ''
-  end
-  return out
-end
-
--- The same rule as tenure::queue::grants.
-local function grants(rs)
-  local g = {}
-  local all_shared = true
-  local permits = 0
-  for i, r in ipairs(rs) do
-    if i > 1 and not g[i - 1] then
-      g[i] = false
-    else
-      local ok
-      if r.kind == 'X' then ok = (i == 1)
-      elseif r.kind == 'S' then ok = all_shared
-      else ok = (permits + r.count <= r.limit) end
-      if ok then
-        if r.kind ~= 'S' then all_shared = false end
-        if r.kind == 'P' then permits = permits + r.count end
-      end
-      g[i] = ok
-    end
-  end
-  return g
-end
-
-local function remove_entry(name, seq, secret)
-  redis.call('HDEL', k('e', name), seq, 'v' .. seq, 'o' .. secret)
-  redis.call('SREM', k('se', secret), name)
-end
-
 -- Ends a session and drops all its entries; returns the names it was in.
 local function end_session(secret)
   local names = redis.call('SMEMBERS', k('se', secret))
   for _, name in ipairs(names) do
     local seq = redis.call('HGET', k('e', name), 'o' .. secret)
-    if seq then redis.call('HDEL', k('e', name), seq, 'v' .. seq, 'o' .. secret) end
+    if seq then
+      redis.call('HDEL', k('e', name), seq, 'v' .. seq, 'o' .. secret)
+      redis.call('ZREM', k('q', name), seq)
+    end
   end
   redis.call('DEL', k('se', secret))
   redis.call('ZREM', SESS, secret)
@@ -209,59 +165,120 @@ local function end_session(secret)
   return names
 end
 
--- Drops entries of expired sessions (ending those sessions everywhere),
--- stamps and wakes newly granted entries, bumps versions. `changed` says
--- that first_name has changed already. Returns first_name's rows, settled.
-local function settle(first_name, changed)
-  local work = {first_name}
-  local touched = {}
-  touched[first_name] = changed or false
-  -- Rows read once per name, unless ending a session changed them since.
-  local read = {}
-  local i = 1
-  while i <= #work do
-    local name = work[i]
-    i = i + 1
-    local rs = rows(name)
-    read[name] = rs
-    for _, r in ipairs(rs) do
-      if not r.live then
-        read[name] = nil
-        for _, other in ipairs(end_session(r.secret)) do
-          if touched[other] == nil then work[#work + 1] = other end
-          touched[other] = true
-          read[other] = nil
-        end
-      end
-    end
+-- Names whose queues changed in this call and still need settling, in the
+-- order they were found.
+local pending = {}
+local pending_set = {}
+local function touch(name)
+  if not pending_set[name] then
+    pending_set[name] = true
+    pending[#pending + 1] = name
   end
-  local first_rows
-  for _, name in ipairs(work) do
-    local rs = read[name] or rows(name)
-    local g = grants(rs)
-    for j, r in ipairs(rs) do
-      if g[j] and r.granted == '' then
-        r.granted = fmt(now)
-        redis.call('HSET', k('e', name), r.seq, record(r))
-        redis.call('PUBLISH', k('w', name) .. ':' .. r.seq, 'granted')
-        touched[name] = true
-      end
-    end
-    if touched[name] then
-      bump(name)
-      redis.call('PUBLISH', k('ch', name), 'changed')
-    end
-    if name == first_name then first_rows = rs end
-  end
-  return first_rows
 end
 
--- Ends a few long-expired sessions, so the tables stay small.
+-- The entry with this seq, with its session's expiry; nil if it is gone.
+-- An entry whose session expired is removed on the spot (its session ended
+-- everywhere, the names it was in marked for settling), and nil returned.
+local function entry(name, seq)
+  local rec = redis.call('HGET', k('e', name), seq)
+  if not rec then
+    redis.call('ZREM', k('q', name), seq)
+    return nil
+  end
+  local r = parse(seq, rec)
+  local e = expiry(r.secret)
+  if e == nil or e <= now then
+    for _, other in ipairs(end_session(r.secret)) do touch(other) end
+    return nil
+  end
+  r.exp = e
+  return r
+end
+
+-- Visits the live entries of the name's queue from the head, in order,
+-- removing dead ones on the way, until `visit` returns false. A cursor by
+-- seq, read a few at a time: removals behind it do not disturb it.
+local function walk(name, visit)
+  local after = '-inf'
+  while true do
+    local batch = redis.call('ZRANGEBYSCORE', k('q', name), after, '+inf', 'LIMIT', 0, 8)
+    if #batch == 0 then return end
+    for _, seq in ipairs(batch) do
+      after = '(' .. seq
+      local r = entry(name, seq)
+      if r and not visit(r) then return end
+    end
+  end
+end
+
+-- Grants what the rules grant from the head of the name's queue (the same
+-- rule as tenure::queue::grants), stamping and waking newly granted entries,
+-- and bumps the version if anything changed. Reads the granted entries and
+-- the first one that waits, no more. Returns what the walk saw.
+local function settle_one(name, changed)
+  local seen = {count = 0, all_shared = true, permits = 0, blocked = nil, head = nil, min_exp = nil}
+  walk(name, function(r)
+    if not seen.head then seen.head = r end
+    local ok
+    if r.kind == 'X' then ok = (seen.count == 0)
+    elseif r.kind == 'S' then ok = seen.all_shared
+    else ok = (seen.permits + r.count <= r.limit) end
+    if not ok then
+      seen.blocked = r
+      return false
+    end
+    seen.count = seen.count + 1
+    if r.kind ~= 'S' then seen.all_shared = false end
+    if r.kind == 'P' then seen.permits = seen.permits + r.count end
+    if not seen.min_exp or r.exp < seen.min_exp then seen.min_exp = r.exp end
+    if r.granted == '' then
+      r.granted = fmt(now)
+      redis.call('HSET', k('e', name), r.seq, record(r))
+      redis.call('PUBLISH', k('w', name) .. ':' .. r.seq, 'granted')
+      changed = true
+    end
+    return true
+  end)
+  if pending_set[name] then
+    pending_set[name] = nil
+    changed = true
+  end
+  if changed then
+    bump(name)
+    redis.call('PUBLISH', k('ch', name), 'changed')
+  end
+  return seen
+end
+
+-- Settles every name an ended session left behind; says whether `name`
+-- was one of them.
+local function settle_pending(name)
+  local again = false
+  while #pending > 0 do
+    local other = table.remove(pending, 1)
+    if pending_set[other] then
+      if other == name then again = true end
+      settle_one(other, false)
+    end
+  end
+  return again
+end
+
+-- Settles `name` (and whatever ending expired sessions touched); returns
+-- what the last walk over `name` saw.
+local function settle(name, changed)
+  local seen = settle_one(name, changed)
+  while settle_pending(name) do seen = settle_one(name, false) end
+  return seen
+end
+
+-- Ends a few long-expired sessions, in expiry order, so the tables stay small.
 local function collect()
   local dead = redis.call('ZRANGEBYSCORE', SESS, '-inf', fmt(now), 'LIMIT', 0, 16)
   for _, secret in ipairs(dead) do
-    for _, name in ipairs(end_session(secret)) do settle(name, true) end
+    for _, name in ipairs(end_session(secret)) do touch(name) end
   end
+  settle_pending(nil)
 end
 
 local function own(secret, name)
@@ -270,6 +287,12 @@ local function own(secret, name)
   local rec = redis.call('HGET', k('e', name), seq)
   if not rec then return nil end
   return parse(seq, rec)
+end
+
+local function remove_entry(name, seq, secret)
+  redis.call('HDEL', k('e', name), seq, 'v' .. seq, 'o' .. secret)
+  redis.call('ZREM', k('q', name), seq)
+  redis.call('SREM', k('se', secret), name)
 end
 
 if op == 'open' then
@@ -293,8 +316,8 @@ elseif op == 'keepalive' then
   return {'ok'}
 
 elseif op == 'close' then
-  local names = end_session(ARGV[3])
-  for _, name in ipairs(names) do settle(name, true) end
+  for _, name in ipairs(end_session(ARGV[3])) do touch(name) end
+  settle_pending(nil)
   return {'ok'}
 
 elseif op == 'join' then
@@ -303,11 +326,8 @@ elseif op == 'join' then
   local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
   local count, limit, value, mode = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
   if not alive(secret) then return {'lost'} end
-  local rs = settle(name, false)
-  local mine = nil
-  for _, r in ipairs(rs) do
-    if r.secret == secret then mine = r break end
-  end
+  local seen = settle(name, false)
+  local mine = own(secret, name)
   if mine then
     if mine.kind ~= kind or mine.count ~= count or mine.limit ~= limit then
       return {'conflict', 'this session already has another kind of entry here'}
@@ -318,19 +338,25 @@ elseif op == 'join' then
     redis.call('HSET', k('e', name), mine.seq, record(mine))
     return {'ok', mine.seq, granted and 1 or 0, mine.holds, 0}
   end
-  for _, r in ipairs(rs) do
-    local permits_a, permits_b = kind == 'P', r.kind == 'P'
+  -- Every entry of a queue passed this check against those before it, so
+  -- the head stands for them all.
+  local head = seen.head
+  if head then
+    local permits_a, permits_b = kind == 'P', head.kind == 'P'
     if permits_a ~= permits_b then
       return {'conflict', 'locks and semaphores cannot share a name'}
     end
-    if permits_a and r.limit ~= limit then
-      return {'conflict', 'semaphore limit ' .. fmt(limit) .. ' disagrees with the limit ' .. fmt(r.limit) .. ' already in use'}
+    if permits_a and head.limit ~= limit then
+      return {'conflict', 'semaphore limit ' .. fmt(limit) .. ' disagrees with the limit ' .. fmt(head.limit) .. ' already in use'}
     end
   end
-  local entry = {secret = secret, kind = kind, count = count, limit = limit, holds = 1, granted = ''}
-  rs[#rs + 1] = entry
-  local g = grants(rs)
-  local granted = g[#rs]
+  -- Behind a waiting entry nothing is granted; otherwise every live entry
+  -- is granted and the walk counted them.
+  local granted
+  if seen.blocked then granted = false
+  elseif kind == 'X' then granted = seen.count == 0
+  elseif kind == 'S' then granted = seen.all_shared
+  else granted = seen.permits + count <= limit end
   if mode == 'ifgranted' and not granted then return {'none'} end
   local ckey = k('c', name)
   local first = 0
@@ -338,7 +364,7 @@ elseif op == 'join' then
   local proposed = tonumber(ARGV[10] or '')
   if proposed then
     -- Redlock proposes the seq, the same on every node; a node takes it only
-    -- if it is above every seq the node has seen for the name, so each
+    -- if it is above every seq it has seen for the name, so each
     -- node's queue stays in seq order.
     -- A node without a counter seeds it from its clock (and remembers that
     -- no entry has used it yet, for `first`).
@@ -361,12 +387,14 @@ elseif op == 'join' then
     end
   end
   seq = fmt(seq)
-  if granted then entry.granted = fmt(now) end
+  local entry_rec = {secret = secret, kind = kind, count = count, limit = limit, holds = 1, granted = ''}
+  if granted then entry_rec.granted = fmt(now) end
   if value ~= '' then
-    redis.call('HSET', k('e', name), seq, record(entry), 'v' .. seq, value, 'o' .. secret, seq)
+    redis.call('HSET', k('e', name), seq, record(entry_rec), 'v' .. seq, value, 'o' .. secret, seq)
   else
-    redis.call('HSET', k('e', name), seq, record(entry), 'o' .. secret, seq)
+    redis.call('HSET', k('e', name), seq, record(entry_rec), 'o' .. secret, seq)
   end
+  redis.call('ZADD', k('q', name), seq, seq)
   redis.call('SADD', k('se', secret), name)
   -- The new seq is also the name's new version.
   redis.call('PUBLISH', k('ch', name), 'changed')
@@ -389,23 +417,30 @@ elseif op == 'leave' then
 
 elseif op == 'look' then
   -- ARGV: secret, name, seq. Settles (a grant by expiry needs it), then says
-  -- whether the entry is granted, or how long until the next expiry ahead.
+  -- whether the entry is granted; if not, how long until the expiry that
+  -- could change that without a release (the granted entries' first, for
+  -- the next in line; the entry just ahead's, for the others) and whether
+  -- it is next in line (a release may grant it).
   local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
   if not alive(secret) then return {'lost'} end
   local mine = own(secret, name)
   if not mine or mine.seq ~= seq then return {'notheld'} end
   if mine.granted ~= '' then return {'granted'} end
-  settle(name, false)
-  mine = own(secret, name)
-  if not mine then return {'notheld'} end
-  if mine.granted ~= '' then return {'granted'} end
-  local next_exp = -1
-  for _, r in ipairs(rows(name)) do
-    if r.seq == seq then break end
-    if next_exp < 0 or r.exp < next_exp then next_exp = r.exp end
+  -- Each turn that finds a dead entry ahead removes it, so this ends.
+  while true do
+    local seen = settle(name, false)
+    mine = own(secret, name)
+    if not mine or mine.seq ~= seq then return {'notheld'} end
+    if mine.granted ~= '' then return {'granted'} end
+    if not seen.blocked or seen.blocked.seq == seq then
+      return {'wait', fmt((seen.min_exp or now) - now), 1}
+    end
+    -- The live entry just ahead; a dead one is removed, and we look again.
+    local ahead = redis.call('ZREVRANGEBYSCORE', k('q', name), '(' .. seq, '-inf', 'LIMIT', 0, 1)
+    if #ahead == 0 then return {'wait', '0', 1} end
+    local r = entry(name, ahead[1])
+    if r then return {'wait', fmt(r.exp - now), 0} end
   end
-  if next_exp >= 0 then next_exp = next_exp - now end
-  return {'wait', fmt(next_exp)}
 
 elseif op == 'setvalue' then
   -- ARGV: secret, name, seq, value
@@ -420,9 +455,16 @@ elseif op == 'setvalue' then
   return {'ok'}
 
 elseif op == 'queue' then
-  -- ARGV: name. Returns version, then 10 fields per entry.
+  -- ARGV: name. Returns version, then 10 fields per entry. A read of the
+  -- whole queue: here every expired entry is removed, not only those ahead.
   local name = ARGV[3]
-  local rs = settle(name, false)
+  walk(name, function() return true end)
+  settle(name, false)
+  local rs = {}
+  walk(name, function(r)
+    rs[#rs + 1] = r
+    return true
+  end)
   local out = {'ok', redis.call('GET', k('c', name)) or '0'}
   for _, r in ipairs(rs) do
     local info = split(redis.call('HGET', SINFO, r.secret) or '\t0\t')
@@ -434,7 +476,7 @@ elseif op == 'queue' then
     out[#out + 1] = fmt(r.limit)
     out[#out + 1] = info[1]
     out[#out + 1] = label
-    out[#out + 1] = r.value
+    out[#out + 1] = redis.call('HGET', k('e', name), 'v' .. r.seq) or ''
     out[#out + 1] = r.granted
     out[#out + 1] = fmt(r.exp - now)
     out[#out + 1] = fmt(r.holds)
@@ -474,15 +516,17 @@ elseif op == 'names' then
 elseif op == 'evict' then
   local name = ARGV[3]
   settle(name, false)
-  local ended = 0
-  for _, r in ipairs(rows(name)) do
-    if r.granted ~= '' then
-      for _, other in ipairs(end_session(r.secret)) do settle(other, true) end
-      ended = ended + 1
-    end
+  local holders = {}
+  walk(name, function(r)
+    if r.granted == '' then return false end
+    holders[#holders + 1] = r.secret
+    return true
+  end)
+  for _, secret in ipairs(holders) do
+    for _, other in ipairs(end_session(secret)) do touch(other) end
   end
   settle(name, true)
-  return {'ok', ended}
+  return {'ok', #holders}
 end
 
 return redis.error_reply('tenure: unknown operation ' .. tostring(op))

@@ -35,7 +35,7 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 /// The script's key layout (see the top of `redis.lua`); kept in the
 /// prefix's `sessions` key, so that clients of different layouts never share
 /// a prefix.
-const KEY_LAYOUT: &str = "2";
+const KEY_LAYOUT: &str = "3";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -317,16 +317,24 @@ impl RedisStore {
 }
 
 /// Routes pub/sub messages to the tasks waiting on their channels, over one
-/// dedicated connection that is opened on first use.
+/// dedicated connection that is opened on first use and again after it
+/// drops.
 #[derive(Default)]
 struct Wakeups {
     sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
     listeners: Listeners,
+    /// Whether the current connection is subscribed and delivering.
+    up: Arc<std::sync::atomic::AtomicBool>,
+    /// Which connection is current (an old one's end must not mark a new
+    /// one down).
+    generation: Arc<std::sync::atomic::AtomicU64>,
+    /// When connecting last failed: tried again at most once a second.
+    failed_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl RedisStore {
     /// Listens on `channel`, subscribing if it is the channel's first
-    /// listener. If pub/sub is down, waiters still poll.
+    /// listener. If pub/sub is down, waiters poll.
     async fn listen(&self, channel: String) -> Listening {
         let (listening, first) = self.inner.wakeups.listeners.listen(channel.clone());
         let store = self.clone();
@@ -337,41 +345,90 @@ impl RedisStore {
                 }
             });
         });
-        if first {
-            let mut sink = self.inner.wakeups.sink.lock().await;
-            if sink.is_none() {
-                let connect =
-                    tokio::time::timeout(CONNECT_TIMEOUT, self.inner.client.get_async_pubsub());
-                match connect.await.unwrap_or_else(|_| {
-                    Err(redis::RedisError::from((
-                        redis::ErrorKind::Io,
-                        "pub/sub connect timed out",
-                    )))
-                }) {
-                    Ok(pubsub) => {
-                        let (new_sink, mut stream) = pubsub.split();
-                        let listeners = self.inner.wakeups.listeners.clone();
-                        tokio::spawn(async move {
-                            while let Some(msg) = stream.next().await {
-                                listeners.wake(msg.get_channel_name());
-                            }
-                        });
-                        *sink = Some(new_sink);
-                    }
-                    Err(e) => tracing::debug!(error = %e, "no pub/sub connection; waiters poll"),
-                }
-            }
-            if let Some(s) = sink.as_mut() {
-                match tokio::time::timeout(RESPONSE_TIMEOUT, s.subscribe(&channel)).await {
+        if first || !self.pubsub_up() {
+            self.subscribe(Some(&channel)).await;
+        }
+        listening
+    }
+
+    fn pubsub_up(&self) -> bool {
+        self.inner
+            .wakeups
+            .up
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Makes sure the pub/sub connection is up and subscribed to `channel`;
+    /// a new connection subscribes to every channel listened on, and then
+    /// every listener looks again (what it missed is in the store). Returns
+    /// whether notifications arrive.
+    async fn subscribe(&self, channel: Option<&str>) -> bool {
+        use std::sync::atomic::Ordering;
+        let w = &self.inner.wakeups;
+        let mut sink = w.sink.lock().await;
+        if sink.is_some() && self.pubsub_up() {
+            if let (Some(s), Some(channel)) = (sink.as_mut(), channel) {
+                match tokio::time::timeout(RESPONSE_TIMEOUT, s.subscribe(channel)).await {
                     Ok(Ok(())) => {}
                     failed => {
                         tracing::debug!(?failed, "subscribe failed; waiters poll");
+                        w.up.store(false, Ordering::Release);
                         *sink = None;
+                        w.listeners.wake_all();
                     }
                 }
             }
+            return self.pubsub_up();
         }
-        listening
+        let recently_failed = w
+            .failed_at
+            .lock()
+            .ok()
+            .and_then(|at| *at)
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        if recently_failed {
+            return false;
+        }
+        let fail = |e: &dyn std::fmt::Debug| {
+            tracing::debug!(error = ?e, "no pub/sub connection; waiters poll");
+            if let Ok(mut at) = w.failed_at.lock() {
+                *at = Some(std::time::Instant::now());
+            }
+            false
+        };
+        let pubsub =
+            match tokio::time::timeout(CONNECT_TIMEOUT, self.inner.client.get_async_pubsub()).await
+            {
+                Ok(Ok(pubsub)) => pubsub,
+                Ok(Err(e)) => return fail(&e),
+                Err(e) => return fail(&e),
+            };
+        let (mut new_sink, mut stream) = pubsub.split();
+        for key in w.listeners.keys() {
+            match tokio::time::timeout(RESPONSE_TIMEOUT, new_sink.subscribe(&key)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return fail(&e),
+                Err(e) => return fail(&e),
+            }
+        }
+        let generation = w.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let (listeners, up, current) = (w.listeners.clone(), w.up.clone(), w.generation.clone());
+        tokio::spawn(async move {
+            while let Some(msg) = stream.next().await {
+                listeners.wake(msg.get_channel_name());
+            }
+            // The connection is gone: waiters look again and poll until a
+            // new one is up.
+            if current.load(Ordering::Acquire) == generation {
+                up.store(false, Ordering::Release);
+            }
+            listeners.wake_all();
+        });
+        *sink = Some(new_sink);
+        w.up.store(true, Ordering::Release);
+        // Whatever was published while no connection listened.
+        w.listeners.wake_all();
+        true
     }
 }
 
@@ -545,7 +602,8 @@ impl Store for RedisStore {
             .listen(format!("{}:{seq}", self.channel("w", name)))
             .await;
         let seq = seq.to_string();
-        poll::until_granted(listening.notify(), POLL_MIN, POLL_MAX, || async {
+        let pushed = || self.subscribe(None);
+        poll::until_granted(&listening, POLL_MIN, POLL_MAX, pushed, || async {
             let reply = self
                 .call(
                     "look",
@@ -558,14 +616,16 @@ impl Store for RedisStore {
                 .await?;
             match reply.first().map(text).transpose()?.as_deref() {
                 Some("granted") => Ok(Look::Granted),
-                Some("wait") => Ok(Look::Wait(poll::next_expiry(
-                    reply.get(1).map(number).transpose()?,
-                ))),
+                Some("wait") => Ok(Look::Wait {
+                    until: poll::next_expiry(reply.get(1).map(number).transpose()?),
+                    next: reply.get(2).map(number).transpose()? == Some(1),
+                }),
                 _ => Err(bad_reply(&format!("{reply:?}"))),
             }
         })
         .await
     }
+
     async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
         let seq = seq.to_string();
         self.call(

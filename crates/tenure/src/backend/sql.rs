@@ -152,9 +152,12 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
     /// The names a session has entries in (to wake them after it ends).
     async fn names_of(&self, secret: &str) -> Result<Vec<String>>;
 
-    /// Before a wait: make sure the server's notifications arrive, where it
-    /// sends any (PostgreSQL's `LISTEN`).
-    async fn listen(&self) {}
+    /// Before a wait, and before each look: make sure the server's
+    /// notifications arrive, where it sends any (PostgreSQL's `LISTEN`).
+    /// Returns whether they do; if not, waiters poll.
+    async fn listen(&self) -> bool {
+        false
+    }
 
     /// Whether changes made here must wake this process's waiters by hand
     /// (a server that sends no notifications).
@@ -325,17 +328,22 @@ impl<D: SqlDriver> Store for SqlStore<D> {
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
         self.driver.listen().await;
         let (listening, _) = self.listeners.listen(poll::grant_key(name.as_str(), seq));
+        let listening = listening.in_line(poll::grant_prefix(name.as_str()));
         let args = [
             Arg::Text(session.secret()),
             Arg::Text(name.as_str()),
             Arg::Int(seq_arg(seq)?),
         ];
         let (min, max) = self.driver.poll_bounds();
-        poll::until_granted(listening.notify(), min, max, || async {
+        let pushed = || self.driver.listen();
+        poll::until_granted(&listening, min, max, pushed, || async {
             let row = self.driver.call("look", &args).await?;
             Ok(match self.status(&row, name)?.as_str() {
                 "granted" => Look::Granted,
-                _ => Look::Wait(poll::next_expiry(row.opt_int(1)?)),
+                _ => Look::Wait {
+                    until: poll::next_expiry(row.opt_int(1)?),
+                    next: row.flag(2)?,
+                },
             })
         })
         .await

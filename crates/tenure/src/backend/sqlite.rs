@@ -100,8 +100,15 @@ fn ms_to_time(ms: i64) -> SystemTime {
 /// What a waiter learns from one look at its row.
 enum Look {
     Granted,
-    Waiting { next_expiry_in: Option<Duration> },
-    NeedsSettle,
+    Waiting {
+        until: Option<Duration>,
+        next: bool,
+    },
+    /// Granted by an expiry nobody has settled yet, or behind an expired
+    /// entry (this session's, to end) that a walk from the head would not reach.
+    NeedsSettle {
+        dead_ahead: Option<String>,
+    },
 }
 
 /// A row of a queue as read inside the store.
@@ -246,47 +253,26 @@ impl SqliteStore {
         Ok(value)
     }
 
-    /// One look at the session's entry `seq` of `name`.
+    /// One look at the session's entry `seq` of `name`: its own row, the
+    /// row just ahead, and only for the next in line the granted rows ahead.
     async fn look(&self, key: &SessionKey, name: &Name, seq: u64) -> Result<Look> {
         let key = key.clone();
         let name = name.clone();
         self.run(move |conn| {
-            let mut stmt = conn
+            let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+            let own: Option<(Option<i64>, bool)> = conn
                 .prepare_cached(&format!(
-                    "SELECT e.seq, e.kind, e.count, e.lim, e.session, e.granted_ms,
-                            s.expires_ms > {NOW}, s.expires_ms - {NOW}
+                    "SELECT e.granted_ms, s.expires_ms > {NOW}
                      FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
-                     WHERE e.name = ?1 AND e.seq <= ?2 ORDER BY e.seq"
+                     WHERE e.name = ?1 AND e.seq = ?2 AND e.session = ?3"
                 ))
+                .and_then(|mut s| {
+                    s.query_row(params![name.as_str(), seq, key.secret()], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .optional()
+                })
                 .map_err(db_err)?;
-            let mut rows = stmt.query(params![name.as_str(), seq as i64]).map_err(db_err)?;
-            let mut kinds = Vec::new();
-            let mut own: Option<(bool, bool)> = None; // (stamped, live)
-            let mut next_expiry: Option<i64> = None;
-            let mut any_dead = false;
-            while let Some(r) = rows.next().map_err(db_err)? {
-                let row_seq: i64 = r.get(0).map_err(db_err)?;
-                let kind = codec::kind_from_code(BACKEND,
-                    r.get(1).map_err(db_err)?,
-                    r.get(2).map_err(db_err)?,
-                    r.get(3).map_err(db_err)?,
-                )?;
-                let session: String = r.get(4).map_err(db_err)?;
-                let granted_ms: Option<i64> = r.get(5).map_err(db_err)?;
-                let live: bool = r.get(6).map_err(db_err)?;
-                let left: i64 = r.get(7).map_err(db_err)?;
-                if to_u64(row_seq)? == seq && session == key.secret() {
-                    own = Some((granted_ms.is_some(), live));
-                }
-                if live {
-                    kinds.push(kind);
-                    if to_u64(row_seq)? != seq {
-                        next_expiry = Some(next_expiry.map_or(left, |m: i64| m.min(left)));
-                    }
-                } else {
-                    any_dead = true;
-                }
-            }
             match own {
                 None => {
                     let alive: bool = conn
@@ -296,26 +282,86 @@ impl SqliteStore {
                             |r| r.get(0),
                         )
                         .map_err(db_err)?;
-                    if alive {
+                    return if alive {
                         Err(Error::NotHeld("this session has no such entry"))
                     } else {
                         Err(Error::SessionLost(crate::error::LostReason::Expired))
-                    }
+                    };
                 }
-                Some((_, false)) => Err(Error::SessionLost(crate::error::LostReason::Expired)),
-                Some((true, true)) => Ok(Look::Granted),
-                Some((false, true)) => {
-                    let granted = queue::grants(&kinds).last().copied().unwrap_or(false);
-                    if granted || any_dead {
-                        Ok(Look::NeedsSettle)
-                    } else {
-                        Ok(Look::Waiting {
-                            next_expiry_in: next_expiry
-                                .map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0))),
-                        })
+                Some((_, false)) => {
+                    return Err(Error::SessionLost(crate::error::LostReason::Expired))
+                }
+                Some((Some(_), true)) => return Ok(Look::Granted),
+                Some((None, true)) => {}
+            }
+            let ahead: Option<(Option<i64>, bool, i64, String)> = conn
+                .prepare_cached(&format!(
+                    "SELECT e.granted_ms, s.expires_ms > {NOW}, s.expires_ms - {NOW}, e.session
+                     FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
+                     WHERE e.name = ?1 AND e.seq < ?2 ORDER BY e.seq DESC LIMIT 1"
+                ))
+                .and_then(|mut s| {
+                    s.query_row(params![name.as_str(), seq], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })
+                    .optional()
+                })
+                .map_err(db_err)?;
+            let (ahead_granted, ahead_live, ahead_left) = match ahead {
+                // Nothing ahead: the rules grant it.
+                None => return Ok(Look::NeedsSettle { dead_ahead: None }),
+                Some((_, false, _, session)) => {
+                    return Ok(Look::NeedsSettle {
+                        dead_ahead: Some(session),
+                    })
+                }
+                Some((granted, live, left, _)) => (granted, live, left),
+            };
+            let ms = |left: i64| Some(Duration::from_millis(u64::try_from(left).unwrap_or(0)));
+            if ahead_live && ahead_granted.is_none() {
+                return Ok(Look::Waiting {
+                    until: ms(ahead_left),
+                    next: false,
+                });
+            }
+            // Next in line: every entry ahead is granted. Would the rules
+            // grant this one too (a reader behind readers, a permit that
+            // fits), or has a holder expired?
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT e.seq, e.kind, e.count, e.lim, s.expires_ms - {NOW}
+                     FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
+                     WHERE e.name = ?1 AND e.seq <= ?2 ORDER BY e.seq"
+                ))
+                .map_err(db_err)?;
+            let mut rows = stmt.query(params![name.as_str(), seq]).map_err(db_err)?;
+            let mut rule = queue::GrantWalk::new();
+            let mut first_expiry: Option<i64> = None;
+            while let Some(r) = rows.next().map_err(db_err)? {
+                let row_seq: i64 = r.get(0).map_err(db_err)?;
+                let kind = codec::kind_from_code(
+                    BACKEND,
+                    r.get(1).map_err(db_err)?,
+                    r.get(2).map_err(db_err)?,
+                    r.get(3).map_err(db_err)?,
+                )?;
+                let left: i64 = r.get(4).map_err(db_err)?;
+                let admitted = rule.admit(kind);
+                if row_seq == seq {
+                    if admitted {
+                        return Ok(Look::NeedsSettle { dead_ahead: None });
                     }
+                } else if left <= 0 {
+                    // A holder expired: settling passes its grant on.
+                    return Ok(Look::NeedsSettle { dead_ahead: None });
+                } else {
+                    first_expiry = Some(first_expiry.map_or(left, |m| m.min(left)));
                 }
             }
+            Ok(Look::Waiting {
+                until: first_expiry.and_then(ms),
+                next: true,
+            })
         })
         .await
     }
@@ -493,86 +539,103 @@ fn create_tables(conn: &mut Connection) -> rusqlite::Result<std::result::Result<
 /// and, if anything changed (or `changed`), bumps the name's version.
 /// Returns the seqs granted by this call.
 fn settle(tx: &rusqlite::Transaction<'_>, name: &Name, changed: bool) -> Result<Vec<u64>> {
-    settle_rows(tx, name, changed).map(|(newly, _)| newly)
+    settle_walk(tx, name, changed).map(|walk| walk.newly)
 }
 
-/// [`settle`], also returning the queue's rows as they are after it.
-fn settle_rows(
-    tx: &rusqlite::Transaction<'_>,
-    name: &Name,
-    changed: bool,
-) -> Result<(Vec<u64>, Vec<Row>)> {
-    let mut rows = read_rows(tx, name)?;
-    let mut purged = 0;
-    if rows.iter().any(|r| !r.live) {
-        // End the expired sessions themselves, not just their entries here:
-        // a session row that is gone cannot be renewed, so even a wall clock
-        // that jumps back cannot revive a lease that is being passed on.
-        // Their other names change too, so bump those versions first.
-        let expired = format!(
-            "SELECT e.session FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
-             WHERE e.name = ?1 AND s.expires_ms <= {NOW}"
-        );
-        tx.prepare_cached(&format!(
+/// What settling saw, walking the queue from its head.
+struct Walk {
+    /// The live entries the rules grant, in order: a prefix of the queue.
+    granted: Vec<Row>,
+    /// Whether a live entry waits behind them (the walk stopped there).
+    blocked: bool,
+    /// The entries this walk stamped granted.
+    newly: Vec<u64>,
+}
+
+/// Ends expired sessions for good (a session row that is gone cannot be
+/// renewed, so even a wall clock that jumps back cannot revive a lease that
+/// is being passed on), bumping the versions of every name they were in.
+fn end_sessions(tx: &rusqlite::Transaction<'_>, sessions: &[String]) -> Result<usize> {
+    let mut ended = 0;
+    for session in sessions {
+        tx.prepare_cached(
             "UPDATE tenure_names SET version = version + 1 WHERE name IN
-               (SELECT name FROM tenure_entries WHERE session IN ({expired}))"
-        ))
-        .and_then(|mut s| s.execute([name.as_str()]))
+               (SELECT name FROM tenure_entries WHERE session = ?1)",
+        )
+        .and_then(|mut s| s.execute([session]))
         .map_err(db_err)?;
-        purged = tx
+        ended += tx
             .prepare_cached(&format!(
-                "DELETE FROM tenure_sessions WHERE id IN ({expired}) AND expires_ms <= {NOW}"
+                "DELETE FROM tenure_sessions WHERE id = ?1 AND expires_ms <= {NOW}"
             ))
-            .and_then(|mut s| s.execute([name.as_str()]))
+            .and_then(|mut s| s.execute([session]))
             .map_err(db_err)?;
-        rows.retain(|r| r.live);
     }
-    let kinds: Vec<EntryKind> = rows.iter().map(|r| r.kind).collect();
-    let mut newly = Vec::new();
-    for (row, granted) in rows.iter_mut().zip(queue::grants(&kinds)) {
-        if granted && row.granted_ms.is_none() {
-            tx.prepare_cached(&format!(
-                "UPDATE tenure_entries SET granted_ms = {WALL_NOW} WHERE name = ?1 AND seq = ?2"
+    Ok(ended)
+}
+
+/// Walks `name`'s queue from the head: ends the expired sessions it meets,
+/// stamps what the rules now grant, and stops at the first live entry that
+/// waits, so it reads the granted entries and one more however long the
+/// queue. Bumps the version if anything changed (or `changed`).
+fn settle_walk(tx: &rusqlite::Transaction<'_>, name: &Name, changed: bool) -> Result<Walk> {
+    let mut granted = Vec::new();
+    let mut blocked = false;
+    let mut dead = Vec::new();
+    {
+        let mut stmt = tx
+            .prepare_cached(&format!(
+                "SELECT e.seq, e.kind, e.count, e.lim, e.session, e.granted_ms, s.expires_ms > {NOW}
+                 FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
+                 WHERE e.name = ?1 ORDER BY e.seq"
             ))
-            .and_then(|mut s| s.execute(params![name.as_str(), row.seq as i64]))
             .map_err(db_err)?;
-            newly.push(row.seq);
-            row.granted_ms = Some(0);
+        let mut rows = stmt.query([name.as_str()]).map_err(db_err)?;
+        let mut rule = queue::GrantWalk::new();
+        while let Some(r) = rows.next().map_err(db_err)? {
+            let row = Row {
+                seq: to_u64(r.get(0).map_err(db_err)?)?,
+                kind: codec::kind_from_code(
+                    BACKEND,
+                    r.get(1).map_err(db_err)?,
+                    r.get(2).map_err(db_err)?,
+                    r.get(3).map_err(db_err)?,
+                )?,
+                session: r.get(4).map_err(db_err)?,
+                granted_ms: r.get(5).map_err(db_err)?,
+                live: r.get(6).map_err(db_err)?,
+            };
+            if !row.live {
+                dead.push(row.session);
+            } else if rule.admit(row.kind) {
+                granted.push(row);
+            } else {
+                blocked = true;
+                break;
+            }
         }
+    }
+    let purged = end_sessions(tx, &dead)?;
+    let mut newly = Vec::new();
+    for row in granted.iter_mut().filter(|r| r.granted_ms.is_none()) {
+        tx.prepare_cached(&format!(
+            "UPDATE tenure_entries SET granted_ms = {WALL_NOW} WHERE name = ?1 AND seq = ?2"
+        ))
+        .and_then(|mut s| s.execute(params![name.as_str(), row.seq as i64]))
+        .map_err(db_err)?;
+        newly.push(row.seq);
+        row.granted_ms = Some(0);
     }
     if changed || purged > 0 || !newly.is_empty() {
         tx.prepare_cached("UPDATE tenure_names SET version = version + 1 WHERE name = ?1")
             .and_then(|mut s| s.execute([name.as_str()]))
             .map_err(db_err)?;
     }
-    Ok((newly, rows))
-}
-
-fn read_rows(conn: &Connection, name: &Name) -> Result<Vec<Row>> {
-    let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT e.seq, e.kind, e.count, e.lim, e.session, e.granted_ms, s.expires_ms > {NOW}
-             FROM tenure_entries e JOIN tenure_sessions s ON s.id = e.session
-             WHERE e.name = ?1 ORDER BY e.seq"
-        ))
-        .map_err(db_err)?;
-    let mut rows = stmt.query([name.as_str()]).map_err(db_err)?;
-    let mut out = Vec::new();
-    while let Some(r) = rows.next().map_err(db_err)? {
-        out.push(Row {
-            seq: to_u64(r.get(0).map_err(db_err)?)?,
-            kind: codec::kind_from_code(
-                BACKEND,
-                r.get(1).map_err(db_err)?,
-                r.get(2).map_err(db_err)?,
-                r.get(3).map_err(db_err)?,
-            )?,
-            session: r.get(4).map_err(db_err)?,
-            granted_ms: r.get(5).map_err(db_err)?,
-            live: r.get(6).map_err(db_err)?,
-        });
-    }
-    Ok(out)
+    Ok(Walk {
+        granted,
+        blocked,
+        newly,
+    })
 }
 
 fn session_alive(conn: &Connection, key: &SessionKey) -> Result<()> {
@@ -614,29 +677,30 @@ impl Store for SqliteStore {
         let ttl_ms = spec.ttl_ms();
         let (k, t) = (opened.key.secret().to_string(), opened.tag.clone());
         self.write(move |tx| {
-            // Collect long-dead sessions now and then so the table stays small;
-            // their names are settled so observers see the change.
-            let mut stale = tx
+            // Collect a few expired sessions, oldest first (by the expiry
+            // index), so the table stays small; their names are settled so
+            // observers see the change.
+            let dead = tx
                 .prepare_cached(&format!(
-                    "SELECT DISTINCT e.name FROM tenure_entries e JOIN tenure_sessions s
-                       ON s.id = e.session WHERE s.expires_ms <= {NOW}"
+                    "SELECT id FROM tenure_sessions WHERE expires_ms <= {NOW}
+                     ORDER BY expires_ms LIMIT 16"
                 ))
+                .and_then(|mut s| {
+                    s.query_map([], |r| r.get::<_, String>(0))?
+                        .collect::<rusqlite::Result<Vec<String>>>()
+                })
                 .map_err(db_err)?;
-            let names = stale
-                .query_map([], |r| r.get::<_, String>(0))
-                .map_err(db_err)?
-                .collect::<rusqlite::Result<Vec<String>>>()
-                .map_err(db_err)?;
+            let mut names = Vec::new();
+            for session in &dead {
+                names.extend(session_names(tx, session)?);
+            }
+            end_sessions(tx, &dead)?;
             tx.prepare_cached(&format!(
                 "INSERT INTO tenure_sessions (id, tag, label, ttl_ms, expires_ms)
                  VALUES (?1, ?2, ?3, ?4, {NOW} + ?4)"
             ))
             .and_then(|mut s| s.execute(params![k, t, label, ttl_ms]))
             .map_err(db_err)?;
-            let names = names
-                .into_iter()
-                .map(Name::new)
-                .collect::<Result<Vec<_>>>()?;
             Ok(((), names))
         })
         .await?;
@@ -686,10 +750,42 @@ impl Store for SqliteStore {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(db_err)?;
                 // Settling first drops entries of expired sessions ahead of us.
-                let (newly_ahead, rows) = settle_rows(&tx, &name, false)?;
-                if let Some(own) = rows.iter().find(|r| r.session == key.secret()) {
-                    queue::check_same_kind(&name, own.kind, kind)?;
-                    let granted = own.granted_ms.is_some();
+                let walk = settle_walk(&tx, &name, false)?;
+                let newly_ahead = walk.newly.clone();
+                // Our own entry: among the rows walked unless the walk
+                // stopped short of the end.
+                let own = if walk.blocked {
+                    tx.prepare_cached(
+                        "SELECT seq, kind, count, lim, granted_ms FROM tenure_entries
+                         WHERE name = ?1 AND session = ?2",
+                    )
+                    .and_then(|mut s| {
+                        s.query_row(params![name.as_str(), key.secret()], |r| {
+                            Ok((
+                                r.get::<_, i64>(0)?,
+                                r.get::<_, i64>(1)?,
+                                r.get::<_, i64>(2)?,
+                                r.get::<_, i64>(3)?,
+                                r.get::<_, Option<i64>>(4)?,
+                            ))
+                        })
+                        .optional()
+                    })
+                    .map_err(db_err)?
+                    .map(|(seq, k, c, l, granted_ms)| {
+                        Ok::<_, Error>((seq, codec::kind_from_code(BACKEND, k, c, l)?, granted_ms))
+                    })
+                    .transpose()?
+                } else {
+                    walk.granted
+                        .iter()
+                        .find(|r| r.session == key.secret())
+                        .map(|r| Ok::<_, Error>((i64::try_from(r.seq).map_err(|e| Error::backend(BACKEND, e))?, r.kind, r.granted_ms)))
+                        .transpose()?
+                };
+                if let Some((own_seq, own_kind, granted_ms)) = own {
+                    queue::check_same_kind(&name, own_kind, kind)?;
+                    let granted = granted_ms.is_some();
                     if mode == JoinMode::IfGranted && !granted {
                         tx.commit().map_err(db_err)?;
                         return Ok((None, name.clone(), newly_ahead));
@@ -700,10 +796,10 @@ impl Store for SqliteStore {
                              WHERE name = ?1 AND seq = ?2 RETURNING holds",
                         )
                         .and_then(|mut s| {
-                            s.query_row(params![name.as_str(), own.seq as i64], |r| r.get(0))
+                            s.query_row(params![name.as_str(), own_seq], |r| r.get(0))
                         })
                         .map_err(db_err)?;
-                    let seq = own.seq;
+                    let seq = to_u64(own_seq)?;
                     tx.commit().map_err(db_err)?;
                     let holds = u32::try_from(holds).map_err(|e| Error::backend(BACKEND, e))?;
                     return Ok((
@@ -712,10 +808,15 @@ impl Store for SqliteStore {
                         newly_ahead,
                     ));
                 }
-                queue::check_compatible(&name, kind, rows.iter().filter(|r| r.live).map(|r| r.kind))?;
-                let mut kinds: Vec<EntryKind> = rows.iter().map(|r| r.kind).collect();
-                kinds.push(kind);
-                let granted = queue::grants(&kinds).last().copied().unwrap_or(false);
+                // Every entry passed this check against those before it, so
+                // the head stands for them all.
+                queue::check_compatible(&name, kind, walk.granted.first().map(|r| r.kind))?;
+                // Behind a waiting entry nothing is granted; otherwise the
+                // walk saw every live entry, all granted.
+                let granted = !walk.blocked && {
+                    let mut rule = queue::GrantWalk::new();
+                    walk.granted.iter().all(|r| rule.admit(r.kind)) && rule.admit(kind)
+                };
                 if mode == JoinMode::IfGranted && !granted {
                     session_alive(&tx, &key)?;
                     tx.commit().map_err(db_err)?;
@@ -820,17 +921,26 @@ impl Store for SqliteStore {
             .inner
             .listeners
             .listen(poll::grant_key(name.as_str(), seq));
-        poll::until_granted(listening.notify(), POLL_MIN, POLL_MAX, || async {
+        // Grants made in this process wake their waiters directly; for those
+        // made elsewhere only the first waiter of the name here polls.
+        let listening = listening.in_line(poll::grant_prefix(name.as_str()));
+        let pushed = || async { false };
+        poll::until_granted(&listening, POLL_MIN, POLL_MAX, pushed, || async {
             loop {
                 match self.look(session, name, seq).await? {
                     Look::Granted => return Ok(poll::Look::Granted),
-                    Look::Waiting { next_expiry_in } => {
-                        return Ok(poll::Look::Wait(next_expiry_in))
-                    }
-                    // Granted by an expiry nobody has settled yet: settle, look again.
-                    Look::NeedsSettle => {
+                    Look::Waiting { until, next } => return Ok(poll::Look::Wait { until, next }),
+                    // Granted by an expiry nobody has settled yet, or behind
+                    // an expired waiter: settle, look again.
+                    Look::NeedsSettle { dead_ahead } => {
                         let name = name.clone();
-                        self.write(move |_| Ok(((), vec![name.clone()]))).await?;
+                        self.write(move |tx| {
+                            if let Some(session) = &dead_ahead {
+                                end_sessions(tx, std::slice::from_ref(session))?;
+                            }
+                            Ok(((), vec![name.clone()]))
+                        })
+                        .await?;
                     }
                 }
             }
