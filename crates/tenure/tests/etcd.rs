@@ -58,7 +58,7 @@ async fn no_thundering_herd() {
         .await
         .unwrap();
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(etcd.clone());
-    tenure_testkit::conformance::check_no_thundering_herd(&store, || etcd.wakeups()).await;
+    tenure_testkit::conformance::check_no_thundering_herd(&store, || etcd.wakeups(), 1, 0).await;
 }
 
 /// A 3-member cluster: the raft leader killed while a lock is held and two

@@ -136,3 +136,19 @@ async fn a_join_that_waited_for_the_name_reads_the_clock_after_the_wait() {
         .unwrap();
     assert_eq!(entries, Some(0));
 }
+
+/// 64 waiters on one mutex, in one process. MySQL cannot notify, so one of
+/// them polls — the next in line, at most every 100 ms — and the others wait
+/// for a local wake-up: about 10 calls a second in all, not 640. Each
+/// release and handoff costs at most 5 calls (the release, the granted
+/// waiter's look, the look of the waiter that takes over polling, a poll),
+/// however many wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_thundering_herd() {
+    let Some(server) = shared() else { return };
+    let my = tenure::backend::mysql::MysqlStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(my.clone());
+    tenure_testkit::conformance::check_no_thundering_herd(&store, || my.round_trips(), 5, 12).await;
+}

@@ -89,3 +89,17 @@ async fn a_database_the_server_does_not_have_is_bad_input() {
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
     assert!(e.to_string().contains("no such database"), "{e}");
 }
+
+/// 64 waiters on one mutex: while they wait no script call is made (pub/sub
+/// wakes them, nobody polls), and each release and handoff costs at most 3
+/// calls (the release, the next waiter's look), however many wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_thundering_herd() {
+    let Some(server) = shared() else { return };
+    let redis = tenure::backend::redis::RedisStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(redis.clone());
+    tenure_testkit::conformance::check_no_thundering_herd(&store, || redis.round_trips(), 3, 0)
+        .await;
+}

@@ -411,6 +411,30 @@ impl EtcdStore {
         )
     }
 
+    /// The latest entries of `name`'s queue by create revision, newest
+    /// first, at most `limit`, created before `before` if given: for an
+    /// exclusive entry, the entry just ahead is all that decides its turn.
+    /// (etcd sorts the range on the server; only these entries travel.)
+    fn latest_op(&self, name: &Name, limit: i64, before: Option<i64>) -> TxnOp {
+        let mut options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(limit);
+        if let Some(rev) = before {
+            options = options.with_max_create_revision(rev - 1);
+        }
+        TxnOp::get(self.queue_prefix(name), Some(options))
+    }
+
+    /// Any one entry of `name`'s queue (the cheapest read: key order, limit
+    /// one), to check a new entry's kind against.
+    fn any_op(&self, name: &Name) -> TxnOp {
+        TxnOp::get(
+            self.queue_prefix(name),
+            Some(GetOptions::new().with_prefix().with_limit(1)),
+        )
+    }
+
     /// The queue from a read of [`Self::name_prefix`].
     fn parse_read(&self, name: &Name, kvs: &[KeyValue], revision: i64) -> Result<Read> {
         let qp = self.queue_prefix(name);
@@ -530,6 +554,53 @@ impl EtcdStore {
             Some(j) => (read.rows[j].key.clone(), false),
             None => (self.queue_prefix(name), true),
         }
+    }
+}
+
+impl EtcdStore {
+    /// One look at the session's entry (`own`, created at `rev`): `None` if
+    /// granted, else the key to watch (a prefix if so said) and the revision
+    /// to watch from. An exclusive entry reads only itself and the entry just
+    /// ahead; the others read their queue.
+    async fn look(
+        &self,
+        lease: i64,
+        name: &Name,
+        own: &[u8],
+        rev: i64,
+    ) -> Result<Option<(Vec<u8>, bool, i64)>> {
+        let txn = Txn::new().and_then(vec![
+            TxnOp::get(self.secret_key(lease), None),
+            TxnOp::get(own.to_vec(), None),
+            self.latest_op(name, 1, Some(rev)),
+        ]);
+        let resp = retrying(|| self.txn(txn.clone())).await?;
+        let ops = resp.op_responses();
+        if get_kvs(ops.first())?.is_empty() {
+            return Err(lost());
+        }
+        let mine = match get_kvs(ops.get(1))?.first() {
+            Some(kv) if kv.create_revision() == rev => decode(kv.value())?.0,
+            _ => return Err(Error::NotHeld("the entry is no longer in the queue")),
+        };
+        if mine == EntryKind::Exclusive {
+            return Ok(get_kvs(ops.get(2))?
+                .first()
+                .map(|ahead| (ahead.key().to_vec(), false, revision_of(&resp) + 1)));
+        }
+        let (alive, read) = self.read(lease, name).await?;
+        if !alive {
+            return Err(lost());
+        }
+        let i = match read.position(lease) {
+            Some(i) if read.rows[i].seq as i64 == rev => i,
+            _ => return Err(Error::NotHeld("the entry is no longer in the queue")),
+        };
+        if read.granted[i] {
+            return Ok(None);
+        }
+        let (blocker, prefix) = self.blocker(name, &read, i);
+        Ok(Some((blocker, prefix, read.revision + 1)))
     }
 }
 
@@ -715,6 +786,10 @@ impl Store for EtcdStore {
                     );
                 }
             }
+            // An exclusive entry reads back only itself and the entry just
+            // ahead, and a failed exclusive attempt only its own entry and
+            // one other: the queue's length costs nothing in transfer.
+            let exclusive = kind == EntryKind::Exclusive;
             let txn = Txn::new()
                 .when(when)
                 .and_then(vec![
@@ -725,12 +800,21 @@ impl Store for EtcdStore {
                         encode(kind, &nonce, value),
                         Some(PutOptions::new().with_lease(lease)),
                     ),
-                    self.read_op(name),
+                    if exclusive {
+                        self.latest_op(name, 2, None)
+                    } else {
+                        self.read_op(name)
+                    },
                 ])
-                .or_else(vec![
-                    TxnOp::get(self.secret_key(lease), None),
-                    self.read_op(name),
-                ]);
+                .or_else(if exclusive {
+                    vec![
+                        TxnOp::get(self.secret_key(lease), None),
+                        TxnOp::get(entry.clone(), None),
+                        self.any_op(name),
+                    ]
+                } else {
+                    vec![TxnOp::get(self.secret_key(lease), None), self.read_op(name)]
+                });
             let resp = match call(self.client().txn(txn)).await {
                 Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
                     unsure = true;
@@ -740,6 +824,62 @@ impl Store for EtcdStore {
                 other => other?,
             };
             let ops = resp.op_responses();
+            if !resp.succeeded() && exclusive {
+                if get_kvs(ops.first())?.is_empty() {
+                    return Err(lost());
+                }
+                if !get_kvs(ops.get(1))?.is_empty() {
+                    // Our entry is there: one more hold (or this join's own
+                    // earlier attempt), decided on the whole queue.
+                    let (alive, read) = self.read(lease, name).await?;
+                    if !alive {
+                        return Err(lost());
+                    }
+                    if let Some(i) = read.position(lease) {
+                        if let Some(joined) = own_earlier_attempt(&read, i, unsure, &nonce) {
+                            return Ok(Some(joined));
+                        }
+                        return self.rejoin(session, name, kind, mode, read).await;
+                    }
+                    continue;
+                }
+                if mode == JoinMode::IfGranted {
+                    // Not into an empty queue: taken, unless it was never
+                    // allowed at all (every entry agrees with the others, so
+                    // any one stands for them).
+                    let others = get_kvs(ops.get(2))?
+                        .iter()
+                        .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                        .collect::<Result<Vec<_>>>()?;
+                    crate::queue::check_compatible(name, kind, others)?;
+                    return Ok(None);
+                }
+                continue;
+            }
+            if resp.succeeded() && exclusive {
+                let first = get_kvs(ops.first())?.is_empty();
+                let latest = get_kvs(ops.get(3))?;
+                let mine = latest
+                    .iter()
+                    .find(|kv| kv.key() == entry.as_slice())
+                    .ok_or_else(|| bad("the new entry is not in the queue"))?;
+                let seq = u64::try_from(mine.create_revision()).map_err(bad)?;
+                let ahead = latest
+                    .iter()
+                    .filter(|kv| kv.key() != entry.as_slice())
+                    .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                    .collect::<Result<Vec<_>>>()?;
+                if let Err(e) = crate::queue::check_compatible(name, kind, ahead.iter().copied()) {
+                    self.leave(session, name, seq).await?;
+                    return Err(e);
+                }
+                return Ok(Some(Joined {
+                    seq,
+                    granted: ahead.is_empty(),
+                    holds: 1,
+                    first,
+                }));
+            }
             if !resp.succeeded() {
                 if get_kvs(ops.first())?.is_empty() {
                     return Err(lost());
@@ -750,12 +890,6 @@ impl Store for EtcdStore {
                         return Ok(Some(joined));
                     }
                     return self.rejoin(session, name, kind, mode, read).await;
-                }
-                if mode == JoinMode::IfGranted && kind == EntryKind::Exclusive {
-                    // Not into an empty queue: taken, unless it was never
-                    // allowed at all.
-                    crate::queue::check_compatible(name, kind, read.rows.iter().map(|r| r.kind))?;
-                    return Ok(None);
                 }
                 // The queue changed between our read and the write: again.
                 continue;
@@ -863,27 +997,21 @@ impl Store for EtcdStore {
 
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
         let (lease, _) = split_key(session)?;
+        let own = self.entry_key(name, lease);
+        let rev = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
         loop {
             // The session's own deadline ends a wait that cannot reach etcd.
-            let (alive, read) = match self.read(lease, name).await {
+            let look = match self.look(lease, name, &own, rev).await {
                 Err(e) if e.is_temporary() => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
                 other => other?,
             };
-            if !alive {
-                return Err(lost());
-            }
-            let i = match read.position(lease) {
-                Some(i) if read.rows[i].seq == seq => i,
-                _ => return Err(Error::NotHeld("the entry is no longer in the queue")),
+            let (blocker, prefix, from) = match look {
+                None => return Ok(()),
+                Some(wait) => wait,
             };
-            if read.granted[i] {
-                return Ok(());
-            }
-            let (blocker, prefix) = self.blocker(name, &read, i);
-            let from = read.revision + 1;
             let mut options = WatchOptions::new().with_start_revision(from);
             if prefix {
                 options = options.with_prefix();
@@ -899,7 +1027,6 @@ impl Store for EtcdStore {
             };
             // The waiter's own entry too: its deletion (lease expired,
             // evicted) must end the wait.
-            let own = read.rows[i].key.clone();
             let _ = stream
                 .watch(
                     own.clone(),

@@ -178,6 +178,11 @@ async fn stored_version(conn: &mut mysql_async::Conn, p: &str) -> Result<Option<
 }
 
 impl MysqlStore {
+    /// Opens a store from a `mysql://` URL (as [`crate::open`] does), typed.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_url(StoreUrl::parse(url, &URL)?).await
+    }
+
     pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
         let (opts, prefix) = parse_url(&url)?;
         let driver = Mysql {
@@ -201,6 +206,7 @@ impl MysqlStore {
         Ok(SqlStore {
             driver,
             caps: capabilities(),
+            round_trips: Default::default(),
             listeners: Listeners::default(),
         })
     }

@@ -357,6 +357,11 @@ fn to_row(row: &tokio_postgres::Row) -> Result<SqlRow> {
 }
 
 impl PostgresStore {
+    /// Opens a store from a `postgres://` URL (as [`crate::open`] does), typed.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_url(StoreUrl::parse(url, &URL)?).await
+    }
+
     pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
         let (config, schema, tls) = parse_url(&url)?;
         let tls = make_tls(&url, &tls)?;
@@ -381,6 +386,7 @@ impl PostgresStore {
         Ok(SqlStore {
             driver,
             caps: capabilities(),
+            round_trips: Default::default(),
             listeners,
         })
     }

@@ -68,6 +68,8 @@ struct Inner {
     sessions_key: String,
     url: String,
     caps: Capabilities,
+    /// Script calls made so far (see [`RedisStore::round_trips`]).
+    round_trips: std::sync::atomic::AtomicU64,
     wakeups: Wakeups,
 }
 
@@ -206,6 +208,11 @@ fn client_for(url: &StoreUrl, parsed: &Parsed) -> Result<redis::Client> {
 }
 
 impl RedisStore {
+    /// Opens a store from a `redis://` URL (as [`crate::open`] does), typed.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_url(StoreUrl::parse(url, &URL)?).await
+    }
+
     pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
         Self::open_with(&url, CONNECT_TIMEOUT, RESPONSE_TIMEOUT).await
     }
@@ -241,6 +248,7 @@ impl RedisStore {
                 prefix,
                 url: url.masked().to_string(),
                 caps: capabilities(),
+                round_trips: Default::default(),
                 wakeups: Wakeups::default(),
             }),
         };
@@ -248,6 +256,15 @@ impl RedisStore {
         // prefix holds another layout's keys.
         store.call("layout", &[KEY_LAYOUT.as_bytes()]).await?;
         Ok(store)
+    }
+
+    /// How many script calls (round trips) this store has made so far: what
+    /// the no-thundering-herd check counts per handoff, and while waiters
+    /// wait.
+    pub fn round_trips(&self) -> u64 {
+        self.inner
+            .round_trips
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Runs one operation of the script: one round trip. Errors the script
@@ -263,6 +280,9 @@ impl RedisStore {
     /// integer (building a reply table costs the script more than the
     /// commands it saves).
     async fn call_fast(&self, op: &str, args: &[&[u8]]) -> Result<Reply> {
+        self.inner
+            .round_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut invocation = self.inner.script.key(&self.inner.sessions_key);
         invocation.arg(&self.inner.prefix).arg(op);
         for a in args {

@@ -6,6 +6,7 @@
 //! wake-ups, and creating or upgrading the schema.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -176,6 +177,8 @@ pub struct SqlStore<D> {
     /// This process's waiters and observers (the driver may hold a clone,
     /// to wake them from the server's notifications).
     pub(crate) listeners: Listeners,
+    /// Calls made to the database (see [`SqlStore::round_trips`]).
+    pub(crate) round_trips: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl<D: fmt::Debug> fmt::Debug for SqlStore<D> {
@@ -189,6 +192,19 @@ fn seq_arg(seq: u64) -> Result<i64> {
 }
 
 impl<D: SqlDriver> SqlStore<D> {
+    /// How many calls this store has made to the database so far: what the
+    /// no-thundering-herd check counts per handoff, and while waiters wait.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The driver, for one call to the database (counted).
+    fn counted(&self) -> &D {
+        self.round_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.driver
+    }
+
     fn status(&self, row: &SqlRow, name: &Name) -> Result<String> {
         let status = row.text(0)?;
         match status.as_str() {
@@ -263,7 +279,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
-        match self.driver.keep_alive(session.secret()).await? {
+        match self.counted().keep_alive(session.secret()).await? {
             true => Ok(()),
             false => Err(Error::SessionLost(LostReason::Expired)),
         }
@@ -271,7 +287,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
 
     async fn close_session(&self, session: &SessionKey) -> Result<()> {
         let names = if self.driver.wakes_by_hand() {
-            self.driver.names_of(session.secret()).await?
+            self.counted().names_of(session.secret()).await?
         } else {
             Vec::new()
         };
@@ -296,7 +312,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Bytes(request.value),
             Arg::Flag(request.mode == JoinMode::IfGranted),
         ];
-        let row = self.driver.call("join", &args).await?;
+        let row = self.counted().call("join", &args).await?;
         if self.status(&row, name)? == "none" {
             return Ok(None);
         }
@@ -315,7 +331,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Text(name.as_str()),
             Arg::Int(seq_arg(seq)?),
         ];
-        let row = self.driver.call("leave", &args).await?;
+        let row = self.counted().call("leave", &args).await?;
         self.status(&row, name)?;
         let holds = row.count(1)?;
         if holds == 0 {
@@ -337,7 +353,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         let (min, max) = self.driver.poll_bounds();
         let pushed = || self.driver.listen();
         poll::until_granted(&listening, min, max, pushed, || async {
-            let row = self.driver.call("look", &args).await?;
+            let row = self.counted().call("look", &args).await?;
             Ok(match self.status(&row, name)?.as_str() {
                 "granted" => Look::Granted,
                 _ => Look::Wait {
@@ -356,7 +372,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Int(seq_arg(seq)?),
             Arg::Bytes(value),
         ];
-        let row = self.driver.call("set_value", &args).await?;
+        let row = self.counted().call("set_value", &args).await?;
         self.status(&row, name)?;
         self.changed(name.as_str());
         Ok(())
@@ -364,7 +380,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
 
     async fn queue(&self, name: &Name) -> Result<Queue> {
         loop {
-            let (rows, version) = self.driver.rows(name.as_str()).await?;
+            let (rows, version) = self.counted().rows(name.as_str()).await?;
             let mut entries = Vec::with_capacity(rows.len());
             let mut stale = false;
             for row in &rows {

@@ -77,6 +77,8 @@ struct Inner {
     /// Waiters (woken when a change made here grants them) and observers
     /// (woken on any change made here) of this process.
     listeners: Listeners,
+    /// Calls to the database file so far (see [`SqliteStore::round_trips`]).
+    round_trips: std::sync::atomic::AtomicU64,
 }
 
 store_debug!(SqliteStore: path);
@@ -121,6 +123,17 @@ struct Row {
 }
 
 impl SqliteStore {
+    /// Opens a store from a `sqlite://` URL (as [`crate::open`] does), typed.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_url(StoreUrl::parse(url, &URL)?).await
+    }
+
+    /// How many calls (transactions or reads) this store has made to the
+    /// database file so far: what the no-thundering-herd check counts.
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
     pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
         let (path, synchronous) = parse_url(&url)?;
         let masked = url.masked().to_string();
@@ -177,6 +190,7 @@ impl SqliteStore {
                 path: path.to_path_buf(),
                 caps: capabilities(),
                 listeners: Listeners::default(),
+                round_trips: AtomicU64::new(0),
             }),
         })
     }
@@ -198,6 +212,7 @@ impl SqliteStore {
         &self,
         f: impl Fn(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
+        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut conn) = self.inner.conn.try_lock() {
             let _ = conn.busy_timeout(Duration::ZERO);
             let result = f(&mut conn);

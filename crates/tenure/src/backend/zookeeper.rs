@@ -48,7 +48,14 @@ const REAP_EVERY: Duration = Duration::from_millis(50);
 const OBSERVE_POLL: Duration = Duration::from_millis(200);
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules::servers(&[]);
+pub(crate) const URL: UrlRules = UrlRules::servers(&["max_sessions"]);
+
+/// How many sessions a store opens at most unless its URL says otherwise
+/// (`max_sessions=N`, 0 for no limit). Each session is a ZooKeeper
+/// connection, and a server takes at most `maxClientCnxns` (60 by default)
+/// from one address; this leaves room for the store's own connection and a
+/// few others from the same host.
+const DEFAULT_MAX_SESSIONS: usize = 50;
 
 /// The ZooKeeper backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -62,6 +69,15 @@ pub fn capabilities() -> Capabilities {
             "the ZooKeeper server's session clock",
             "acquire: 2 (create + list), release: 1 (delete), renew: 1 (a multi-read of the session's entries)",
         )
+    }
+}
+
+/// A session being connected, counted until dropped.
+struct OpeningSlot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for OpeningSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -81,6 +97,10 @@ struct Inner {
     /// For reads that belong to no session (queue, names, observers).
     admin: zk::Client,
     sessions: std::sync::Mutex<HashMap<SessionKey, Arc<ZkSession>>>,
+    /// Sessions being opened (connecting), counted against `max_sessions`.
+    opening: std::sync::atomic::AtomicUsize,
+    /// The most sessions open at once; 0: no limit.
+    max_sessions: usize,
     wakeups: AtomicU64,
 }
 
@@ -256,6 +276,7 @@ struct Parsed {
     hosts: String,
     auth: Option<Vec<u8>>,
     base: String,
+    max_sessions: usize,
 }
 
 fn parse_url(url: &StoreUrl) -> Result<Parsed> {
@@ -276,10 +297,19 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         Some(password) => format!("{user}:{password}").into_bytes(),
         None => user.as_bytes().to_vec(),
     });
+    let max_sessions = match url.option("max_sessions") {
+        None => DEFAULT_MAX_SESSIONS,
+        Some(v) => v.parse().map_err(|_| {
+            url.invalid(format!(
+                "max_sessions must be a whole number (0: no limit), not {v:?}"
+            ))
+        })?,
+    };
     Ok(Parsed {
         hosts: url.authority().to_string(),
         auth,
         base,
+        max_sessions,
     })
 }
 
@@ -301,6 +331,8 @@ impl ZkStore {
                 caps: capabilities(),
                 admin,
                 sessions: std::sync::Mutex::new(HashMap::new()),
+                opening: std::sync::atomic::AtomicUsize::new(0),
+                max_sessions: parsed.max_sessions,
                 wakeups: AtomicU64::new(0),
             }),
         };
@@ -376,6 +408,34 @@ impl ZkStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         sessions.get(key).cloned().ok_or_else(lost)
+    }
+
+    /// Counts a session about to connect against `max_sessions`, or refuses
+    /// it with a typed error that says what to change. The slot is a
+    /// connect in progress until dropped (by then the session is in
+    /// `sessions`, or failed).
+    fn reserve_session(&self) -> Result<OpeningSlot<'_>> {
+        let sessions = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let opening = &self.inner.opening;
+        let open = sessions.len() + opening.load(Ordering::Acquire);
+        let max = self.inner.max_sessions;
+        if max != 0 && open >= max {
+            return Err(Error::InvalidArgument {
+                what: "number of ZooKeeper sessions",
+                reason: format!(
+                    "this store already has {open} sessions open (max_sessions={max}); each is a \
+                     ZooKeeper connection, and the server refuses more than its maxClientCnxns \
+                     (60 by default) from one address: raise maxClientCnxns (0: no limit) and \
+                     give the store URL ?max_sessions=N (0: no limit)"
+                ),
+            });
+        }
+        opening.fetch_add(1, Ordering::AcqRel);
+        Ok(OpeningSlot(opening))
     }
 
     fn forget(&self, key: &SessionKey) -> Option<Arc<ZkSession>> {
@@ -512,6 +572,7 @@ impl Store for ZkStore {
     }
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+        let _slot = self.reserve_session()?;
         let client = connect(&self.inner.hosts, self.inner.auth.as_deref(), spec.ttl).await?;
         let negotiated = client.session_timeout();
         if negotiated < spec.ttl {
