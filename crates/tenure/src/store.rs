@@ -255,13 +255,21 @@ pub struct Queue {
 }
 
 /// How waiters learn that their entry is granted.
+///
+/// On every backend a waiter also wakes at the one expiry that could change
+/// its turn without a release (the holders' first expiry for the next in
+/// line, the expiry of the entry just ahead for the others), so a holder
+/// that dies silently is noticed at its expiry; that wake-up is not polling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Wake {
     /// A release wakes the next waiter only.
     NextOnly,
-    /// Waiters in this process are woken directly (next waiter only); waiters in
-    /// other processes poll with a backoff from `min` to `max`.
+    /// Waiters in this process are woken directly (next waiter only). For
+    /// changes made by other processes, only the next in line and the first
+    /// waiter of each name in each process poll, with a backoff from `min` to
+    /// `max`; the others wait for a local wake-up. So the polls a process
+    /// makes grow with the names it waits on, not with its waiters.
     LocalOrPoll {
         /// First poll interval.
         min: Duration,
@@ -269,10 +277,11 @@ pub enum Wake {
         max: Duration,
     },
     /// A release wakes the next waiter only, through a notification the store
-    /// sends; a holder that expires silently is noticed by polling, at most
-    /// every `fallback_poll` and no later than the expiry.
+    /// sends, and no waiter polls. Only while the notification connection is
+    /// down (it is re-opened at once, then at most once a second) do waiters
+    /// poll, as for [`Wake::LocalOrPoll`], at most every `fallback_poll`.
     PubSub {
-        /// Largest poll interval.
+        /// Largest poll interval while notifications are down.
         fallback_poll: Duration,
     },
 }

@@ -33,8 +33,10 @@
 -- expired is removed (and its session ended everywhere) when an operation
 -- walks past it from the head, when the waiter behind it looks, or when
 -- `open` collects expired sessions in expiry order.
--- Wake-ups: PUBLISH P:w:<name>:<seq> when an entry is granted (only its
--- waiter listens), PUBLISH P:ch:<name> on any change (observers).
+-- Wake-ups: PUBLISH P:w:<name>\t<seq, 20 digits> when an entry is granted
+-- (only its waiter listens; a tab never occurs in a name, and the padding
+-- keeps a name's channels in queue order), PUBLISH P:ch:<name> on any
+-- change (observers).
 --
 -- KEYS[1] = P:sessions (routes the call); ARGV[1] = P; ARGV[2] = operation.
 --
@@ -234,7 +236,7 @@ local function settle_one(name, changed)
     if r.granted == '' then
       r.granted = fmt(now)
       redis.call('HSET', k('e', name), r.seq, record(r))
-      redis.call('PUBLISH', k('w', name) .. ':' .. r.seq, 'granted')
+      redis.call('PUBLISH', k('w', name) .. '\t' .. string.rep('0', 20 - #r.seq) .. r.seq, 'granted')
       changed = true
     end
     return true

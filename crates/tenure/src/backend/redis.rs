@@ -618,9 +618,14 @@ impl Store for RedisStore {
     }
 
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+        // The script publishes to `P:w:NAME<TAB>SEQ` (20 digits), so a
+        // name's channels sort in queue order: without pub/sub only the
+        // first waiter of the name in this process polls.
+        let channels = format!("{}\t", self.channel("w", name));
         let listening = self
-            .listen(format!("{}:{seq}", self.channel("w", name)))
-            .await;
+            .listen(format!("{channels}{seq:020}"))
+            .await
+            .in_line(channels);
         let seq = seq.to_string();
         let pushed = || self.subscribe(None);
         poll::until_granted(&listening, POLL_MIN, POLL_MAX, pushed, || async {
