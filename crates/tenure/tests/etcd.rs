@@ -93,3 +93,34 @@ async fn tls() {
     let plain = untrusted.replace("etcds://", "etcd://");
     assert!(tenure::open(&plain).await.is_err());
 }
+
+/// A queue of more entries than etcd takes operations in one transaction
+/// (128 by default) reads whole, with every session's tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_longer_than_one_transaction_reads_whole() {
+    let Some(server) = shared() else { return };
+    let store = tenure::open(&server.url()).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..150 {
+        let session = tenure::Session::new(&store).await.unwrap();
+        let guard = tenure::RwLock::new(&session, "long-queue")
+            .unwrap()
+            .read()
+            .await
+            .unwrap();
+        held.push((guard, session));
+    }
+    let queue = store
+        .queue(&tenure::Name::new("long-queue").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(queue.entries.len(), 150);
+    assert!(queue
+        .entries
+        .iter()
+        .all(|e| e.granted && !e.session_tag.is_empty()));
+    for (guard, session) in held {
+        guard.release().await.unwrap();
+        session.close().await.unwrap();
+    }
+}

@@ -45,6 +45,9 @@ const BACKEND: &str = "etcd";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Bound on every unary call (watches are not bounded).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most operations etcd takes in one transaction by default
+/// (`--max-txn-ops`).
+const MAX_TXN_OPS: usize = 128;
 /// Attempts of a compare-and-swap that lost a race with another writer.
 const CAS_ATTEMPTS: usize = 16;
 
@@ -1184,18 +1187,24 @@ impl EtcdStore {
         leases.dedup();
         let mut info: HashMap<i64, (String, String, Duration)> = HashMap::new();
         if !leases.is_empty() {
-            let gets: Vec<TxnOp> = leases
-                .iter()
-                .map(|l| TxnOp::get(self.info_key(*l), None))
-                .collect();
-            let resp = call(self.client().txn(Txn::new().and_then(gets))).await?;
+            // etcd takes at most 128 operations per transaction (its
+            // --max-txn-ops): read the sessions' labels in chunks.
+            let mut infos = Vec::with_capacity(leases.len());
+            for chunk in leases.chunks(MAX_TXN_OPS) {
+                let gets: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|l| TxnOp::get(self.info_key(*l), None))
+                    .collect();
+                let resp = call(self.client().txn(Txn::new().and_then(gets))).await?;
+                infos.extend(resp.op_responses());
+            }
             let lefts = futures_util::future::join_all(leases.iter().map(|l| {
                 let mut client = self.client();
                 let l = *l;
                 async move { call(client.lease_time_to_live(l, None)).await }
             }))
             .await;
-            for ((lease, op), left) in leases.iter().zip(resp.op_responses()).zip(lefts) {
+            for ((lease, op), left) in leases.iter().zip(infos).zip(lefts) {
                 let text = match &op {
                     TxnOpResponse::Get(g) => g
                         .kvs()
