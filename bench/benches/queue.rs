@@ -43,7 +43,15 @@ use std::time::{Duration, Instant};
 use tenure::{Mutex, Name, Session, SessionOptions, Store};
 use tokio::time::timeout;
 
-const TTL: Duration = Duration::from_secs(30);
+/// Every session's TTL (`QUEUE_TTL_S` overrides it: renewals of N sessions
+/// come N / (TTL / 3) times a second, a load of their own).
+fn ttl() -> Duration {
+    std::env::var("QUEUE_TTL_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(30))
+}
 const QUEUE_FILL_LIMIT: Duration = Duration::from_secs(60);
 /// The wait for the queue to fill gives up after this many failed reads in
 /// a row (etcd's `queue` can fail for good on a long queue).
@@ -264,7 +272,7 @@ async fn open_sessions(store: &Arc<dyn Store>, count: usize) -> (Vec<Session>, O
             within(
                 left.min(Duration::from_secs(30)),
                 "opening a waiter session",
-                Session::with_options(store, SessionOptions::new().ttl(TTL)),
+                Session::with_options(store, SessionOptions::new().ttl(ttl())),
             )
         }))
         .await;
@@ -460,7 +468,7 @@ async fn measure_row(
     let holder = match within(
         Duration::from_secs(30),
         "opening the holder session",
-        Session::with_options(store, SessionOptions::new().ttl(TTL)),
+        Session::with_options(store, SessionOptions::new().ttl(ttl())),
     )
     .await
     {
@@ -583,7 +591,7 @@ async fn measure_row(
     match within(
         Duration::from_secs(30),
         "opening the probe session",
-        Session::with_options(store, SessionOptions::new().ttl(TTL)),
+        Session::with_options(store, SessionOptions::new().ttl(ttl())),
     )
     .await
     {
@@ -852,7 +860,10 @@ fn main() {
                     run_backend(
                         &mut rows,
                         "zookeeper",
-                        &zk.url(),
+                        // One connection per session: the test kit's server
+                        // takes any number (maxClientCnxns=0), and the URL
+                        // lifts the store's own default cap of 50.
+                        &format!("{}?max_sessions=0", zk.url()),
                         Some("java"),
                         &sizes,
                         &budget,

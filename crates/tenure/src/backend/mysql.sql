@@ -70,7 +70,7 @@ BEGIN
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     walk: LOOP
         SET v_seq = NULL;
-        SELECT e.seq, e.session, e.kind, e.count, e.lim, e.granted_ms, s.expires_ms
+        SELECT STRAIGHT_JOIN e.seq, e.session, e.kind, e.count, e.lim, e.granted_ms, s.expires_ms
           INTO v_seq, v_session, v_kind, v_count, v_lim, v_granted, v_expires
           FROM @pentries e JOIN @psessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq > v_after ORDER BY e.seq LIMIT 1;
@@ -118,7 +118,7 @@ END
 ;;
 DROP PROCEDURE IF EXISTS @pjoin
 ;;
-CREATE PROCEDURE @pjoin(IN p_secret CHAR(32), IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
+CREATE PROCEDURE @pjoin(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
     IN p_kind SMALLINT, IN p_count INT, IN p_lim INT, IN p_value LONGBLOB, IN p_if_granted BOOLEAN)
 proc: BEGIN
     DECLARE v_now BIGINT DEFAULT @pnow_ms();
@@ -161,7 +161,7 @@ proc: BEGIN
         CALL @psettle(p_name, FALSE);
         SELECT seq, kind, count, lim, granted_ms, holds
           INTO v_mine_seq, v_mine_kind, v_mine_count, v_mine_lim, v_mine_granted, v_holds
-          FROM @pentries WHERE name = p_name AND session = p_secret LIMIT 1;
+          FROM @pentries FORCE INDEX (by_session) WHERE name = p_name AND session = p_secret LIMIT 1;
         IF v_mine_seq IS NOT NULL THEN
             IF v_mine_kind <> p_kind OR v_mine_count <> p_count OR v_mine_lim <> p_lim THEN
                 COMMIT;
@@ -222,7 +222,7 @@ END
 ;;
 DROP PROCEDURE IF EXISTS @pleave
 ;;
-CREATE PROCEDURE @pleave(IN p_secret CHAR(32), IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
+CREATE PROCEDURE @pleave(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
 proc: BEGIN
     DECLARE v_alive INT DEFAULT 0;
     DECLARE v_holds INT DEFAULT NULL;
@@ -261,7 +261,7 @@ END
 ;;
 DROP PROCEDURE IF EXISTS @plook
 ;;
-CREATE PROCEDURE @plook(IN p_secret CHAR(32), IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
+CREATE PROCEDURE @plook(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
 proc: BEGIN
     DECLARE v_alive INT DEFAULT 0;
     DECLARE v_found INT DEFAULT 0;
@@ -295,7 +295,7 @@ proc: BEGIN
     ahead: LOOP
         SET v_now = @pnow_ms();
         SET v_aseq = NULL;
-        SELECT e.seq, e.session, e.granted_ms, s.expires_ms
+        SELECT STRAIGHT_JOIN e.seq, e.session, e.granted_ms, s.expires_ms
           INTO v_aseq, v_asession, v_agranted, v_aexpires
           FROM @pentries e JOIN @psessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq < p_seq ORDER BY e.seq DESC LIMIT 1;
@@ -314,7 +314,7 @@ proc: BEGIN
             SET v_next = FALSE;
         ELSE
             -- Next in line: every entry ahead is granted.
-            SELECT GREATEST(MIN(s.expires_ms) - v_now, 0) INTO v_until
+            SELECT STRAIGHT_JOIN GREATEST(MIN(s.expires_ms) - v_now, 0) INTO v_until
               FROM @pentries e JOIN @psessions s ON s.id = e.session
              WHERE e.name = p_name AND e.seq < p_seq;
         END IF;
@@ -326,7 +326,7 @@ END
 ;;
 DROP PROCEDURE IF EXISTS @pset_value
 ;;
-CREATE PROCEDURE @pset_value(IN p_secret CHAR(32), IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
+CREATE PROCEDURE @pset_value(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
     IN p_seq BIGINT, IN p_value LONGBLOB)
 proc: BEGIN
     DECLARE v_alive INT DEFAULT 0;
@@ -351,7 +351,7 @@ END
 ;;
 DROP PROCEDURE IF EXISTS @pclose
 ;;
-CREATE PROCEDURE @pclose(IN p_secret CHAR(32))
+CREATE PROCEDURE @pclose(IN p_secret CHAR(32) CHARACTER SET ascii)
 BEGIN
     DECLARE v_done BOOLEAN DEFAULT FALSE;
     DECLARE v_name VARCHAR(255) CHARACTER SET utf8mb4;

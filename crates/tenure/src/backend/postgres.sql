@@ -53,15 +53,21 @@ LANGUAGE plpgsql AS $$
 DECLARE
     now_ms bigint := @s.now_ms();
     r record;
+    after bigint := -1;
     idx integer := 0;
     all_shared boolean := true;
     permits bigint := 0;
     ok boolean;
     changed boolean := p_changed;
 BEGIN
-    FOR r IN SELECT e.seq, e.session, e.kind, e.count, e.lim, e.granted_ms, s.expires_ms
-               FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
-              WHERE e.name = p_name ORDER BY e.seq LOOP
+    -- One row at a time by seq (an index lookup each), not a cursor over
+    -- the name's whole queue: the planner may not know the walk stops early.
+    LOOP
+        SELECT e.seq, e.session, e.kind, e.count, e.lim, e.granted_ms, s.expires_ms INTO r
+          FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq > after ORDER BY e.seq LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        after := r.seq;
         IF r.expires_ms <= now_ms AND @s.end_expired(r.session, now_ms) THEN
             DELETE FROM @s.entries WHERE name = p_name AND seq = r.seq;
             changed := true;
