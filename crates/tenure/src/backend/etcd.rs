@@ -62,7 +62,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "etcd's lease clock (the raft leader's), TTL in whole seconds",
-            "acquire: 1 (txn), release: 1 (txn), renew: 1 (lease keep-alive)",
+            "acquire: 1 (txn; a try-lock 2: a read, then the txn if the queue looked empty), release: 1 (txn), renew: 1 (lease keep-alive)",
         )
     }
 }
@@ -755,7 +755,44 @@ impl Store for EtcdStore {
             ];
             if mode == JoinMode::IfGranted {
                 if kind == EntryKind::Exclusive {
-                    // A try-lock: only into an empty queue, in one round trip.
+                    // A try-lock: only into an empty queue. etcd checks a
+                    // compare over a range by reading every key in it, so
+                    // first one cheap read (our entry, any one entry) and
+                    // the write only if the queue looked empty: a try on a
+                    // long queue costs the same as on a short one.
+                    let txn = Txn::new().and_then(vec![
+                        TxnOp::get(self.secret_key(lease), None),
+                        TxnOp::get(entry.clone(), None),
+                        self.any_op(name),
+                    ]);
+                    let resp = retrying(|| self.txn(txn.clone())).await?;
+                    let ops = resp.op_responses();
+                    if get_kvs(ops.first())?.is_empty() {
+                        return Err(lost());
+                    }
+                    let others = get_kvs(ops.get(2))?;
+                    if !get_kvs(ops.get(1))?.is_empty() || !others.is_empty() {
+                        let (alive, read) = if get_kvs(ops.get(1))?.is_empty() {
+                            let kinds = others
+                                .iter()
+                                .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                                .collect::<Result<Vec<_>>>()?;
+                            crate::queue::check_compatible(name, kind, kinds)?;
+                            return Ok(None);
+                        } else {
+                            self.read(lease, name).await?
+                        };
+                        if !alive {
+                            return Err(lost());
+                        }
+                        if let Some(i) = read.position(lease) {
+                            if let Some(joined) = own_earlier_attempt(&read, i, unsure, &nonce) {
+                                return Ok(Some(joined));
+                            }
+                            return self.rejoin(session, name, kind, mode, read).await;
+                        }
+                        continue;
+                    }
                     when.push(
                         Compare::create_revision(qp.clone(), CompareOp::Equal, 0)
                             .with_range(range_end(&qp)),
