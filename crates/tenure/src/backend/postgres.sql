@@ -26,7 +26,10 @@ CREATE TABLE IF NOT EXISTS @s.entries (
     value bytea NOT NULL,
     granted_ms bigint,
     PRIMARY KEY (name, seq));
-CREATE INDEX IF NOT EXISTS entries_session ON @s.entries(session);
+-- A session's entry in a name is found by (session, name), never by
+-- scanning the name's queue; the index also serves lookups by session.
+DROP INDEX IF EXISTS @s.entries_session;
+CREATE INDEX IF NOT EXISTS entries_owner ON @s.entries(session, name);
 CREATE INDEX IF NOT EXISTS sessions_expiry ON @s.sessions(expires_ms);
 
 CREATE OR REPLACE FUNCTION @s.now_ms() RETURNS bigint LANGUAGE sql VOLATILE AS $$

@@ -67,7 +67,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "the ZooKeeper server's session clock",
-            "acquire: 2 (create + list), release: 1 (delete), renew: 1 (a multi-read of the session's entries)",
+            "acquire: 2 (create + list; a try-lock reads the list first: 1 when the queue would not grant it, 3 when it would), release: 1 (delete), renew: 1 (a multi-read of the session's entries)",
         )
     }
 }
@@ -711,6 +711,23 @@ impl Store for ZkStore {
                 holds,
                 first: false,
             }));
+        }
+        if mode == JoinMode::IfGranted {
+            // A try reads first (a read is served from the server's memory;
+            // a create and its delete go through the quorum): on a queue that
+            // would not grant it, that read is the whole answer.
+            let list = self.list(&session.client, name).await?;
+            let kinds: Vec<EntryKind> = list.children.iter().map(|c| c.2).collect();
+            crate::queue::check_compatible(name, kind, kinds.iter().copied())?;
+            let mut with_ours = kinds;
+            with_ours.push(kind);
+            if !crate::queue::grants(&with_ours)
+                .last()
+                .copied()
+                .unwrap_or(false)
+            {
+                return Ok(None);
+            }
         }
         let prefix = child_prefix(&session.tag, kind);
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
