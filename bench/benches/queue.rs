@@ -31,8 +31,9 @@
 //! `QUEUE_SIZES=0,16` sets the queue sizes, `BENCH_ONLY=redis,postgres` runs
 //! only those server backends (memory and SQLite always run, as in the cycle
 //! bench), `BENCH_OUT` sets the JSON's path (default `bench/queue.json`),
-//! `QUEUE_BUDGET_S` the bench's time budget (default 570 s): each backend
-//! gets an even share of what is left (at least 30 s) and starts no new size
+//! `QUEUE_BUDGET_S` the bench's time budget (default 900 s), `QUEUE_TURNS`
+//! the turns over all sizes per backend (default 3; each figure is the
+//! median of the turns). Each backend gets an even share of what is left (at least 30 s) and starts no new size
 //! past it. A size that runs into the queue-fill or the handoff limit skips
 //! the backend's larger sizes. A row already started runs to its own bounds.
 
@@ -664,33 +665,101 @@ async fn run_backend(
     let share = budget.share();
     let started = Instant::now();
     let mut stop: Option<String> = None;
-    for &n in sizes {
-        if stop.is_none() && started.elapsed() >= share {
-            stop = Some(format!(
-                "skipped: {backend}'s share of the time budget ({share:.0?}) is spent"
-            ));
+    // Turns over all sizes in order (0, 16, 256, 1,024, 0, 16, …), so that a
+    // slow spell of the machine falls on every size alike; each row reports
+    // the median of its turns.
+    let mut turns: Vec<Vec<Row>> = sizes.iter().map(|_| Vec::new()).collect();
+    for turn in 0..queue_turns() {
+        for (slot, &n) in turns.iter_mut().zip(sizes) {
+            if stop.is_none() && started.elapsed() >= share {
+                stop = Some(format!(
+                    "skipped: {backend}'s share of the time budget ({share:.0?}) is spent"
+                ));
+            }
+            if let Some(why) = &stop {
+                if slot.is_empty() {
+                    let mut row = Row::new(backend, n);
+                    row.error = Some(why.clone());
+                    slot.push(row);
+                }
+                continue;
+            }
+            eprintln!("queue bench: {backend} N={n} turn {} ...", turn + 1);
+            let row = run_row(url, backend, comm, n).await;
+            if row.hit_limit {
+                stop = Some(format!("skipped: N={n} ran into a time limit"));
+            }
+            eprintln!(
+                "queue bench: {backend} N={n} done in {:.1} s{}",
+                row.wall_s,
+                row.error
+                    .as_deref()
+                    .map(|e| format!(" (error: {e})"))
+                    .unwrap_or_default()
+            );
+            slot.push(row);
         }
-        if let Some(why) = &stop {
-            let mut row = Row::new(backend, n);
-            row.error = Some(why.clone());
-            rows.push(row);
-            continue;
-        }
-        eprintln!("queue bench: {backend} N={n} ...");
-        let row = run_row(url, backend, comm, n).await;
-        if row.hit_limit {
-            stop = Some(format!("skipped: N={n} ran into a time limit"));
-        }
-        eprintln!(
-            "queue bench: {backend} N={n} done in {:.1} s{}",
-            row.wall_s,
-            row.error
-                .as_deref()
-                .map(|e| format!(" (error: {e})"))
-                .unwrap_or_default()
-        );
-        rows.push(row);
     }
+    rows.extend(turns.into_iter().map(merge_turns));
+}
+
+/// How many turns each backend takes over all sizes (`QUEUE_TURNS`, default 3).
+fn queue_turns() -> usize {
+    std::env::var("QUEUE_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1)
+}
+
+/// The median of the values some turns measured.
+fn median_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let mut v: Vec<f64> = values.flatten().collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    Some(v[v.len() / 2])
+}
+
+/// One row from the turns of one size: each figure the median of its turns,
+/// the notes and errors of all of them.
+fn merge_turns(mut turns: Vec<Row>) -> Row {
+    if turns.len() <= 1 {
+        return turns.pop().unwrap_or_default();
+    }
+    let probe = |pick: fn(&Row) -> Option<&Probe>, turns: &[Row]| -> Option<Probe> {
+        let probes: Vec<&Probe> = turns.iter().filter_map(pick).collect();
+        if probes.is_empty() {
+            return None;
+        }
+        Some(Probe {
+            ops: probes.iter().map(|p| p.ops).sum(),
+            median_ms: median_of(probes.iter().map(|p| p.median_ms)),
+            server_us_per_op: median_of(probes.iter().map(|p| p.server_us_per_op)),
+            error: probes.iter().find_map(|p| p.error.clone()),
+        })
+    };
+    let mut row = Row::new(&turns[0].backend, turns[0].n);
+    row.queued = turns.iter().filter_map(|r| r.queued).min();
+    row.queue_fill_s = median_of(turns.iter().map(|r| r.queue_fill_s));
+    row.idle_server_ms_per_s = median_of(turns.iter().map(|r| r.idle_server_ms_per_s));
+    row.idle_client_ms_per_s = median_of(turns.iter().map(|r| r.idle_client_ms_per_s));
+    row.try_lock = probe(|r| r.try_lock.as_ref(), &turns);
+    row.free_cycle = probe(|r| r.free_cycle.as_ref(), &turns);
+    row.handoffs = turns.iter().map(|r| r.handoffs).sum();
+    row.handoff_ms = median_of(turns.iter().map(|r| r.handoff_ms));
+    row.handoff_server_ms = median_of(turns.iter().map(|r| r.handoff_server_ms));
+    row.handoff_error = turns.iter().find_map(|r| r.handoff_error.clone());
+    row.error = turns
+        .iter()
+        .all(|r| r.error.is_some())
+        .then(|| turns[0].error.clone())
+        .flatten();
+    row.notes = turns.iter().flat_map(|r| r.notes.clone()).collect();
+    row.hit_limit = turns.iter().any(|r| r.hit_limit);
+    row.wall_s = turns.iter().map(|r| r.wall_s).sum();
+    row
 }
 
 /// The bench's time: each backend gets an even share of what is left
@@ -749,7 +818,7 @@ fn main() {
             std::env::var("QUEUE_BUDGET_S")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(570),
+                .unwrap_or(900),
         ),
         backends: 2 + servers.iter().filter(|b| want(b)).count(),
         begun: std::cell::Cell::new(0),
@@ -879,6 +948,10 @@ fn main() {
     rt.shutdown_timeout(Duration::from_secs(5));
     let total = budget.started.elapsed();
 
+    println!(
+        "each figure is the median of {} turns over all sizes, taken in order",
+        queue_turns()
+    );
     println!(
         "{:<10} {:>5} {:>8} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>10} {:>10}",
         "backend",
