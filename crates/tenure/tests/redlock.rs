@@ -162,3 +162,73 @@ async fn all_down_at_start_is_unavailable_in_time() {
     tenure_testkit::conformance::check_down_at_start(&format!("redlock://{}/0", ports.join(",")))
         .await;
 }
+
+/// Tokens never go back, whatever a client's clock says: a client whose
+/// clock is an hour ahead takes a lock (the nodes refuse a seq more than
+/// 2 s past their own clocks, so it is taken near the nodes' time, not an
+/// hour ahead), then every node loses its data (down longer than the TTL,
+/// restarted empty: the delayed restart). A client with a right clock then
+/// gets a token above the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_go_back_after_a_client_ahead_and_a_total_data_loss() {
+    let Some(mut servers) = start(3) else { return };
+    let ahead = tenure::backend::redlock::RedlockStore::open(&url(&servers))
+        .await
+        .unwrap();
+    ahead.shift_clock_for_tests(3_600_000_000);
+    let ahead: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(ahead);
+    let ttl = Duration::from_millis(800);
+    let a = session(&ahead, ttl).await;
+    let held = Mutex::new(&a, "clock-ahead").unwrap().lock().await.unwrap();
+    let first = held.token();
+    // Not an hour ahead of the nodes' clocks (µs since the epoch).
+    let node_clock_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert!(
+        first < node_clock_us + 60_000_000,
+        "token {first} is far ahead of the nodes' clocks ({node_clock_us})"
+    );
+    held.release().await.unwrap();
+    a.close().await.unwrap();
+    for server in servers.iter_mut() {
+        server.kill();
+    }
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await; // delayed restart
+    for server in servers.iter_mut() {
+        server.restart();
+    }
+    let store = tenure::open(&url(&servers)).await.unwrap();
+    let b = session(&store, ttl).await;
+    let g = tokio::time::timeout(
+        Duration::from_secs(5),
+        Mutex::new(&b, "clock-ahead").unwrap().lock(),
+    )
+    .await
+    .expect("granted")
+    .unwrap();
+    assert!(
+        g.token() > first,
+        "tokens went back: {} <= {first}",
+        g.token()
+    );
+    // A second lock by the client that is ahead is still granted (it learns
+    // to aim below the nodes' ceilings), with a higher token again.
+    let second = g.token();
+    g.release().await.unwrap();
+    let ahead = tenure::backend::redlock::RedlockStore::open(&url(&servers))
+        .await
+        .unwrap();
+    ahead.shift_clock_for_tests(3_600_000_000);
+    let ahead: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(ahead);
+    let a = session(&ahead, ttl).await;
+    let again = tokio::time::timeout(
+        Duration::from_secs(5),
+        Mutex::new(&a, "clock-ahead").unwrap().lock(),
+    )
+    .await
+    .expect("granted to the client that is ahead")
+    .unwrap();
+    assert!(again.token() > second);
+}

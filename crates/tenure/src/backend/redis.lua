@@ -370,13 +370,21 @@ elseif op == 'join' then
     -- node's queue stays in seq order.
     -- A node without a counter seeds it from its clock (and remembers that
     -- no entry has used it yet, for `first`).
+    -- A node takes no seq more than AHEAD µs past its own clock, and seeds
+    -- a missing counter at its clock plus AHEAD: so a counter this node
+    -- lost (restarted empty, after the delayed-restart wait) starts above
+    -- every seq any node took before, whatever the proposing clients'
+    -- clocks said (the argument is in the README).
+    local AHEAD = 2000000
+    local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
     local current = tonumber(redis.call('GET', ckey) or '')
     if not current then
-      current = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      current = clock + AHEAD
       redis.call('SET', ckey, fmt(current))
       redis.call('SET', k('cs', name), '1')
     end
     if proposed <= current then return {'behind', fmt(current)} end
+    if proposed > clock + AHEAD then return {'ahead', fmt(clock + AHEAD)} end
     if redis.call('DEL', k('cs', name)) == 1 then first = 1 end
     seq = proposed
     redis.call('SET', ckey, fmt(seq))

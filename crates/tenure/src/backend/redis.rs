@@ -303,9 +303,8 @@ impl RedisStore {
     /// Turns the script's status word (`reply[0]`) into a result.
     fn status(&self, reply: Vec<Value>, args: &[&[u8]]) -> Result<Vec<Value>> {
         match reply.first().map(text).transpose()?.as_deref() {
-            Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind") => {
-                Ok(reply)
-            }
+            Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind")
+            | Some("ahead") => Ok(reply),
             Some("layout") => Err(Error::SchemaMismatch {
                 backend: BACKEND,
                 url: self.inner.url.clone(),
@@ -471,6 +470,10 @@ pub(crate) enum NodeJoin {
     /// seen for the name: nothing changed.
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     Behind(u64),
+    /// The proposed seq is further ahead of the node's clock than it takes;
+    /// this is the highest it would take now: nothing changed.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    Ahead(u64),
 }
 
 impl RedisStore {
@@ -549,6 +552,7 @@ impl RedisStore {
         match text(field(0)?)?.as_str() {
             "none" => Ok(NodeJoin::NotGranted),
             "behind" => Ok(NodeJoin::Behind(unsigned(field(1)?)?)),
+            "ahead" => Ok(NodeJoin::Ahead(unsigned(field(1)?)?)),
             _ => Ok(NodeJoin::Placed(Joined {
                 seq: unsigned(field(1)?)?,
                 granted: number(field(2)?)? == 1,
@@ -594,7 +598,9 @@ impl Store for RedisStore {
         match self.join_at(session, name, kind, value, mode, None).await? {
             NodeJoin::Placed(joined) => Ok(Some(joined)),
             NodeJoin::NotGranted => Ok(None),
-            NodeJoin::Behind(_) => Err(bad_reply("a seq was refused that was not proposed")),
+            NodeJoin::Behind(_) | NodeJoin::Ahead(_) => {
+                Err(bad_reply("a seq was refused that was not proposed"))
+            }
         }
     }
 

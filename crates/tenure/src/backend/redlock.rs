@@ -68,6 +68,9 @@ const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 /// Largest seq a node's script keeps exactly (a Lua number).
 const MAX_SEQ: u64 = 1 << 53;
+/// How far below a node's ceiling (its clock plus the µs ahead it takes) a
+/// client aims once it has heard of one.
+const AIM_BELOW_CEILING_US: i64 = 1_000_000;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "node_timeout", "tls_ca"]);
@@ -190,8 +193,12 @@ struct Inner {
     sessions: std::sync::Mutex<HashMap<SessionKey, SessionState>>,
     /// The last seq this store proposed, and how far ahead of this client's
     /// clock the nodes' seqs were seen to be.
-    last_proposed: AtomicU64,
-    skew: AtomicU64,
+    last_placed: AtomicU64,
+    /// Added to this client's clock when it proposes: learned from the
+    /// nodes' floors (up) and ceilings (down).
+    offset: std::sync::atomic::AtomicI64,
+    /// A test's shift of this client's clock.
+    clock_ahead_us: std::sync::atomic::AtomicI64,
 }
 
 store_debug!(RedlockStore: url, majority);
@@ -280,6 +287,11 @@ impl Tally {
 }
 
 impl RedlockStore {
+    /// Opens a store from a `redlock://` URL (as [`crate::open`] does), typed.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_url(StoreUrl::parse(url, &URL)?).await
+    }
+
     pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
         let (urls, node_timeout) = parse_url(&url)?;
         let n = urls.len();
@@ -304,8 +316,9 @@ impl RedlockStore {
                 url: url.masked().to_string(),
                 caps: capabilities(),
                 sessions: std::sync::Mutex::new(HashMap::new()),
-                last_proposed: AtomicU64::new(0),
-                skew: AtomicU64::new(0),
+                last_placed: AtomicU64::new(0),
+                offset: std::sync::atomic::AtomicI64::new(0),
+                clock_ahead_us: std::sync::atomic::AtomicI64::new(0),
             }),
         };
         // Fail now, not at the first lock, unless a majority answers; the
@@ -458,25 +471,46 @@ impl RedlockStore {
         }
     }
 
-    /// The next seq to propose: above `floor`, above anything proposed
-    /// before, and near this client's clock in microseconds (so it is
-    /// usually above every node's floor at the first try).
-    fn propose(&self, floor: u64) -> Result<u64> {
+    /// The next seq to propose: above `floor` (the highest seq a node said
+    /// it has seen), at most `ceiling` (the most a node said it takes now,
+    /// its clock plus its bound) if one was named, above this client's
+    /// earlier placements, and near this client's clock in microseconds
+    /// corrected by what the nodes answered (so it is usually taken at the
+    /// first try, and a client whose clock is far ahead learns to aim lower).
+    fn propose(&self, floor: u64, ceiling: Option<u64>) -> Result<u64> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
-        let mut skew = self.inner.skew.load(Ordering::Relaxed);
-        if floor >= now.saturating_add(skew) {
-            skew = floor.saturating_add(1).saturating_sub(now);
-            self.inner.skew.fetch_max(skew, Ordering::Relaxed);
+            .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+            .unwrap_or(0)
+            .saturating_add(self.inner.clock_ahead_us.load(Ordering::Relaxed));
+        let mut offset = self.inner.offset.load(Ordering::Relaxed);
+        if let Some(ceiling) = ceiling {
+            let ceiling = i64::try_from(ceiling).unwrap_or(i64::MAX);
+            offset = offset.min(
+                ceiling
+                    .saturating_sub(now)
+                    .saturating_sub(AIM_BELOW_CEILING_US),
+            );
         }
-        let last = self.inner.last_proposed.load(Ordering::Relaxed);
-        let seq = now
-            .saturating_add(skew)
+        let floor_i = i64::try_from(floor).unwrap_or(i64::MAX);
+        if floor_i >= now.saturating_add(offset) {
+            offset = floor_i.saturating_add(1).saturating_sub(now);
+        }
+        self.inner.offset.store(offset, Ordering::Relaxed);
+        let last = self.inner.last_placed.load(Ordering::Relaxed);
+        let aimed = u64::try_from(now.saturating_add(offset)).unwrap_or(0);
+        let mut seq = aimed
             .max(floor.saturating_add(1))
             .max(last.saturating_add(1));
-        self.inner.last_proposed.fetch_max(seq, Ordering::Relaxed);
+        if let Some(ceiling) = ceiling {
+            if seq > ceiling {
+                // The lowest seq that can still be taken; if even that is
+                // above the ceiling, the node's counter ran ahead of its
+                // clock (its clock stepped back) and it refuses until its
+                // clock catches up.
+                seq = floor.saturating_add(1).max(last.saturating_add(1));
+            }
+        }
         if seq >= MAX_SEQ {
             return Err(Error::backend(
                 BACKEND,
@@ -484,6 +518,13 @@ impl RedlockStore {
             ));
         }
         Ok(seq)
+    }
+
+    /// Shifts this client's clock as Redlock sees it (a test of a client
+    /// whose clock is wrong).
+    #[doc(hidden)]
+    pub fn shift_clock_for_tests(&self, by_us: i64) {
+        self.inner.clock_ahead_us.store(by_us, Ordering::Relaxed);
     }
 
     /// Takes one hold of the session's entry `seq` off the nodes in `mask`
@@ -663,10 +704,11 @@ impl Store for RedlockStore {
         }
         let majority = self.inner.majority;
         let mut floor = 0;
+        let mut ceiling: Option<u64> = None;
         let mut splits = 0;
         for attempt in 0..PLACE_ATTEMPTS {
             let dead = self.with_session(session, |state| state.dead);
-            let seq = self.propose(floor)?;
+            let seq = self.propose(floor, ceiling)?;
             let (answers, mut tally) = self
                 .tally(self.inner.all & !dead, |node| async move {
                     node.join_at(session, name, kind, value, mode, Some(seq))
@@ -699,6 +741,10 @@ impl Store for RedlockStore {
                         floor = floor.max(f);
                         behind = true;
                     }
+                    NodeJoin::Ahead(c) => {
+                        ceiling = Some(ceiling.map_or(c, |old| old.min(c)));
+                        behind = true;
+                    }
                     NodeJoin::NotGranted => {}
                 }
             }
@@ -707,6 +753,7 @@ impl Store for RedlockStore {
                 JoinMode::IfGranted => count(granted) >= majority,
             };
             if enough && tally.conflict.is_none() {
+                self.inner.last_placed.fetch_max(seq, Ordering::Relaxed);
                 // A node that timed out may still take the entry later.
                 self.undo_detached(session, name, seq, tally.failed);
                 self.with_session(session, |state| {
