@@ -143,6 +143,7 @@ async fn a_join_that_waited_for_the_name_reads_the_clock_after_the_wait() {
 /// release and handoff costs at most 5 calls (the release, the granted
 /// waiter's look, the look of the waiter that takes over polling, a poll),
 /// however many wait.
+#[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_thundering_herd() {
     let Some(server) = shared() else { return };

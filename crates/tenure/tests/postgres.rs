@@ -2,7 +2,6 @@
 //! from Debian's binaries, plus fault tests on the kit's own server.
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use tenure::{Error, Mutex, Session};
 use tenure_testkit::PostgresServer;
@@ -165,6 +164,7 @@ async fn a_database_the_server_does_not_have_is_bad_input() {
 /// 64 waiters on one mutex: while they wait no call is made (NOTIFY wakes
 /// them, nobody polls), and each release and handoff costs at most 3 calls
 /// (the release, the next waiter's look), however many wait.
+#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_thundering_herd() {
     let Some(server) = shared() else { return };
@@ -179,6 +179,7 @@ async fn no_thundering_herd() {
 /// waiter looks again and polls until a new LISTEN connection is up, so none
 /// is stranded; each is granted in turn, and once LISTEN is back the waiters
 /// stop polling again.
+#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_outlive_a_dropped_listen_connection() {
     let Some(server) = shared() else { return };
@@ -209,14 +210,14 @@ async fn waiters_outlive_a_dropped_listen_connection() {
         });
     }
     let name = tenure::Name::new("listen").unwrap();
-    tokio::time::timeout(Duration::from_secs(10), async {
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
         while store.queue(&name).await.unwrap().entries.len() < 4 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     })
     .await
     .expect("three waiters queued");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
 
     let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
         .await
@@ -231,12 +232,12 @@ async fn waiters_outlive_a_dropped_listen_connection() {
         .await
         .unwrap();
     assert_eq!(killed.len(), 1, "no LISTEN connection to terminate");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 
     let mut sessions = vec![holder];
     for _ in 0..3 {
         guard.release().await.unwrap();
-        let (next, s) = tokio::time::timeout(Duration::from_secs(3), rx.recv())
+        let (next, s) = tokio::time::timeout(std::time::Duration::from_secs(3), rx.recv())
             .await
             .expect("the next waiter was granted after LISTEN dropped")
             .unwrap();
@@ -256,16 +257,16 @@ async fn waiters_outlive_a_dropped_listen_connection() {
             g.release().await.unwrap();
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let before = pg.round_trips();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(
         pg.round_trips() - before,
         0,
         "the waiter polls: LISTEN not back"
     );
     guard.release().await.unwrap();
-    tokio::time::timeout(Duration::from_secs(3), waiter)
+    tokio::time::timeout(std::time::Duration::from_secs(3), waiter)
         .await
         .expect("granted by NOTIFY")
         .unwrap();

@@ -93,6 +93,7 @@ async fn a_database_the_server_does_not_have_is_bad_input() {
 /// 64 waiters on one mutex: while they wait no script call is made (pub/sub
 /// wakes them, nobody polls), and each release and handoff costs at most 3
 /// calls (the release, the next waiter's look), however many wait.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_thundering_herd() {
     let Some(server) = shared() else { return };
@@ -108,6 +109,7 @@ async fn no_thundering_herd() {
 /// every waiter looks again and polls until a new connection is up, so none
 /// is stranded; each is granted in turn after a release, and once pub/sub is
 /// back the waiters stop polling again.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_outlive_a_dropped_pubsub_connection() {
     // A server of its own: killing every pub/sub client must not disturb
