@@ -126,6 +126,22 @@ enum Command {
     /// Show what each built-in backend can do.
     #[command(after_help = "Example:\n  tenure backends --json")]
     Backends(JsonArg),
+    /// Print a completion script for a shell.
+    #[command(after_help = "Examples:\n  \
+        tenure completions bash > ~/.local/share/bash-completion/completions/tenure\n  \
+        tenure completions zsh > \"${fpath[1]}/_tenure\"\n  \
+        tenure completions fish > ~/.config/fish/completions/tenure.fish")]
+    Completions(CompletionsArgs),
+    /// Print the manual page, tenure(1), as roff.
+    #[command(after_help = "Example:\n  tenure man > tenure.1 && man ./tenure.1")]
+    Man,
+}
+
+#[derive(Args, Debug)]
+struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
 }
 
 #[derive(Args, Debug)]
@@ -354,8 +370,11 @@ fn colour() -> bool {
 }
 
 async fn run(cli: Cli) -> Result<u8, Failure> {
-    if let Command::Backends(args) = &cli.command {
-        return backends(args.json);
+    match &cli.command {
+        Command::Backends(args) => return backends(args.json),
+        Command::Completions(args) => return completions(args.shell),
+        Command::Man => return man_page(),
+        _ => {}
     }
     validate(&cli.command)?;
     let url = store_url(cli.store)?;
@@ -367,8 +386,62 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Status(args) => status(store, args).await,
         Command::Release(args) => release(store, args).await,
         Command::Cron(args) => cron(store, args).await,
-        Command::Backends(_) => Ok(0),
+        Command::Backends(_) | Command::Completions(_) | Command::Man => Ok(0),
     }
+}
+
+/// Writes the completion script for `shell`, generated from the CLI's own
+/// definition, to stdout.
+fn completions(shell: clap_complete::Shell) -> Result<u8, Failure> {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut command, "tenure", &mut out);
+    write_stdout(&out)
+}
+
+/// Writes tenure(1), generated from the CLI's own definition (every
+/// subcommand with its options), to stdout as roff.
+fn man_page() -> Result<u8, Failure> {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let mut out = Vec::new();
+    let render = |out: &mut Vec<u8>, command: clap::Command| {
+        clap_mangen::Man::new(command)
+            .render(out)
+            .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot render the manual: {e}")))
+    };
+    render(&mut out, command.clone())?;
+    // One section per subcommand, with its own options and examples.
+    for sub in command.get_subcommands().filter(|c| !c.is_hide_set()) {
+        let name = format!("tenure-{}", sub.get_name());
+        let mut page = Vec::new();
+        render(
+            &mut page,
+            sub.clone().bin_name(format!("tenure {}", sub.get_name())),
+        )?;
+        out.extend_from_slice(format!(".SH \"{}\"\n", name.to_uppercase()).as_bytes());
+        // Drop the sub-page's own title line; its sections follow.
+        let text = String::from_utf8_lossy(&page);
+        for line in text.lines().filter(|l| !l.starts_with(".TH ")) {
+            let line = line
+                .strip_prefix(".SH ")
+                .map_or(line.to_string(), |rest| format!(".SS {rest}"));
+            out.extend_from_slice(line.as_bytes());
+            out.push(b'\n');
+        }
+    }
+    write_stdout(&out)
+}
+
+fn write_stdout(bytes: &[u8]) -> Result<u8, Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot write to stdout: {e}")))?;
+    Ok(0)
 }
 
 /// Checks what can be checked without the store, so a mistake is reported

@@ -481,3 +481,103 @@ fn every_backend_refuses_an_unknown_url_option_with_64() {
         );
     }
 }
+
+/// Completion scripts come from the CLI's own definition: every subcommand
+/// is in them, bash accepts the script and registers it, zsh's and fish's
+/// have their own shapes, and an unknown shell is a usage error (64).
+#[test]
+fn completions_for_bash_zsh_and_fish() {
+    let env = Env::sqlite();
+    let subcommands = [
+        "lock", "elect", "leader", "status", "release", "cron", "backends",
+    ];
+    let bash = env.run(&["completions", "bash"]);
+    assert!(bash.status.success(), "{bash:?}");
+    let script = String::from_utf8(bash.stdout).unwrap();
+    for sub in subcommands {
+        assert!(script.contains(sub), "bash completion lacks {sub}");
+    }
+    assert!(
+        !script.contains("__supervise"),
+        "the hidden supervisor is offered"
+    );
+    let path = env.path("tenure.bash");
+    std::fs::write(&path, &script).unwrap();
+    let registered = Command::new("bash")
+        .arg("-c")
+        .arg(format!("source '{}' && complete -p tenure", path.display()))
+        .output()
+        .unwrap();
+    assert!(registered.status.success(), "{registered:?}");
+    assert!(
+        String::from_utf8_lossy(&registered.stdout).contains("_tenure"),
+        "{registered:?}"
+    );
+
+    let zsh = env.run(&["completions", "zsh"]);
+    assert!(zsh.status.success());
+    assert!(String::from_utf8_lossy(&zsh.stdout).starts_with("#compdef tenure"));
+    let fish = env.run(&["completions", "fish"]);
+    assert!(fish.status.success());
+    let fish = String::from_utf8_lossy(&fish.stdout);
+    assert!(
+        fish.contains("complete -c tenure") && fish.contains("lock"),
+        "{fish}"
+    );
+
+    let bad = env.run(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+}
+
+/// The manual page is generated from the CLI's definition: tenure(1) with a
+/// section for each subcommand (its options and examples) and the exit
+/// codes; man renders it without complaint where man is installed.
+#[test]
+fn man_page_covers_every_subcommand() {
+    let env = Env::sqlite();
+    let out = env.run(&["man"]);
+    assert!(out.status.success(), "{out:?}");
+    let roff = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        roff.contains(".TH tenure 1"),
+        "{}",
+        &roff[..roff.len().min(300)]
+    );
+    for sub in [
+        "lock",
+        "elect",
+        "leader",
+        "status",
+        "release",
+        "cron",
+        "backends",
+        "completions",
+    ] {
+        assert!(
+            roff.contains(&format!(".SH \"TENURE-{}\"", sub.to_uppercase())),
+            "no section for {sub}"
+        );
+    }
+    // roff writes a hyphen as \-.
+    assert!(roff.contains(r"\-\-kill\-grace"), "lock's options are missing");
+    assert!(roff.contains("usage error"), "the exit codes are missing");
+    assert!(!roff.contains("__supervise"));
+    let path = env.path("tenure.1");
+    std::fs::write(&path, &roff).unwrap();
+    if std::path::Path::new("/usr/bin/man").exists() {
+        let rendered = Command::new("man")
+            .args(["--warnings", "-l"])
+            .arg(&path)
+            .env("MANPAGER", "cat")
+            .env("MANWIDTH", "80")
+            .output()
+            .unwrap();
+        assert!(rendered.status.success(), "{rendered:?}");
+        let text = String::from_utf8_lossy(&rendered.stdout);
+        assert!(
+            text.contains("TENURE-LOCK") && text.contains("Run a command while holding a lock")
+        );
+        let warnings = String::from_utf8_lossy(&rendered.stderr);
+        assert!(warnings.trim().is_empty(), "man warns: {warnings}");
+    }
+}
