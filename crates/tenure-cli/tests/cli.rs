@@ -559,7 +559,10 @@ fn man_page_covers_every_subcommand() {
         );
     }
     // roff writes a hyphen as \-.
-    assert!(roff.contains(r"\-\-kill\-grace"), "lock's options are missing");
+    assert!(
+        roff.contains(r"\-\-kill\-grace"),
+        "lock's options are missing"
+    );
     assert!(roff.contains("usage error"), "the exit codes are missing");
     assert!(!roff.contains("__supervise"));
     let path = env.path("tenure.1");

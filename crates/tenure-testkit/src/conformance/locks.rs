@@ -392,6 +392,67 @@ pub async fn check_waiter_session_expiry(t: &Target) {
     held.release().await.unwrap();
 }
 
+/// A waiter that dies behind another waiter (nobody behind it looks, and
+/// a walk from the head stops at the live waiter): a read of the whole
+/// queue still leaves it out once its session expired, and answers at once.
+pub async fn check_dead_waiter_behind_a_waiter(t: &Target) {
+    let name = unique("dead-behind");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let waiting = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { Mutex::new(&b, &name).unwrap().lock().await })
+    };
+    wait_queue_len(&t.store, &name, 2).await;
+    // A client that joins and then dies: it never renews, never leaves and
+    // never closes (the raw contract, no Session to clean up after it).
+    let ttl = short_ttl(t, Duration::from_millis(500));
+    let spec = SessionSpec {
+        ttl,
+        label: "dies".into(),
+    };
+    let c = t.store.open_session(&spec).await.unwrap();
+    let joined = t
+        .store
+        .join(
+            &c.key,
+            JoinRequest {
+                name: &Name::new(&name).unwrap(),
+                kind: tenure::EntryKind::Exclusive,
+                value: b"",
+                mode: JoinMode::Wait,
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!joined.granted);
+    wait_queue_len(&t.store, &name, 3).await;
+    // Past the store's expiry (etcd counts whole seconds).
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let q = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let q = t.store.queue(&Name::new(&name).unwrap()).await.unwrap();
+            if q.entries.len() == 2 {
+                return q;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("queue() answered, without the dead waiter");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(q.entries[0].granted && !q.entries[1].granted, "{q:?}");
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the live waiter was granted")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+}
+
 /// A lock() future dropped while waiting leaves nothing behind.
 pub async fn check_cancelled_wait_leaves_queue(t: &Target) {
     let name = unique("cancel");

@@ -429,6 +429,21 @@ impl EtcdStore {
         TxnOp::get(self.queue_prefix(name), Some(options))
     }
 
+    /// The oldest entry of `name`'s queue (the head). Every entry of a
+    /// queue agrees in kind with the head: the check that lets an entry stay
+    /// compares it with everything ahead, the head included.
+    fn head_op(&self, name: &Name) -> TxnOp {
+        TxnOp::get(
+            self.queue_prefix(name),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1),
+            ),
+        )
+    }
+
     /// Any one entry of `name`'s queue (the cheapest read: key order, limit
     /// one), to check a new entry's kind against.
     fn any_op(&self, name: &Name) -> TxnOp {
@@ -845,6 +860,9 @@ impl Store for EtcdStore {
                     } else {
                         self.read_op(name)
                     },
+                    // The head, for the kind check: an entry just ahead may
+                    // itself be one that is about to leave for a conflict.
+                    self.head_op(name),
                 ])
                 .or_else(if exclusive {
                     vec![
@@ -909,7 +927,13 @@ impl Store for EtcdStore {
                     .filter(|kv| kv.key() != entry.as_slice())
                     .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
                     .collect::<Result<Vec<_>>>()?;
-                if let Err(e) = crate::queue::check_compatible(name, kind, ahead.iter().copied()) {
+                let head = get_kvs(ops.get(4))?
+                    .iter()
+                    .filter(|kv| kv.key() != entry.as_slice())
+                    .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                    .collect::<Result<Vec<_>>>()?;
+                let others = ahead.iter().chain(&head).copied();
+                if let Err(e) = crate::queue::check_compatible(name, kind, others) {
                     self.leave(session, name, seq).await?;
                     return Err(e);
                 }

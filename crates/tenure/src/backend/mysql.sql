@@ -290,8 +290,8 @@ proc: BEGIN
      WHERE name = p_name AND seq = p_seq AND session = p_secret;
     IF v_found = 0 THEN COMMIT; SELECT 'notheld', NULL, NULL; LEAVE proc; END IF;
     IF v_stamped IS NOT NULL THEN COMMIT; SELECT 'granted', NULL, NULL; LEAVE proc; END IF;
-    -- The entry just ahead; an expired one is dropped (it waits too, so no
-    -- grant changes) and the next one read, so this ends.
+    -- The entry just ahead; an expired one is dropped, the name settled
+    -- again and the next one read, so this ends.
     ahead: LOOP
         SET v_now = @pnow_ms();
         SET v_aseq = NULL;
@@ -305,7 +305,16 @@ proc: BEGIN
             IF v_aexpires <= v_now THEN
                 UPDATE @psessions SET expires_ms = 0 WHERE id = v_asession AND expires_ms <> 0;
                 DELETE FROM @pentries WHERE name = p_name AND seq = v_aseq;
-                UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+                -- It may have been a holder that expired since the settle
+                -- above: settle again (which bumps the version).
+                CALL @psettle(p_name, TRUE);
+                SELECT MAX(granted_ms) INTO v_stamped FROM @pentries
+                 WHERE name = p_name AND seq = p_seq AND session = p_secret;
+                IF v_stamped IS NOT NULL THEN
+                    COMMIT;
+                    SELECT 'granted', NULL, NULL;
+                    LEAVE proc;
+                END IF;
                 ITERATE ahead;
             END IF;
         END IF;
@@ -381,13 +390,25 @@ DROP PROCEDURE IF EXISTS @prefresh
 ;;
 CREATE PROCEDURE @prefresh(IN p_name VARCHAR(255) CHARACTER SET utf8mb4)
 BEGIN
+    DECLARE v_now BIGINT;
+    DECLARE v_dead INT DEFAULT 0;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     -- Each read must see what the previous lock holder committed (not the
     -- snapshot REPEATABLE READ would keep from before the lock wait).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
     CALL @plock_name(p_name);
-    CALL @psettle(p_name, FALSE);
+    SET v_now = @pnow_ms();
+    -- Unlike settle's walk, every expired session with an entry here ends,
+    -- also behind the first waiter: the reader reads the whole queue
+    -- anyway and must not find the same dead entry again.
+    UPDATE @psessions s JOIN @pentries e ON e.session = s.id
+       SET s.expires_ms = 0
+     WHERE e.name = p_name AND s.expires_ms <= v_now AND s.expires_ms <> 0;
+    DELETE e FROM @pentries e JOIN @psessions s ON s.id = e.session
+     WHERE e.name = p_name AND s.expires_ms <= v_now;
+    SET v_dead = ROW_COUNT();
+    CALL @psettle(p_name, v_dead > 0);
     COMMIT;
     SELECT 'ok';
 END

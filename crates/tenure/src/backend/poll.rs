@@ -164,7 +164,9 @@ impl Listeners {
             key,
             on_last: None,
             first_of: None,
-            pass_on: std::sync::atomic::AtomicBool::new(false),
+            // Until a look says notifications arrive, a waiter that goes
+            // (granted at its first look, or cancelled) hands polling on.
+            pass_on: std::sync::atomic::AtomicBool::new(true),
         };
         (listening, slot.1 == 1)
     }
@@ -227,7 +229,8 @@ pub(crate) struct Listening {
     /// first waiter of the name in this process polls, and hands that on.
     first_of: Option<String>,
     /// Whether dropping this wakes the name's next waiter in this process
-    /// (set while the waiter polls: the next one must take over).
+    /// (so it takes over polling): unless its last look found the store's
+    /// notifications working.
     pass_on: std::sync::atomic::AtomicBool,
 }
 

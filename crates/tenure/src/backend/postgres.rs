@@ -637,8 +637,10 @@ impl SqlDriver for Postgres {
                     Err(_) => break,
                 }
             }
-            // No more notifications: every waiter looks again, and polls
-            // until a new LISTEN connection is up.
+            // No more notifications: close the connection first (so the
+            // client reads closed and `listen` opens a new one), then every
+            // waiter looks again, and polls until a new LISTEN connection is up.
+            drop(messages);
             listeners.wake_all();
         });
         let s = &self.inner.schema;

@@ -259,8 +259,8 @@ BEGIN
     IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
     IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
     status := 'wait';
-    -- Each turn that meets an expired entry just ahead drops it (it waits
-    -- too, so no grant changes), so this ends.
+    -- Each turn that meets an expired entry just ahead drops it and
+    -- settles again, so this ends.
     LOOP
         now_ms := @s.now_ms();
         SELECT e.seq, e.session, e.granted_ms, s.expires_ms INTO ahead
@@ -271,8 +271,12 @@ BEGIN
         END IF;
         IF ahead.expires_ms <= now_ms AND @s.end_expired(ahead.session, now_ms) THEN
             DELETE FROM @s.entries WHERE name = p_name AND seq = ahead.seq;
-            UPDATE @s.names SET version = version + 1 WHERE name = p_name;
-            PERFORM pg_notify('@s_change', p_name);
+            -- It may have been a holder that expired since the settle
+            -- above: settle again (which bumps the version and notifies).
+            PERFORM @s.settle(p_name, true);
+            SELECT e.granted_ms INTO stamped FROM @s.entries e
+             WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
+            IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
             CONTINUE;
         END IF;
         IF ahead.granted_ms IS NULL THEN
@@ -333,11 +337,28 @@ BEGIN
     DELETE FROM @s.sessions WHERE id = p_secret;
 END $$;
 
--- Settles a name whose queue a reader found stale (expired or unstamped).
+-- Settles a name whose queue a reader found stale (expired or unstamped):
+-- unlike settle's walk, it ends every expired session with an entry here,
+-- also behind the first waiter, since the reader reads the whole queue
+-- anyway and must not find the same dead entry again.
 CREATE OR REPLACE FUNCTION @s.refresh(p_name text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms bigint;
+    dead text[];
 BEGIN
     PERFORM @s.lock_name(p_name);
-    PERFORM @s.settle(p_name, false);
+    now_ms := @s.now_ms();
+    WITH ended AS (
+        UPDATE @s.sessions s SET expires_ms = 0
+         WHERE s.expires_ms <= now_ms
+           AND s.id IN (SELECT e.session FROM @s.entries e WHERE e.name = p_name)
+        RETURNING s.id)
+    SELECT array_agg(id) INTO dead FROM ended;
+    -- (Sessions ended before, expires_ms = 0, are matched too: 0 <= now.)
+    IF dead IS NOT NULL THEN
+        DELETE FROM @s.entries WHERE name = p_name AND session = ANY(dead);
+    END IF;
+    PERFORM @s.settle(p_name, dead IS NOT NULL);
 END $$;
 
 CREATE OR REPLACE FUNCTION @s.evict(p_name text) RETURNS integer LANGUAGE plpgsql AS $$

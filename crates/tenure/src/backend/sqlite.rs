@@ -1052,8 +1052,26 @@ impl Store for SqliteStore {
             if !stale {
                 return Ok(queue);
             }
+            // Unlike settling's walk, end every expired session with an
+            // entry here, also behind the first waiter: this reads the whole
+            // queue anyway and must not find the same dead entry again.
             let name = name.clone();
-            self.write(move |_| Ok(((), vec![name.clone()]))).await?;
+            self.write(move |tx| {
+                let dead = tx
+                    .prepare_cached(&format!(
+                        "SELECT DISTINCT e.session FROM tenure_entries e
+                         JOIN tenure_sessions s ON s.id = e.session
+                         WHERE e.name = ?1 AND s.expires_ms <= {NOW}"
+                    ))
+                    .and_then(|mut s| {
+                        s.query_map([name.as_str()], |r| r.get::<_, String>(0))?
+                            .collect::<rusqlite::Result<Vec<String>>>()
+                    })
+                    .map_err(db_err)?;
+                end_sessions(tx, &dead)?;
+                Ok(((), vec![name.clone()]))
+            })
+            .await?;
         }
     }
 
