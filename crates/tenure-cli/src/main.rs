@@ -299,7 +299,7 @@ fn exit_code(e: &Error) -> u8 {
         | Error::BackendDisabled { .. }
         | Error::Unsupported { .. } => exit::USAGE,
         Error::Unavailable { .. } | Error::Auth { .. } => exit::UNAVAILABLE,
-        Error::Timeout(_) | Error::Conflict { .. } => exit::NOT_ACQUIRED,
+        Error::Timeout(_) | Error::Conflict { .. } | Error::StaleToken { .. } => exit::NOT_ACQUIRED,
         Error::SessionLost(_) => exit::LEASE_LOST,
         _ => exit::SOFTWARE,
     }

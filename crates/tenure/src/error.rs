@@ -74,6 +74,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// A fence refused a token lower than the highest it has seen: the
+    /// holder that presented it may have lost its lock to a later holder
+    /// (see [`fencing`](crate::fencing)). Nothing was written through it.
+    #[error("fence {fence:?} refused token {token}: it has seen {highest}")]
+    StaleToken {
+        /// The fence's name.
+        fence: String,
+        /// The token presented.
+        token: u64,
+        /// The highest token the fence has admitted.
+        highest: u64,
+    },
+
     /// Another call is running the same idempotent job (see [`once`](crate::once)).
     #[error("the job for key {0:?} is already running elsewhere")]
     InProgress(String),

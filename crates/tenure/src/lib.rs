@@ -21,12 +21,14 @@
 // - `registry`: URL → backend, one table;
 // - session and acquisition: `session` (the lease), `acquire`;
 // - recipes: `guard`, `mutex`, `rwlock`, `semaphore`, `election`, `once`,
-//   `schedule`.
+//   `schedule`;
+// - `fencing`: the token check in the user's own database (drivers only).
 mod acquire;
 pub mod backend;
 mod clock;
 mod election;
 mod error;
+pub mod fencing;
 mod guard;
 mod mutex;
 mod once;

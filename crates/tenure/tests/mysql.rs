@@ -153,3 +153,84 @@ async fn no_thundering_herd() {
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(my.clone());
     tenure_testkit::conformance::check_no_thundering_herd(&store, || my.round_trips(), 5, 12).await;
 }
+
+/// Fencing in the application's own MySQL/MariaDB: holder A stops renewing
+/// (paused past its TTL), B is granted the lock and writes through the
+/// fence in its own transaction; A's late write, in its transaction, is
+/// refused by the database (`StaleToken` with B's token) and rolls back.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holders_late_write_is_refused_by_the_fence() {
+    use mysql_async::prelude::Queryable;
+    use std::time::Duration;
+    use tenure::{Error, Mutex, Name, Session, SessionOptions};
+    let Some(server) = shared() else { return };
+    let store = tenure::open(&server.url()).await.unwrap();
+    let pool = mysql_async::Pool::new(server.url().as_str());
+    let mut conn = pool.get_conn().await.unwrap();
+    tenure::fencing::mysql::create_table(&mut conn)
+        .await
+        .unwrap();
+    conn.query_drop(
+        "CREATE TABLE IF NOT EXISTS fenced_jobs (holder VARCHAR(8) NOT NULL) ENGINE=InnoDB",
+    )
+    .await
+    .unwrap();
+    let printer = Name::new("printer-e2e").unwrap();
+
+    let ttl = Duration::from_millis(300);
+    let a = Session::with_options(&store, SessionOptions::new().ttl(ttl).auto_renew(false))
+        .await
+        .unwrap();
+    let token_a = Mutex::new(&a, "printer-e2e")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .token();
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+
+    let b = Session::new(&store).await.unwrap();
+    let gb = tokio::time::timeout(
+        Duration::from_secs(5),
+        Mutex::new(&b, "printer-e2e").unwrap().lock(),
+    )
+    .await
+    .expect("B granted after A's lease ran out")
+    .unwrap();
+    assert!(gb.token() > token_a);
+    for _ in 0..2 {
+        let mut tx = conn
+            .start_transaction(mysql_async::TxOpts::default())
+            .await
+            .unwrap();
+        tenure::fencing::mysql::admit(&mut tx, &printer, gb.token())
+            .await
+            .unwrap();
+        tx.query_drop("INSERT INTO fenced_jobs (holder) VALUES ('b')")
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    let mut tx = conn
+        .start_transaction(mysql_async::TxOpts::default())
+        .await
+        .unwrap();
+    tx.query_drop("INSERT INTO fenced_jobs (holder) VALUES ('a')")
+        .await
+        .unwrap();
+    let e = tenure::fencing::mysql::admit(&mut tx, &printer, token_a)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::StaleToken { token, highest, .. } if token == token_a && highest == gb.token()),
+        "{e:?}"
+    );
+    tx.rollback().await.unwrap();
+    let holders: Vec<String> = conn.query("SELECT holder FROM fenced_jobs").await.unwrap();
+    assert_eq!(holders, ["b", "b"]);
+    gb.release().await.unwrap();
+    drop(conn);
+    pool.disconnect().await.unwrap();
+}

@@ -274,3 +274,79 @@ async fn waiters_outlive_a_dropped_listen_connection() {
         let _ = s.close().await;
     }
 }
+
+/// Fencing in the application's own PostgreSQL: holder A stops renewing
+/// (paused past its TTL), B is granted the lock and writes through the
+/// fence in its own transaction; A's late write, in its transaction, is
+/// refused by the database (`StaleToken` with B's token) and rolls back.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holders_late_write_is_refused_by_the_fence() {
+    use std::time::Duration;
+    use tenure::{Mutex, Name, SessionOptions};
+    let Some(server) = shared() else { return };
+    let store = tenure::open(&server.url()).await.unwrap();
+    let (mut db, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    tenure::fencing::postgres::create_table(&db).await.unwrap();
+    db.batch_execute("CREATE TABLE IF NOT EXISTS fenced_jobs (holder text NOT NULL)")
+        .await
+        .unwrap();
+    let printer = Name::new("printer-e2e").unwrap();
+
+    let ttl = Duration::from_millis(300);
+    let a = Session::with_options(&store, SessionOptions::new().ttl(ttl).auto_renew(false))
+        .await
+        .unwrap();
+    let token_a = Mutex::new(&a, "printer-e2e")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .token();
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+
+    let b = Session::new(&store).await.unwrap();
+    let gb = tokio::time::timeout(
+        Duration::from_secs(5),
+        Mutex::new(&b, "printer-e2e").unwrap().lock(),
+    )
+    .await
+    .expect("B granted after A's lease ran out")
+    .unwrap();
+    assert!(gb.token() > token_a);
+    for _ in 0..2 {
+        let tx = db.transaction().await.unwrap();
+        tenure::fencing::postgres::admit(&tx, &printer, gb.token())
+            .await
+            .unwrap();
+        tx.execute("INSERT INTO fenced_jobs (holder) VALUES ('b')", &[])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    let tx = db.transaction().await.unwrap();
+    tx.execute("INSERT INTO fenced_jobs (holder) VALUES ('a')", &[])
+        .await
+        .unwrap();
+    let e = tenure::fencing::postgres::admit(&tx, &printer, token_a)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::StaleToken { token, highest, .. } if token == token_a && highest == gb.token()),
+        "{e:?}"
+    );
+    tx.rollback().await.unwrap();
+    let holders: Vec<String> = db
+        .query("SELECT holder FROM fenced_jobs", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(holders, ["b", "b"]);
+    gb.release().await.unwrap();
+}

@@ -186,3 +186,74 @@ async fn no_thundering_herd() {
     tenure_testkit::conformance::check_no_thundering_herd(&store, || sqlite.round_trips(), 5, 12)
         .await;
 }
+
+/// Fencing in the application's own database: holder A stops renewing
+/// (paused past its TTL), B is granted the lock and writes through the
+/// fence in its own transaction; A's late write, in its transaction, is
+/// refused by the database (`StaleToken` with B's token) and rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holders_late_write_is_refused_by_the_fence() {
+    use std::time::Duration;
+    use tenure::{Error, Mutex, Name, Session, SessionOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let store = tenure::open(&format!(
+        "sqlite://{}",
+        dir.path().join("locks.db").display()
+    ))
+    .await
+    .unwrap();
+    let mut db = rusqlite::Connection::open(dir.path().join("app.db")).unwrap();
+    tenure::fencing::sqlite::create_table(&db).unwrap();
+    db.execute_batch("CREATE TABLE jobs (holder TEXT NOT NULL)")
+        .unwrap();
+    let printer = Name::new("printer").unwrap();
+
+    let ttl = Duration::from_millis(300);
+    let a = Session::with_options(&store, SessionOptions::new().ttl(ttl).auto_renew(false))
+        .await
+        .unwrap();
+    let token_a = Mutex::new(&a, "printer")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .token();
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+
+    let b = Session::new(&store).await.unwrap();
+    let gb = tokio::time::timeout(
+        Duration::from_secs(5),
+        Mutex::new(&b, "printer").unwrap().lock(),
+    )
+    .await
+    .expect("B granted after A's lease ran out")
+    .unwrap();
+    assert!(gb.token() > token_a);
+    for _ in 0..2 {
+        // Equal tokens are admitted: one holder writes many times.
+        let tx = db.transaction().unwrap();
+        tenure::fencing::sqlite::admit(&tx, &printer, gb.token()).unwrap();
+        tx.execute("INSERT INTO jobs (holder) VALUES ('b')", [])
+            .unwrap();
+        tx.commit().unwrap();
+    }
+
+    let tx = db.transaction().unwrap();
+    tx.execute("INSERT INTO jobs (holder) VALUES ('a')", [])
+        .unwrap();
+    let e = tenure::fencing::sqlite::admit(&tx, &printer, token_a).unwrap_err();
+    assert!(
+        matches!(e, Error::StaleToken { token, highest, .. } if token == token_a && highest == gb.token()),
+        "{e:?}"
+    );
+    drop(tx); // rolled back
+    let holders: Vec<String> = db
+        .prepare("SELECT holder FROM jobs")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(holders, ["b", "b"]);
+    gb.release().await.unwrap();
+}
