@@ -162,8 +162,7 @@ async fn no_thundering_herd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holders_late_write_is_refused_by_the_fence() {
     use mysql_async::prelude::Queryable;
-    use std::time::Duration;
-    use tenure::{Error, Mutex, Name, Session, SessionOptions};
+    use tenure::{Error, Name};
     let Some(server) = shared() else { return };
     let store = tenure::open(&server.url()).await.unwrap();
     let pool = mysql_async::Pool::new(server.url().as_str());
@@ -178,27 +177,8 @@ async fn a_paused_holders_late_write_is_refused_by_the_fence() {
     .unwrap();
     let printer = Name::new("printer-e2e").unwrap();
 
-    let ttl = Duration::from_millis(300);
-    let a = Session::with_options(&store, SessionOptions::new().ttl(ttl).auto_renew(false))
-        .await
-        .unwrap();
-    let token_a = Mutex::new(&a, "printer-e2e")
-        .unwrap()
-        .lock()
-        .await
-        .unwrap()
-        .token();
-    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-
-    let b = Session::new(&store).await.unwrap();
-    let gb = tokio::time::timeout(
-        Duration::from_secs(5),
-        Mutex::new(&b, "printer-e2e").unwrap().lock(),
-    )
-    .await
-    .expect("B granted after A's lease ran out")
-    .unwrap();
-    assert!(gb.token() > token_a);
+    let (token_a, gb) =
+        tenure_testkit::conformance::holder_paused_past_its_ttl(&store, "printer-e2e").await;
     for _ in 0..2 {
         let mut tx = conn
             .start_transaction(mysql_async::TxOpts::default())

@@ -282,8 +282,7 @@ async fn waiters_outlive_a_dropped_listen_connection() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holders_late_write_is_refused_by_the_fence() {
-    use std::time::Duration;
-    use tenure::{Mutex, Name, SessionOptions};
+    use tenure::Name;
     let Some(server) = shared() else { return };
     let store = tenure::open(&server.url()).await.unwrap();
     let (mut db, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
@@ -296,27 +295,8 @@ async fn a_paused_holders_late_write_is_refused_by_the_fence() {
         .unwrap();
     let printer = Name::new("printer-e2e").unwrap();
 
-    let ttl = Duration::from_millis(300);
-    let a = Session::with_options(&store, SessionOptions::new().ttl(ttl).auto_renew(false))
-        .await
-        .unwrap();
-    let token_a = Mutex::new(&a, "printer-e2e")
-        .unwrap()
-        .lock()
-        .await
-        .unwrap()
-        .token();
-    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-
-    let b = Session::new(&store).await.unwrap();
-    let gb = tokio::time::timeout(
-        Duration::from_secs(5),
-        Mutex::new(&b, "printer-e2e").unwrap().lock(),
-    )
-    .await
-    .expect("B granted after A's lease ran out")
-    .unwrap();
-    assert!(gb.token() > token_a);
+    let (token_a, gb) =
+        tenure_testkit::conformance::holder_paused_past_its_ttl(&store, "printer-e2e").await;
     for _ in 0..2 {
         let tx = db.transaction().await.unwrap();
         tenure::fencing::postgres::admit(&tx, &printer, gb.token())

@@ -193,8 +193,7 @@ async fn no_thundering_herd() {
 /// refused by the database (`StaleToken` with B's token) and rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holders_late_write_is_refused_by_the_fence() {
-    use std::time::Duration;
-    use tenure::{Error, Mutex, Name, Session, SessionOptions};
+    use tenure::{Error, Name};
     let dir = tempfile::tempdir().unwrap();
     let store = tenure::open(&format!(
         "sqlite://{}",
@@ -208,27 +207,8 @@ async fn a_paused_holders_late_write_is_refused_by_the_fence() {
         .unwrap();
     let printer = Name::new("printer").unwrap();
 
-    let ttl = Duration::from_millis(300);
-    let a = Session::with_options(&store, SessionOptions::new().ttl(ttl).auto_renew(false))
-        .await
-        .unwrap();
-    let token_a = Mutex::new(&a, "printer")
-        .unwrap()
-        .lock()
-        .await
-        .unwrap()
-        .token();
-    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-
-    let b = Session::new(&store).await.unwrap();
-    let gb = tokio::time::timeout(
-        Duration::from_secs(5),
-        Mutex::new(&b, "printer").unwrap().lock(),
-    )
-    .await
-    .expect("B granted after A's lease ran out")
-    .unwrap();
-    assert!(gb.token() > token_a);
+    let (token_a, gb) =
+        tenure_testkit::conformance::holder_paused_past_its_ttl(&store, "printer").await;
     for _ in 0..2 {
         // Equal tokens are admitted: one holder writes many times.
         let tx = db.transaction().unwrap();

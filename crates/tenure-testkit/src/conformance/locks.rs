@@ -590,3 +590,21 @@ pub async fn check_rwlock(t: &Target) {
     assert!(r.token() > writer_token);
     assert_eq!(r.kind(), EntryKind::Shared);
 }
+
+/// The fencing scenario's first half: holder A takes `name` and stops
+/// renewing (a process paused past its TTL); once its lease has run out, B
+/// is granted the lock. Returns A's token and B's guard (B's token is higher).
+pub async fn holder_paused_past_its_ttl(store: &Arc<dyn Store>, name: &str) -> (u64, MutexGuard) {
+    let ttl = Duration::from_millis(300).max(store.capabilities().min_ttl);
+    let a = crashing_session(store, ttl).await;
+    let token_a = Mutex::new(&a, name).unwrap().lock().await.unwrap().token();
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let b = session(store).await;
+    let granted =
+        tokio::time::timeout(Duration::from_secs(5), Mutex::new(&b, name).unwrap().lock())
+            .await
+            .expect("B granted after A's lease ran out")
+            .unwrap();
+    assert!(granted.token() > token_a);
+    (token_a, granted)
+}

@@ -36,7 +36,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::store::{JoinMode, JoinRequest, SessionKey, SessionSpec};
-use tenure::{Election, Elector, EntryKind, Error, Mutex, Name, Session, SessionOptions, Store};
+use tenure::{
+    Election, Elector, EntryKind, Error, Mutex, MutexGuard, Name, Session, SessionOptions, Store,
+};
 
 use tokio::time::Instant;
 
