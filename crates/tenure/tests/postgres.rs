@@ -330,3 +330,17 @@ async fn a_paused_holders_late_write_is_refused_by_the_fence() {
     assert_eq!(holders, ["b", "b"]);
     gb.release().await.unwrap();
 }
+
+/// An observer (`wait_changed`) makes no calls while nothing changes and
+/// notifications work (it wakes for a notification, or at the queue's first
+/// expiry), and sees a release at once.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_do_not_poll() {
+    let Some(server) = shared() else { return };
+    let typed = tenure::backend::postgres::PostgresStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(typed.clone());
+    tenure_testkit::conformance::check_observers_do_not_poll(&store, || typed.round_trips()).await;
+}

@@ -202,3 +202,17 @@ async fn waiters_outlive_a_dropped_pubsub_connection() {
         let _ = s.close().await;
     }
 }
+
+/// An observer (`wait_changed`) makes no calls while nothing changes and
+/// notifications work (it wakes for a notification, or at the queue's first
+/// expiry), and sees a release at once.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_do_not_poll() {
+    let Some(server) = shared() else { return };
+    let typed = tenure::backend::redis::RedisStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(typed.clone());
+    tenure_testkit::conformance::check_observers_do_not_poll(&store, || typed.round_trips()).await;
+}

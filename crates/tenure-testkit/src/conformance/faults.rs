@@ -234,3 +234,29 @@ pub async fn check_wrong_password(url_with_hunter2: &str) {
     assert!(matches!(e, Error::Auth { .. }), "{e:?}");
     assert!(!e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"));
 }
+
+/// An observer (`wait_changed`) of a quiet queue costs no calls in a second
+/// (`work` counts the backend's calls), and sees a release at once.
+pub async fn check_observers_do_not_poll(store: &Arc<dyn Store>, work: impl Fn() -> u64) {
+    let name = unique("observed");
+    let holder = session(store).await;
+    let held = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let name = Name::new(&name).unwrap();
+    let version = store.queue(&name).await.unwrap().version;
+    let observer = {
+        let (store, name) = (store.clone(), name.clone());
+        tokio::spawn(async move { store.wait_changed(&name, version).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = work();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(work() - before, 0, "the observer polls");
+    held.release().await.unwrap();
+    let changed = tokio::time::timeout(Duration::from_secs(2), observer)
+        .await
+        .expect("the observer saw the release")
+        .unwrap()
+        .unwrap();
+    assert_ne!(changed, version);
+    holder.close().await.unwrap();
+}

@@ -80,30 +80,54 @@ where
 
 /// Reads the queue until its version differs from `version`. The backends'
 /// `queue` settles expired entries, which bumps the version, so expiry counts
-/// as a change.
-pub(crate) async fn until_changed(
+/// as a change. While `pushed` says the store's notifications arrive, it
+/// reads again only when notified or when the queue's first expiry comes
+/// (an expiry is a change nobody announces); otherwise it polls with a
+/// backoff from `min` to `max`.
+pub(crate) async fn until_changed<H, HF>(
     store: &dyn Store,
     name: &Name,
     version: u64,
     notify: &Notify,
     min: Duration,
     max: Duration,
-) -> Result<u64> {
+    mut pushed: H,
+) -> Result<u64>
+where
+    H: FnMut() -> HF,
+    HF: Future<Output = bool>,
+{
     let mut backoff = min;
     loop {
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let now = store.queue(name).await?.version;
-        if now != version {
-            return Ok(now);
+        let pushed_now = pushed().await;
+        let queue = store.queue(name).await?;
+        if queue.version != version {
+            return Ok(queue.version);
         }
+        let sleep = if pushed_now {
+            queue
+                .entries
+                .iter()
+                .map(|e| e.expires_in + Duration::from_millis(1))
+                .min()
+                .unwrap_or(OBSERVE_AT_LEAST_EVERY)
+                .min(OBSERVE_AT_LEAST_EVERY)
+        } else {
+            backoff
+        };
         tokio::select! {
             () = notified => backoff = min,
-            () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(max),
+            () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(max),
         }
     }
 }
+
+/// With notifications working, an observer still reads its queue this often
+/// (a safety net, not a poll: one read per observer and half minute).
+const OBSERVE_AT_LEAST_EVERY: Duration = Duration::from_secs(30);
 
 /// Milliseconds from a store (which may say -1 for "none") as a duration.
 pub(crate) fn next_expiry(ms: Option<i64>) -> Option<Duration> {

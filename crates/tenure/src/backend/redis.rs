@@ -708,7 +708,17 @@ impl Store for RedisStore {
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
         let listening = self.listen(self.channel("ch", name)).await;
-        poll::until_changed(self, name, version, listening.notify(), POLL_MIN, POLL_MAX).await
+        let pushed = || self.subscribe(None);
+        poll::until_changed(
+            self,
+            name,
+            version,
+            listening.notify(),
+            POLL_MIN,
+            POLL_MAX,
+            pushed,
+        )
+        .await
     }
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let reply = self.call("names", &[prefix.as_bytes()]).await?;

@@ -411,7 +411,8 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         self.driver.listen().await;
         let (listening, _) = self.listeners.listen(poll::change_key(name.as_str()));
         let (min, max) = self.driver.poll_bounds();
-        poll::until_changed(self, name, version, listening.notify(), min, max).await
+        let pushed = || self.driver.listen();
+        poll::until_changed(self, name, version, listening.notify(), min, max, pushed).await
     }
 
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {

@@ -1077,7 +1077,18 @@ impl Store for SqliteStore {
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
         let (listening, _) = self.inner.listeners.listen(poll::change_key(name.as_str()));
-        poll::until_changed(self, name, version, listening.notify(), POLL_MIN, POLL_MAX).await
+        // Other processes' changes are not pushed: poll.
+        let pushed = || async { false };
+        poll::until_changed(
+            self,
+            name,
+            version,
+            listening.notify(),
+            POLL_MIN,
+            POLL_MAX,
+            pushed,
+        )
+        .await
     }
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let prefix = prefix.to_string();
