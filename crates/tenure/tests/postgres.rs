@@ -175,10 +175,8 @@ async fn no_thundering_herd() {
     tenure_testkit::conformance::check_no_thundering_herd(&store, || pg.round_trips(), 3, 0).await;
 }
 
-/// The LISTEN connection terminated by the server while waiters wait: every
-/// waiter looks again and polls until a new LISTEN connection is up, so none
-/// is stranded; each is granted in turn, and once LISTEN is back the waiters
-/// stop polling again.
+/// The LISTEN connection terminated by the server while waiters wait: none
+/// is stranded, and waiting is free again once LISTEN is back.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_outlive_a_dropped_listen_connection() {
@@ -190,89 +188,27 @@ async fn waiters_outlive_a_dropped_listen_connection() {
         .await
         .unwrap();
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(pg.clone());
-    let holder = tenure::Session::new(&store).await.unwrap();
-    let mut guard = tenure::Mutex::new(&holder, "listen")
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..3 {
-        let s = tenure::Session::new(&store).await.unwrap();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let g = tenure::Mutex::new(&s, "listen")
-                .unwrap()
-                .lock()
-                .await
-                .unwrap();
-            let _ = tx.send((g, s));
-        });
-    }
-    let name = tenure::Name::new("listen").unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), async {
-        while store.queue(&name).await.unwrap().entries.len() < 4 {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("three waiters queued");
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-
-    let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let killed = client
-        .query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-              WHERE query LIKE 'LISTEN listen_drop_wake%'",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(killed.len(), 1, "no LISTEN connection to terminate");
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-
-    let mut sessions = vec![holder];
-    for _ in 0..3 {
-        guard.release().await.unwrap();
-        let (next, s) = tokio::time::timeout(std::time::Duration::from_secs(3), rx.recv())
+    let kill = || async {
+        let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
             .await
-            .expect("the next waiter was granted after LISTEN dropped")
             .unwrap();
-        guard = next;
-        sessions.push(s);
-    }
-    // LISTEN is back: a waiter queued now costs no calls while it waits.
-    let s = tenure::Session::new(&store).await.unwrap();
-    let waiter = {
-        let s = s.clone();
-        tokio::spawn(async move {
-            let g = tenure::Mutex::new(&s, "listen")
-                .unwrap()
-                .lock()
-                .await
-                .unwrap();
-            g.release().await.unwrap();
-        })
+        tokio::spawn(conn);
+        let killed = client
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                  WHERE query LIKE 'LISTEN listen_drop_wake%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(killed.len(), 1, "no LISTEN connection to terminate");
     };
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let before = pg.round_trips();
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    assert_eq!(
-        pg.round_trips() - before,
-        0,
-        "the waiter polls: LISTEN not back"
-    );
-    guard.release().await.unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(3), waiter)
-        .await
-        .expect("granted by NOTIFY")
-        .unwrap();
-    for s in sessions.into_iter().chain([s]) {
-        let _ = s.close().await;
-    }
+    tenure_testkit::conformance::check_waiters_outlive_dropped_notifications(
+        &store,
+        || pg.round_trips(),
+        kill,
+    )
+    .await;
 }
 
 /// Fencing in the application's own PostgreSQL: holder A stops renewing

@@ -260,3 +260,70 @@ pub async fn check_observers_do_not_poll(store: &Arc<dyn Store>, work: impl Fn()
     assert_ne!(changed, version);
     holder.close().await.unwrap();
 }
+
+/// The store's notification connection dropped (by `drop_notifications`,
+/// which kills it on the server) while three waiters wait: every waiter looks
+/// again and polls until a new connection is up, so none is stranded; each is
+/// granted in turn after a release, and once notifications are back a waiter
+/// costs no calls while it waits (`work` counts the backend's calls).
+pub async fn check_waiters_outlive_dropped_notifications<F, Fut>(
+    store: &Arc<dyn Store>,
+    work: impl Fn() -> u64,
+    drop_notifications: F,
+) where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let name = unique("dropped-notifications");
+    let holder = session(store).await;
+    let mut guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..3 {
+        let s = session(store).await;
+        let (tx, name) = (tx.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+            let _ = tx.send((g, s));
+        });
+    }
+    wait_queue_len(store, &name, 4).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop_notifications().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut sessions = vec![holder];
+    for _ in 0..3 {
+        guard.release().await.unwrap();
+        let (next, s) = tokio::time::timeout(Duration::from_secs(3), rx.recv())
+            .await
+            .expect("the next waiter was granted after notifications dropped")
+            .unwrap();
+        guard = next;
+        sessions.push(s);
+    }
+    // Notifications are back: a waiter queued now costs no calls while it waits.
+    let s = session(store).await;
+    let waiter = {
+        let (s, name) = (s.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+            g.release().await.unwrap();
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = work();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        work() - before,
+        0,
+        "the waiter polls: notifications are not back"
+    );
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("granted through a notification")
+        .unwrap();
+    for s in sessions.into_iter().chain([s]) {
+        let _ = s.close().await;
+    }
+}
