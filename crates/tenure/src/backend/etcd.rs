@@ -497,17 +497,39 @@ impl EtcdStore {
         })
     }
 
-    /// Reads the session's secret and the name's queue in one transaction.
-    async fn read(&self, lease: i64, name: &Name) -> Result<(bool, Read)> {
+    /// Reads the session's secret and the name's queue in one transaction;
+    /// a session whose secret is gone is lost.
+    async fn read(&self, lease: i64, name: &Name) -> Result<Read> {
         let txn = Txn::new().and_then(vec![
             TxnOp::get(self.secret_key(lease), None),
             self.read_op(name),
         ]);
         let resp = retrying(|| self.txn(txn.clone())).await?;
         let ops = resp.op_responses();
-        let alive = !get_kvs(ops.first())?.is_empty();
-        let read = self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))?;
-        Ok((alive, read))
+        if get_kvs(ops.first())?.is_empty() {
+            return Err(lost());
+        }
+        self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))
+    }
+
+    /// The session's entry is at `i` of `read`: this join's own earlier
+    /// attempt (same nonce, its answer lost), else one more hold of it.
+    #[allow(clippy::too_many_arguments)]
+    async fn join_existing(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        kind: EntryKind,
+        mode: JoinMode,
+        read: Read,
+        i: usize,
+        unsure: bool,
+        nonce: &str,
+    ) -> Result<Option<Joined>> {
+        if let Some(joined) = own_earlier_attempt(&read, i, unsure, nonce) {
+            return Ok(Some(joined));
+        }
+        self.rejoin(session, name, kind, mode, read).await
     }
 
     fn secret_matches(&self, lease: i64, secret: &str) -> Compare {
@@ -555,11 +577,7 @@ impl EtcdStore {
                     first: false,
                 }));
             }
-            let (alive, again) = self.read(lease, name).await?;
-            if !alive {
-                return Err(lost());
-            }
-            read = again;
+            read = self.read(lease, name).await?;
         }
         Err(Error::unavailable(BACKEND, "too many concurrent changes"))
     }
@@ -606,10 +624,7 @@ impl EtcdStore {
                 .first()
                 .map(|ahead| (ahead.key().to_vec(), false, revision_of(&resp) + 1)));
         }
-        let (alive, read) = self.read(lease, name).await?;
-        if !alive {
-            return Err(lost());
-        }
+        let read = self.read(lease, name).await?;
         let i = match read.position(lease) {
             Some(i) if read.rows[i].seq as i64 == rev => i,
             _ => return Err(Error::NotHeld("the entry is no longer in the queue")),
@@ -785,28 +800,24 @@ impl Store for EtcdStore {
                     if get_kvs(ops.first())?.is_empty() {
                         return Err(lost());
                     }
-                    let others = get_kvs(ops.get(2))?;
-                    if !get_kvs(ops.get(1))?.is_empty() || !others.is_empty() {
-                        let (alive, read) = if get_kvs(ops.get(1))?.is_empty() {
-                            let kinds = others
-                                .iter()
-                                .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
-                                .collect::<Result<Vec<_>>>()?;
-                            crate::queue::check_compatible(name, kind, kinds)?;
-                            return Ok(None);
-                        } else {
-                            self.read(lease, name).await?
-                        };
-                        if !alive {
-                            return Err(lost());
-                        }
+                    if !get_kvs(ops.get(1))?.is_empty() {
+                        // Our entry is there: decided on the whole queue.
+                        let read = self.read(lease, name).await?;
                         if let Some(i) = read.position(lease) {
-                            if let Some(joined) = own_earlier_attempt(&read, i, unsure, &nonce) {
-                                return Ok(Some(joined));
-                            }
-                            return self.rejoin(session, name, kind, mode, read).await;
+                            return self
+                                .join_existing(session, name, kind, mode, read, i, unsure, &nonce)
+                                .await;
                         }
                         continue;
+                    }
+                    let others = get_kvs(ops.get(2))?;
+                    if !others.is_empty() {
+                        let kinds = others
+                            .iter()
+                            .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                            .collect::<Result<Vec<_>>>()?;
+                        crate::queue::check_compatible(name, kind, kinds)?;
+                        return Ok(None);
                     }
                     when.push(
                         Compare::create_revision(qp.clone(), CompareOp::Equal, 0)
@@ -815,15 +826,11 @@ impl Store for EtcdStore {
                 } else {
                     // Readers and permits: only if a new entry would be
                     // granted; the queue must not change in between.
-                    let (alive, read) = self.read(lease, name).await?;
-                    if !alive {
-                        return Err(lost());
-                    }
+                    let read = self.read(lease, name).await?;
                     if let Some(i) = read.position(lease) {
-                        if let Some(joined) = own_earlier_attempt(&read, i, unsure, &nonce) {
-                            return Ok(Some(joined));
-                        }
-                        return self.rejoin(session, name, kind, mode, read).await;
+                        return self
+                            .join_existing(session, name, kind, mode, read, i, unsure, &nonce)
+                            .await;
                     }
                     let mut kinds: Vec<EntryKind> = read.rows.iter().map(|r| r.kind).collect();
                     crate::queue::check_compatible(name, kind, kinds.iter().copied())?;
@@ -845,34 +852,31 @@ impl Store for EtcdStore {
             // ahead, and a failed exclusive attempt only its own entry and
             // one other: the queue's length costs nothing in transfer.
             let exclusive = kind == EntryKind::Exclusive;
-            let txn = Txn::new()
-                .when(when)
-                .and_then(vec![
-                    TxnOp::get(self.seen_key(name), None),
-                    TxnOp::put(self.seen_key(name), "", None),
-                    TxnOp::put(
-                        entry.clone(),
-                        encode(kind, &nonce, value),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ),
-                    if exclusive {
-                        self.latest_op(name, 2, None)
-                    } else {
-                        self.read_op(name)
-                    },
-                    // The head, for the kind check: an entry just ahead may
-                    // itself be one that is about to leave for a conflict.
-                    self.head_op(name),
-                ])
-                .or_else(if exclusive {
-                    vec![
-                        TxnOp::get(self.secret_key(lease), None),
-                        TxnOp::get(entry.clone(), None),
-                        self.any_op(name),
-                    ]
-                } else {
-                    vec![TxnOp::get(self.secret_key(lease), None), self.read_op(name)]
-                });
+            let mut then = vec![
+                TxnOp::get(self.seen_key(name), None),
+                TxnOp::put(self.seen_key(name), "", None),
+                TxnOp::put(
+                    entry.clone(),
+                    encode(kind, &nonce, value),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            ];
+            if exclusive {
+                // The entry just ahead, and the head for the kind check: the
+                // entry ahead may itself be one about to leave for a conflict.
+                then.extend([self.latest_op(name, 2, None), self.head_op(name)]);
+            } else {
+                then.push(self.read_op(name));
+            }
+            let txn = Txn::new().when(when).and_then(then).or_else(if exclusive {
+                vec![
+                    TxnOp::get(self.secret_key(lease), None),
+                    TxnOp::get(entry.clone(), None),
+                    self.any_op(name),
+                ]
+            } else {
+                vec![TxnOp::get(self.secret_key(lease), None), self.read_op(name)]
+            });
             let resp = match call(self.client().txn(txn)).await {
                 Err(e) if e.is_temporary() && tokio::time::Instant::now() < deadline => {
                     unsure = true;
@@ -889,15 +893,11 @@ impl Store for EtcdStore {
                 if !get_kvs(ops.get(1))?.is_empty() {
                     // Our entry is there: one more hold (or this join's own
                     // earlier attempt), decided on the whole queue.
-                    let (alive, read) = self.read(lease, name).await?;
-                    if !alive {
-                        return Err(lost());
-                    }
+                    let read = self.read(lease, name).await?;
                     if let Some(i) = read.position(lease) {
-                        if let Some(joined) = own_earlier_attempt(&read, i, unsure, &nonce) {
-                            return Ok(Some(joined));
-                        }
-                        return self.rejoin(session, name, kind, mode, read).await;
+                        return self
+                            .join_existing(session, name, kind, mode, read, i, unsure, &nonce)
+                            .await;
                     }
                     continue;
                 }
@@ -950,10 +950,9 @@ impl Store for EtcdStore {
                 }
                 let read = self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))?;
                 if let Some(i) = read.position(lease) {
-                    if let Some(joined) = own_earlier_attempt(&read, i, unsure, &nonce) {
-                        return Ok(Some(joined));
-                    }
-                    return self.rejoin(session, name, kind, mode, read).await;
+                    return self
+                        .join_existing(session, name, kind, mode, read, i, unsure, &nonce)
+                        .await;
                 }
                 // The queue changed between our read and the write: again.
                 continue;
@@ -1130,10 +1129,7 @@ impl Store for EtcdStore {
     async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
         let (lease, secret) = split_key(key)?;
         for _ in 0..CAS_ATTEMPTS {
-            let (alive, read) = self.read(lease, name).await?;
-            if !alive {
-                return Err(lost());
-            }
+            let read = self.read(lease, name).await?;
             let i = match read.position(lease) {
                 Some(i) if read.rows[i].seq == seq && read.granted[i] => i,
                 _ => return Err(Error::NotHeld("this session holds no granted entry here")),

@@ -145,6 +145,33 @@ pub(crate) fn has_unstamped_grant(entries: &[Entry]) -> bool {
         .any(|(granted, e)| *granted && !e.granted)
 }
 
+/// Remembers when connecting last failed, so that a connection is tried
+/// again at most once per interval (a notification connection, a Redlock
+/// node) instead of by every caller that needs it.
+#[derive(Default)]
+pub(crate) struct ReconnectGate(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl ReconnectGate {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<std::time::Instant>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether connecting failed less than `interval` ago.
+    pub(crate) fn failed_within(&self, interval: Duration) -> bool {
+        self.slot().is_some_and(|at| at.elapsed() < interval)
+    }
+
+    /// Connecting failed now.
+    pub(crate) fn failed(&self) {
+        *self.slot() = Some(std::time::Instant::now());
+    }
+
+    /// Connecting worked.
+    pub(crate) fn succeeded(&self) {
+        *self.slot() = None;
+    }
+}
+
 /// Key -> (its listeners' notifier, how many registrations).
 type Registry = std::collections::BTreeMap<String, (std::sync::Arc<Notify>, usize)>;
 

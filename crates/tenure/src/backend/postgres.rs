@@ -34,6 +34,8 @@ const SCHEMA_VERSION: &str = "4";
 const UPGRADES_FROM: &[&str] = &["1", "2", "3"];
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
+/// A LISTEN connection that failed to open is tried again after this long.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Deadlocks and serialization failures are retried this many times.
 const RETRIES: usize = 5;
@@ -87,7 +89,7 @@ struct Inner {
     /// The LISTEN connection's client while it listens.
     listener: tokio::sync::Mutex<Option<Client>>,
     /// When opening the LISTEN connection last failed.
-    listen_failed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    listen_failed: poll::ReconnectGate,
 }
 
 /// A live connection with its prepared statements.
@@ -374,7 +376,7 @@ impl PostgresStore {
                 conn: tokio::sync::Mutex::new(None),
                 listeners: listeners.clone(),
                 listener: tokio::sync::Mutex::new(None),
-                listen_failed_at: std::sync::Mutex::new(None),
+                listen_failed: poll::ReconnectGate::default(),
                 schema,
             }),
         };
@@ -590,20 +592,11 @@ impl SqlDriver for Postgres {
         if listening.as_ref().is_some_and(|c| !c.is_closed()) {
             return true;
         }
-        let recently_failed = self
-            .inner
-            .listen_failed_at
-            .lock()
-            .ok()
-            .and_then(|at| *at)
-            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
-        if recently_failed {
+        if self.inner.listen_failed.failed_within(RECONNECT_AFTER) {
             return false;
         }
         let failed = || {
-            if let Ok(mut at) = self.inner.listen_failed_at.lock() {
-                *at = Some(std::time::Instant::now());
-            }
+            self.inner.listen_failed.failed();
             false
         };
         let (client, mut connection) = match self.connect_raw().await {

@@ -32,6 +32,8 @@ const BACKEND: &str = "redis";
 const SCRIPT: &str = include_str!("redis.lua");
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
+/// A pub/sub connection that failed to open is tried again after this long.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 /// The script's key layout (see the top of `redis.lua`); kept in the
 /// prefix's `sessions` key, so that clients of different layouts never share
 /// a prefix.
@@ -348,7 +350,7 @@ struct Wakeups {
     /// one down).
     generation: Arc<std::sync::atomic::AtomicU64>,
     /// When connecting last failed: tried again at most once a second.
-    failed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    failed: poll::ReconnectGate,
 }
 
 impl RedisStore {
@@ -399,20 +401,12 @@ impl RedisStore {
             }
             return self.pubsub_up();
         }
-        let recently_failed = w
-            .failed_at
-            .lock()
-            .ok()
-            .and_then(|at| *at)
-            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
-        if recently_failed {
+        if w.failed.failed_within(RECONNECT_AFTER) {
             return false;
         }
         let fail = |e: &dyn std::fmt::Debug| {
             tracing::debug!(error = ?e, "no pub/sub connection; waiters poll");
-            if let Ok(mut at) = w.failed_at.lock() {
-                *at = Some(std::time::Instant::now());
-            }
+            w.failed.failed();
             false
         };
         let pubsub =

@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -111,7 +111,7 @@ struct Node {
     url: String,
     shown: String,
     store: std::sync::Mutex<Option<RedisStore>>,
-    failed_at: std::sync::Mutex<Option<Instant>>,
+    failed: super::poll::ReconnectGate,
     connecting: tokio::sync::Mutex<()>,
 }
 
@@ -136,7 +136,7 @@ impl Node {
         if let Some(store) = lock(&self.store).clone() {
             return Ok(store);
         }
-        if lock(&self.failed_at).is_some_and(|at| at.elapsed() < RECONNECT_AFTER) {
+        if self.failed.failed_within(RECONNECT_AFTER) {
             return Err(Error::unavailable(
                 BACKEND,
                 format!("node {} was unreachable a moment ago", self.shown),
@@ -145,11 +145,11 @@ impl Node {
         match RedisStore::open_node(&self.url, CONNECT_TIMEOUT, node_timeout).await {
             Ok(store) => {
                 *lock(&self.store) = Some(store.clone());
-                *lock(&self.failed_at) = None;
+                self.failed.succeeded();
                 Ok(store)
             }
             Err(e) => {
-                *lock(&self.failed_at) = Some(Instant::now());
+                self.failed.failed();
                 Err(e)
             }
         }
@@ -302,7 +302,7 @@ impl RedlockStore {
                     shown: mask_password(&u),
                     url: u,
                     store: std::sync::Mutex::new(None),
-                    failed_at: std::sync::Mutex::new(None),
+                    failed: Default::default(),
                     connecting: tokio::sync::Mutex::new(()),
                 })
             })

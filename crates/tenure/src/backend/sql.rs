@@ -342,7 +342,6 @@ impl<D: SqlDriver> Store for SqlStore<D> {
     }
 
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
-        self.driver.listen().await;
         let (listening, _) = self.listeners.listen(poll::grant_key(name.as_str(), seq));
         let listening = listening.in_line(poll::grant_prefix(name.as_str()));
         let args = [
@@ -408,7 +407,6 @@ impl<D: SqlDriver> Store for SqlStore<D> {
     }
 
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
-        self.driver.listen().await;
         let (listening, _) = self.listeners.listen(poll::change_key(name.as_str()));
         let (min, max) = self.driver.poll_bounds();
         let pushed = || self.driver.listen();

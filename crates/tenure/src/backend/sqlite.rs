@@ -95,6 +95,17 @@ fn to_u64(v: i64) -> Result<u64> {
     u64::try_from(v).map_err(|e| Error::backend(BACKEND, e))
 }
 
+/// The entry kind stored in columns `first`, `first + 1`, `first + 2`
+/// (kind code, count, limit) of a row.
+fn kind_at(r: &rusqlite::Row<'_>, first: usize) -> Result<EntryKind> {
+    codec::kind_from_code(
+        BACKEND,
+        r.get(first).map_err(db_err)?,
+        r.get(first + 1).map_err(db_err)?,
+        r.get(first + 2).map_err(db_err)?,
+    )
+}
+
 fn ms_to_time(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
@@ -354,12 +365,7 @@ impl SqliteStore {
             let mut first_expiry: Option<i64> = None;
             while let Some(r) = rows.next().map_err(db_err)? {
                 let row_seq: i64 = r.get(0).map_err(db_err)?;
-                let kind = codec::kind_from_code(
-                    BACKEND,
-                    r.get(1).map_err(db_err)?,
-                    r.get(2).map_err(db_err)?,
-                    r.get(3).map_err(db_err)?,
-                )?;
+                let kind = kind_at(r, 1)?;
                 let left: i64 = r.get(4).map_err(db_err)?;
                 let admitted = rule.admit(kind);
                 if row_seq == seq {
@@ -610,12 +616,7 @@ fn settle_walk(tx: &rusqlite::Transaction<'_>, name: &Name, changed: bool) -> Re
         while let Some(r) = rows.next().map_err(db_err)? {
             let row = Row {
                 seq: to_u64(r.get(0).map_err(db_err)?)?,
-                kind: codec::kind_from_code(
-                    BACKEND,
-                    r.get(1).map_err(db_err)?,
-                    r.get(2).map_err(db_err)?,
-                    r.get(3).map_err(db_err)?,
-                )?,
+                kind: kind_at(r, 1)?,
                 session: r.get(4).map_err(db_err)?,
                 granted_ms: r.get(5).map_err(db_err)?,
                 live: r.get(6).map_err(db_err)?,
@@ -1019,12 +1020,7 @@ impl Store for SqliteStore {
                         let granted_ms: Option<i64> = r.get(7).map_err(db_err)?;
                         entries.push(Entry {
                             seq: to_u64(r.get(0).map_err(db_err)?)?,
-                            kind: codec::kind_from_code(
-                                BACKEND,
-                                r.get(1).map_err(db_err)?,
-                                r.get(2).map_err(db_err)?,
-                                r.get(3).map_err(db_err)?,
-                            )?,
+                            kind: kind_at(r, 1)?,
                             session_tag: r.get(4).map_err(db_err)?,
                             label: r.get(5).map_err(db_err)?,
                             value: r.get(6).map_err(db_err)?,
