@@ -87,6 +87,18 @@ pub enum Error {
         highest: u64,
     },
 
+    /// A cell was not at the version a write expected (see
+    /// [`Cell`](crate::Cell)): nothing was written. Read it again and retry.
+    #[error("cell {cell:?} {}, but the write expected {}", show_version(*.current, "has"), show_version(*.expected, "expected"))]
+    VersionMismatch {
+        /// The cell's name.
+        cell: String,
+        /// The version the write expected; `None`: no value.
+        expected: Option<u64>,
+        /// The cell's current version; `None`: it has no value.
+        current: Option<u64>,
+    },
+
     /// Another call is running the same idempotent job (see [`once`](crate::once)).
     #[error("the job for key {0:?} is already running elsewhere")]
     InProgress(String),
@@ -164,6 +176,15 @@ impl Error {
             backend,
             source: source.into(),
         }
+    }
+}
+
+fn show_version(version: Option<u64>, verb: &str) -> String {
+    match (version, verb) {
+        (Some(v), "has") => format!("is at version {v}"),
+        (None, "has") => "has no value".to_string(),
+        (Some(v), _) => format!("version {v}"),
+        (None, _) => "no value".to_string(),
     }
 }
 

@@ -21,13 +21,15 @@
 // - `registry`: URL → backend, one table;
 // - session and acquisition: `session` (the lease), `acquire`;
 // - recipes: `guard`, `mutex`, `rwlock`, `semaphore`, `election`, `once`,
-//   `schedule`;
+//   `schedule`, and the registers `fence` and `cell`;
 // - `fencing`: the token check in the user's own database (drivers only).
 mod acquire;
 pub mod backend;
+mod cell;
 mod clock;
 mod election;
 mod error;
+mod fence;
 pub mod fencing;
 mod guard;
 mod mutex;
@@ -43,8 +45,10 @@ pub mod store;
 mod task;
 
 pub use backend::url::mask_password;
+pub use cell::Cell;
 pub use election::{leader, Election, Elector, Leader, Observer, Term};
 pub use error::{BoxError, Error, LostReason, Result};
+pub use fence::Fence;
 pub use guard::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, SemaphorePermit};
 pub use mutex::Mutex;
 pub use once::{once, JobError, OnceOutcome, WhileRunning};
@@ -54,7 +58,7 @@ pub use rwlock::RwLock;
 pub use schedule::{parse_cron, Missed, Mode as ScheduleMode, PauseHandle, Schedule, Tick};
 pub use semaphore::Semaphore;
 pub use session::{default_label, Session, SessionOptions, DEFAULT_TTL};
-pub use store::{Capabilities, EntryKind, Name, Store};
+pub use store::{Capabilities, EntryKind, Expect, FenceState, Name, Store, Versioned};
 
 /// The README's examples, run as doctests.
 #[cfg(doctest)]

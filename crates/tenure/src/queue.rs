@@ -1,4 +1,5 @@
-//! The pure rules that decide which entries of a queue are granted.
+//! The pure rules that decide which entries of a queue are granted (and
+//! whether a cell is as a write expects).
 //!
 //! Every backend that computes grants itself uses these functions, so the
 //! meaning is the same everywhere: an entry is granted when every entry ahead
@@ -7,7 +8,7 @@
 //! (no writer starvation), a large semaphore request holds back small ones.
 
 use crate::error::{Error, Result};
-use crate::store::{EntryKind, Name};
+use crate::store::{EntryKind, Expect, Name};
 
 /// Which entries of a queue (given in order) are granted.
 pub fn grants(kinds: &[EntryKind]) -> Vec<bool> {
@@ -119,6 +120,15 @@ pub fn check_compatible(
         }
     }
     Ok(())
+}
+
+/// Whether a cell whose live version is `current` (`None`: no value) is as
+/// a write expects.
+pub fn cell_expected(current: Option<u64>, expect: Expect) -> bool {
+    match expect {
+        Expect::Absent => current.is_none(),
+        Expect::Version(v) => current == Some(v),
+    }
 }
 
 #[cfg(test)]

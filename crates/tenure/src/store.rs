@@ -254,6 +254,69 @@ pub struct Queue {
     pub entries: Vec<Entry>,
 }
 
+/// The largest value a [`Cell`](crate::Cell) or a [`Fence`](crate::Fence)
+/// keeps, in bytes: small enough for every store's request limit (etcd's is
+/// 1.5 MiB, ZooKeeper's 1 MiB, a Redis or SQL row far more).
+pub const MAX_VALUE_LEN: usize = 64 * 1024;
+
+/// What [`Store::fence`] is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceOp<'a> {
+    /// Read the highest token admitted and the value, changing nothing.
+    Read,
+    /// Admit `token` if it is at least the highest admitted, recording it as
+    /// the highest; with `value`, also replace the fence's value. A lower
+    /// token changes nothing.
+    Admit {
+        /// The token presented (at least 1).
+        token: u64,
+        /// A value to write through the fence, if any.
+        value: Option<&'a [u8]>,
+    },
+}
+
+/// A fence after [`Store::fence`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FenceState {
+    /// Whether the token was admitted (always true for [`FenceOp::Read`]).
+    pub admitted: bool,
+    /// The highest token the fence has admitted (0 for a fence never used).
+    pub highest: u64,
+    /// The value last written through the fence, if any.
+    pub value: Option<Vec<u8>>,
+}
+
+/// What a [`Cell`](crate::Cell) write expects to find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Expect {
+    /// No value: the cell was never written, was deleted, or its session
+    /// ended.
+    Absent,
+    /// The value at exactly this version.
+    Version(u64),
+}
+
+/// A cell's value and its version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned {
+    /// The value.
+    pub value: Vec<u8>,
+    /// Its version: it grows with every write and delete of the cell and is
+    /// never reused for the name (it need not grow by one).
+    pub version: u64,
+}
+
+/// The answer to a conditional cell write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellWrite {
+    /// Done; the cell's new version (for a delete, the version the next
+    /// write will exceed).
+    Done(u64),
+    /// Nothing changed: the cell is not as expected. Its current version,
+    /// or `None` when it has no value.
+    Mismatch(Option<u64>),
+}
+
 /// How waiters learn that their entry is granted.
 ///
 /// On every backend a waiter also wakes at the one expiry that could change
@@ -337,6 +400,11 @@ pub struct Capabilities {
     /// Store round trips (or statements, for SQL) for an uncontended
     /// acquire and for a release.
     pub round_trips: &'static str,
+    /// Fences ([`Store::fence`]): a token check kept by the store.
+    pub fences: bool,
+    /// Cells ([`Store::cell_get`] and the others): values with versions,
+    /// written by compare-and-set.
+    pub cells: bool,
 }
 
 impl Capabilities {
@@ -364,6 +432,8 @@ impl Capabilities {
             grant_times: true,
             exact_first: true,
             round_trips,
+            fences: true,
+            cells: true,
         }
     }
 }
@@ -440,6 +510,53 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Ends every session that holds a granted entry of `name` (an
     /// administrator's forced release). Returns how many sessions were ended.
     async fn evict(&self, name: &Name) -> Result<usize>;
+
+    /// Reads the fence `name`, or admits a token through it, in one atomic
+    /// step: a token at least the highest admitted is admitted and becomes
+    /// the highest (with its value, if one is given); a lower one changes
+    /// nothing and the answer says so. Fences and cells share one namespace,
+    /// apart from the queues': a cell's name is [`Error::Conflict`].
+    /// The token and value are checked before the store is called.
+    async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
+        let _ = (name, op);
+        Err(unsupported(self, "fences"))
+    }
+
+    /// Reads the cell `name`: its value and version, or `None` when it has
+    /// no value (never written, deleted, or its session ended). A fence's
+    /// name is [`Error::Conflict`].
+    async fn cell_get(&self, name: &Name) -> Result<Option<Versioned>> {
+        let _ = name;
+        Err(unsupported(self, "cells"))
+    }
+
+    /// Writes `value` to the cell `name` if it is as `expect`ed, atomically.
+    /// With `owner`, the value lives only as long as that session (fails
+    /// with [`Error::SessionLost`] if it is gone); without, until deleted.
+    async fn cell_put(
+        &self,
+        name: &Name,
+        value: &[u8],
+        expect: Expect,
+        owner: Option<&SessionKey>,
+    ) -> Result<CellWrite> {
+        let _ = (name, value, expect, owner);
+        Err(unsupported(self, "cells"))
+    }
+
+    /// Deletes the cell's value if it is at `version`, atomically.
+    async fn cell_delete(&self, name: &Name, version: u64) -> Result<CellWrite> {
+        let _ = (name, version);
+        Err(unsupported(self, "cells"))
+    }
+}
+
+/// [`Error::Unsupported`] for `what` on `store`'s backend.
+fn unsupported<S: Store + ?Sized>(store: &S, what: &'static str) -> Error {
+    Error::Unsupported {
+        backend: store.capabilities().backend,
+        what,
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod election;
 mod faults;
 mod locks;
 mod once;
+mod registers;
 mod schedule;
 mod semaphore;
 
@@ -26,6 +27,7 @@ pub use election::*;
 pub use faults::*;
 pub use locks::*;
 pub use once::*;
+pub use registers::*;
 pub use schedule::*;
 pub use semaphore::*;
 
@@ -129,7 +131,8 @@ macro_rules! conformance_tests {
             check_election_failover, check_observe_order, check_proclaim_only_by_leader,
             check_elector_callbacks, check_shared_and_permits, check_bad_input,
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
-            check_schedule_leader);
+            check_schedule_leader, check_fence, check_fence_interleaved, check_cell,
+            check_cell_bound_to_session, check_cell_increments);
     };
     ($target:expr; server: $start:expr; down: $down_url:expr) => {
         $crate::conformance_tests!($target);

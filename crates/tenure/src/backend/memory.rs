@@ -17,8 +17,8 @@ use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store,
+    Capabilities, CellWrite, Entry, EntryKind, Expect, FenceOp, FenceState, JoinMode, JoinRequest,
+    Joined, Name, OpenedSession, Queue, SessionKey, SessionSpec, Store, Versioned,
 };
 
 const BACKEND: &str = "memory";
@@ -65,7 +65,54 @@ impl Drop for Inner {
 struct State {
     sessions: HashMap<SessionKey, SessionRec>,
     names: BTreeMap<Name, NameRec>,
+    registers: HashMap<Name, Register>,
     next_tag: u64,
+}
+
+/// A fence or a cell. A cell that loses its value keeps its version, so
+/// that versions are never reused for the name.
+#[derive(Debug)]
+enum Register {
+    Fence {
+        highest: u64,
+        value: Option<Vec<u8>>,
+    },
+    Cell {
+        version: u64,
+        value: Option<Vec<u8>>,
+        owner: Option<SessionKey>,
+    },
+}
+
+impl State {
+    /// The cell's live value and version, if it is a cell; a fence is a
+    /// conflict.
+    fn cell(&self, name: &Name) -> Result<(u64, Option<Versioned>)> {
+        match self.registers.get(name) {
+            None => Ok((0, None)),
+            Some(Register::Fence { .. }) => Err(kind_conflict(name, "a fence", "a cell")),
+            Some(Register::Cell {
+                version,
+                value,
+                owner,
+            }) => {
+                let live = owner.as_ref().is_none_or(|o| self.sessions.contains_key(o));
+                let current = value.as_ref().filter(|_| live).map(|value| Versioned {
+                    value: value.clone(),
+                    version: *version,
+                });
+                Ok((*version, current))
+            }
+        }
+    }
+}
+
+/// A fence used as a cell or the other way round.
+pub(crate) fn kind_conflict(name: &Name, is: &str, asked: &str) -> Error {
+    Error::Conflict {
+        name: name.to_string(),
+        reason: format!("it is {is}, not {asked}"),
+    }
 }
 
 #[derive(Debug)]
@@ -502,5 +549,96 @@ impl Store for MemoryStore {
             self.remove_session(&mut state, key);
         }
         Ok(holders.len())
+    }
+
+    async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
+        let mut state = self.lock();
+        let register = match state.registers.get_mut(name) {
+            Some(register) => register,
+            None if op == FenceOp::Read => {
+                return Ok(FenceState {
+                    admitted: true,
+                    ..FenceState::default()
+                })
+            }
+            None => state
+                .registers
+                .entry(name.clone())
+                .or_insert(Register::Fence {
+                    highest: 0,
+                    value: None,
+                }),
+        };
+        let Register::Fence { highest, value } = register else {
+            return Err(kind_conflict(name, "a cell", "a fence"));
+        };
+        let admitted = match op {
+            FenceOp::Read => true,
+            FenceOp::Admit { token, value: new } => {
+                let admitted = token >= *highest;
+                if admitted {
+                    *highest = token;
+                    if let Some(new) = new {
+                        *value = Some(new.to_vec());
+                    }
+                }
+                admitted
+            }
+        };
+        Ok(FenceState {
+            admitted,
+            highest: *highest,
+            value: value.clone(),
+        })
+    }
+
+    async fn cell_get(&self, name: &Name) -> Result<Option<Versioned>> {
+        Ok(self.lock().cell(name)?.1)
+    }
+
+    async fn cell_put(
+        &self,
+        name: &Name,
+        value: &[u8],
+        expect: Expect,
+        owner: Option<&SessionKey>,
+    ) -> Result<CellWrite> {
+        let mut state = self.lock();
+        let (stored, current) = state.cell(name)?;
+        if let Some(owner) = owner {
+            Self::session(&state, owner)?;
+        }
+        let current = current.map(|c| c.version);
+        if !crate::queue::cell_expected(current, expect) {
+            return Ok(CellWrite::Mismatch(current));
+        }
+        let version = stored + 1;
+        state.registers.insert(
+            name.clone(),
+            Register::Cell {
+                version,
+                value: Some(value.to_vec()),
+                owner: owner.cloned(),
+            },
+        );
+        Ok(CellWrite::Done(version))
+    }
+
+    async fn cell_delete(&self, name: &Name, version: u64) -> Result<CellWrite> {
+        let mut state = self.lock();
+        let (stored, current) = state.cell(name)?;
+        let current = current.map(|c| c.version);
+        if current != Some(version) {
+            return Ok(CellWrite::Mismatch(current));
+        }
+        state.registers.insert(
+            name.clone(),
+            Register::Cell {
+                version: stored,
+                value: None,
+                owner: None,
+            },
+        );
+        Ok(CellWrite::Done(stored))
     }
 }
