@@ -551,6 +551,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// A fence used as a cell or the other way round: `is` and `asked` are "a
+/// fence" or "a cell".
+pub(crate) fn kind_conflict(name: &Name, is: &str, asked: &str) -> Error {
+    Error::Conflict {
+        name: name.to_string(),
+        reason: format!("it is {is}, not {asked}"),
+    }
+}
+
 /// [`Error::Unsupported`] for `what` on `store`'s backend.
 fn unsupported<S: Store + ?Sized>(store: &S, what: &'static str) -> Error {
     Error::Unsupported {

@@ -13,15 +13,27 @@ async fn has_cells(t: &Target, name: &str) -> bool {
         return true;
     }
     let cell = Cell::new(&t.store, name).unwrap();
-    let e = cell.get().await.unwrap_err();
+    let e = err(cell.get().await, "cell.get()");
     assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
-    let e = cell.put(b"x", Expect::Absent).await.unwrap_err();
+    let e = err(
+        cell.put(b"x", Expect::Absent).await,
+        "cell.put(b\"x\", Expect::Absent)",
+    );
     assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
     eprintln!(
         "{}: cells are not supported (capabilities say so)",
         t.store.capabilities().backend
     );
     false
+}
+
+/// The error of a call that must fail; a success is reported without its
+/// value (which may be 64 KiB).
+fn err<T>(result: tenure::Result<T>, what: &str) -> Error {
+    match result {
+        Ok(_) => panic!("{what} succeeded; it must fail"),
+        Err(e) => e,
+    }
 }
 
 fn stale(e: &Error) -> Option<(u64, u64)> {
@@ -54,11 +66,11 @@ pub async fn check_fence(t: &Target) {
         5,
         "an equal token is admitted"
     );
-    let e = fence.admit(4).await.unwrap_err();
+    let e = err(fence.admit(4).await, "fence.admit(4)");
     assert_eq!(stale(&e), Some((4, 5)), "{e:?}");
     fence.write(5, b"first").await.unwrap();
     fence.write(9, b"second").await.unwrap();
-    let e = fence.write(8, b"late").await.unwrap_err();
+    let e = err(fence.write(8, b"late").await, "fence.write(8, b\"late\")");
     assert_eq!(stale(&e), Some((8, 9)), "{e:?}");
     let now = fence.read().await.unwrap();
     assert_eq!(
@@ -75,18 +87,18 @@ pub async fn check_fence(t: &Target) {
     // Tokens beyond 2^32 and up to the largest a store hands out.
     let big = (i64::MAX - 1) as u64;
     assert_eq!(fence.admit(big).await.unwrap(), big);
-    let e = fence.admit(1 << 40).await.unwrap_err();
+    let e = err(fence.admit(1 << 40).await, "fence.admit(1 << 40)");
     assert_eq!(stale(&e), Some((1 << 40, big)), "{e:?}");
 
     // Bad input: a clear error, and nothing changes.
     for e in [
-        fence.admit(0).await.unwrap_err(),
-        fence.admit(u64::MAX).await.unwrap_err(),
-        fence.write(big, b"").await.unwrap_err(),
-        fence
-            .write(big, &vec![7u8; MAX_VALUE_LEN + 1])
-            .await
-            .unwrap_err(),
+        err(fence.admit(0).await, "fence.admit(0)"),
+        err(fence.admit(u64::MAX).await, "fence.admit(u64::MAX)"),
+        err(fence.write(big, b"").await, "fence.write(big, b\"\")"),
+        err(
+            fence.write(big, &vec![7u8; MAX_VALUE_LEN + 1]).await,
+            "fence .write(big, &vec![7u8; MAX_VALUE_LEN + 1])",
+        ),
     ] {
         assert!(
             matches!(e, Error::InvalidArgument { .. }),
@@ -101,14 +113,20 @@ pub async fn check_fence(t: &Target) {
     // The largest value is kept whole.
     let largest = vec![0xa5u8; MAX_VALUE_LEN];
     fence.write(big, &largest).await.unwrap();
-    assert_eq!(fence.read().await.unwrap().value, Some(largest));
+    assert!(
+        fence.read().await.unwrap().value == Some(largest),
+        "the largest value did not come back whole"
+    );
 
     // A fence's name used as a cell, and a cell's as a fence.
     if t.store.capabilities().cells {
         let cell = Cell::new(&t.store, &name).unwrap();
-        let e = cell.get().await.unwrap_err();
+        let e = err(cell.get().await, "cell.get()");
         assert!(matches!(e, Error::Conflict { .. }), "{e:?}");
-        let e = cell.put(b"x", Expect::Absent).await.unwrap_err();
+        let e = err(
+            cell.put(b"x", Expect::Absent).await,
+            "cell.put(b\"x\", Expect::Absent)",
+        );
         assert!(matches!(e, Error::Conflict { .. }), "{e:?}");
         assert_eq!(fence.read().await.unwrap().highest, big);
 
@@ -117,8 +135,8 @@ pub async fn check_fence(t: &Target) {
         let v = cell.put(b"mine", Expect::Absent).await.unwrap();
         let not_a_fence = Fence::new(&t.store, &cell_name).unwrap();
         for e in [
-            not_a_fence.admit(3).await.unwrap_err(),
-            not_a_fence.read().await.unwrap_err(),
+            err(not_a_fence.admit(3).await, "not_a_fence.admit(3)"),
+            err(not_a_fence.read().await, "not_a_fence.read()"),
         ] {
             assert!(matches!(e, Error::Conflict { .. }), "{e:?}");
         }
@@ -216,30 +234,47 @@ pub async fn check_cell(t: &Target) {
     }
     let cell = Cell::new(&t.store, &name).unwrap();
     assert_eq!(cell.get().await.unwrap(), None);
-    let e = cell.delete(1).await.unwrap_err();
+    let e = err(cell.delete(1).await, "cell.delete(1)");
     assert_eq!(mismatch(&e), Some((Some(1), None)), "{e:?}");
-    let e = cell.put(b"x", Expect::Version(1)).await.unwrap_err();
+    let e = err(
+        cell.put(b"x", Expect::Version(1)).await,
+        "cell.put(b\"x\", Expect::Version(1))",
+    );
     assert_eq!(mismatch(&e), Some((Some(1), None)), "{e:?}");
 
     let v1 = cell.put(b"one", Expect::Absent).await.unwrap();
     assert!(v1 >= 1);
-    let e = cell.put(b"again", Expect::Absent).await.unwrap_err();
+    let e = err(
+        cell.put(b"again", Expect::Absent).await,
+        "cell.put(b\"again\", Expect::Absent)",
+    );
     assert_eq!(mismatch(&e), Some((None, Some(v1))), "{e:?}");
     let v2 = cell.put(b"two", Expect::Version(v1)).await.unwrap();
     assert!(v2 > v1, "{v2} after {v1}");
-    let e = cell.put(b"late", Expect::Version(v1)).await.unwrap_err();
+    let e = err(
+        cell.put(b"late", Expect::Version(v1)).await,
+        "cell.put(b\"late\", Expect::Version(v1))",
+    );
     assert_eq!(mismatch(&e), Some((Some(v1), Some(v2))), "{e:?}");
     let got = cell.get().await.unwrap().unwrap();
     assert_eq!((got.value.as_slice(), got.version), (&b"two"[..], v2));
 
     // Bad input: typed errors, nothing written.
     for e in [
-        cell.put(b"", Expect::Version(v2)).await.unwrap_err(),
-        cell.put(&vec![1u8; MAX_VALUE_LEN + 1], Expect::Version(v2))
-            .await
-            .unwrap_err(),
-        cell.put(b"x", Expect::Version(0)).await.unwrap_err(),
-        cell.delete(0).await.unwrap_err(),
+        err(
+            cell.put(b"", Expect::Version(v2)).await,
+            "cell.put(b\"\", Expect::Version(v2))",
+        ),
+        err(
+            cell.put(&vec![1u8; MAX_VALUE_LEN + 1], Expect::Version(v2))
+                .await,
+            "cell.put(&vec![1u8; MAX_VALUE_LEN + 1], Expect::Version(v2))",
+        ),
+        err(
+            cell.put(b"x", Expect::Version(0)).await,
+            "cell.put(b\"x\", Expect::Version(0))",
+        ),
+        err(cell.delete(0).await, "cell.delete(0)"),
     ] {
         assert!(
             matches!(e, Error::InvalidArgument { .. }),
@@ -249,13 +284,19 @@ pub async fn check_cell(t: &Target) {
     assert_eq!(cell.get().await.unwrap().map(|c| c.version), Some(v2));
     let largest = vec![0x5au8; MAX_VALUE_LEN];
     let v3 = cell.put(&largest, Expect::Version(v2)).await.unwrap();
-    assert_eq!(cell.get().await.unwrap().map(|c| c.value), Some(largest));
+    assert!(
+        cell.get().await.unwrap().map(|c| c.value) == Some(largest),
+        "the largest value did not come back whole"
+    );
 
-    let e = cell.delete(v2).await.unwrap_err();
+    let e = err(cell.delete(v2).await, "cell.delete(v2)");
     assert_eq!(mismatch(&e), Some((Some(v2), Some(v3))), "{e:?}");
     cell.delete(v3).await.unwrap();
     assert_eq!(cell.get().await.unwrap(), None);
-    let e = cell.put(b"x", Expect::Version(v3)).await.unwrap_err();
+    let e = err(
+        cell.put(b"x", Expect::Version(v3)).await,
+        "cell.put(b\"x\", Expect::Version(v3))",
+    );
     assert_eq!(mismatch(&e), Some((Some(v3), None)), "{e:?}");
     let v4 = cell.put(b"reborn", Expect::Absent).await.unwrap();
     assert!(
@@ -282,7 +323,10 @@ pub async fn check_cell_bound_to_session(t: &Target) {
     assert_eq!(plain.get().await.unwrap().map(|c| c.version), Some(v2));
     owner.close().await.unwrap();
     assert_eq!(plain.get().await.unwrap(), None, "closed session's cell");
-    let e = bound.put(b"after", Expect::Absent).await.unwrap_err();
+    let e = err(
+        bound.put(b"after", Expect::Absent).await,
+        "bound.put(b\"after\", Expect::Absent)",
+    );
     assert!(matches!(e, Error::SessionLost(_)), "{e:?}");
     let v3 = plain.put(b"anyone's", Expect::Absent).await.unwrap();
     assert!(v3 > v2, "{v3} after {v2}");

@@ -17,8 +17,9 @@ use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
-    Capabilities, CellWrite, Entry, EntryKind, Expect, FenceOp, FenceState, JoinMode, JoinRequest,
-    Joined, Name, OpenedSession, Queue, SessionKey, SessionSpec, Store, Versioned,
+    kind_conflict, Capabilities, CellWrite, Entry, EntryKind, Expect, FenceOp, FenceState,
+    JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue, SessionKey, SessionSpec, Store,
+    Versioned,
 };
 
 const BACKEND: &str = "memory";
@@ -104,14 +105,6 @@ impl State {
                 Ok((*version, current))
             }
         }
-    }
-}
-
-/// A fence used as a cell or the other way round.
-pub(crate) fn kind_conflict(name: &Name, is: &str, asked: &str) -> Error {
-    Error::Conflict {
-        name: name.to_string(),
-        reason: format!("it is {is}, not {asked}"),
     }
 }
 

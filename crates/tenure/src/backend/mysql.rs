@@ -25,11 +25,11 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "mysql";
 const SCHEMA_SQL: &str = include_str!("mysql.sql");
-const SCHEMA_VERSION: &str = "3";
-/// Schema versions this build upgrades in place (the tables are the same;
-/// the procedures are replaced). The upgrade is one-way: a build of an older
-/// version then refuses the tables.
-const UPGRADES_FROM: &[&str] = &["1", "2"];
+const SCHEMA_VERSION: &str = "4";
+/// Schema versions this build upgrades in place (the procedures are
+/// replaced; version 4 adds the fences' and cells' table). The upgrade is
+/// one-way: a build of an older version then refuses the tables.
+const UPGRADES_FROM: &[&str] = &["1", "2", "3"];
 const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
@@ -159,6 +159,7 @@ fn to_value(arg: &Arg<'_>) -> Value {
         Arg::Int(v) => v.into(),
         Arg::Bytes(v) => v.to_vec().into(),
         Arg::Flag(v) => v.into(),
+        Arg::Null => Value::NULL,
     }
 }
 

@@ -1,6 +1,6 @@
--- tenure's MySQL/MariaDB store, schema version 3 (1 read the clock and the
+-- tenure's MySQL/MariaDB store, schema version 4 (1 read the clock and the
 -- session before the name's lock; 2 read every entry of a queue on each
--- call). "@p" is the table prefix.
+-- call; 3 had no fences or cells). "@p" is the table prefix.
 -- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
 -- server's clock in milliseconds (replaced when loaded, so no stored
 -- function needs SUPER under binary logging). Every operation is one CALL (one
@@ -39,6 +39,17 @@ CREATE TABLE IF NOT EXISTS @pentries (
     PRIMARY KEY (name, seq),
     KEY by_session (session),
     CONSTRAINT @pentries_session FOREIGN KEY (session) REFERENCES @psessions(id) ON DELETE CASCADE
+) ENGINE=InnoDB
+;;
+-- Fences and cells. A fence keeps its highest token in version; a cell
+-- keeps its version there even when it has no value (deleted, or its owner
+-- session ended), so a cell's versions are never reused.
+CREATE TABLE IF NOT EXISTS @pregisters (
+    name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    kind SMALLINT NOT NULL,
+    version BIGINT NOT NULL,
+    value MEDIUMBLOB NULL,
+    owner CHAR(32) CHARACTER SET ascii NULL
 ) ENGINE=InnoDB
 ;;
 DROP PROCEDURE IF EXISTS @psettle
@@ -433,4 +444,134 @@ BEGIN
     CALL @psettle(p_name, TRUE);
     COMMIT;
     SELECT 'ok', v_n;
+END
+;;
+DROP PROCEDURE IF EXISTS @pfence
+;;
+-- A fence: read it (p_token NULL), or admit p_token if it is at least the
+-- highest admitted, with p_value (if not NULL) as its new value.
+CREATE PROCEDURE @pfence(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_token BIGINT,
+    IN p_value MEDIUMBLOB)
+proc: BEGIN
+    DECLARE v_kind SMALLINT DEFAULT NULL;
+    DECLARE v_version BIGINT DEFAULT 0;
+    DECLARE v_value MEDIUMBLOB DEFAULT NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    IF p_token IS NULL THEN
+        SELECT kind, version, value INTO v_kind, v_version, v_value
+          FROM @pregisters WHERE name = p_name;
+        IF v_kind IS NULL THEN SELECT 'ok', 0, NULL; LEAVE proc; END IF;
+        IF v_kind <> 0 THEN SELECT 'conflict:it is a cell, not a fence', 0, NULL; LEAVE proc; END IF;
+        SELECT 'ok', v_version, v_value;
+        LEAVE proc;
+    END IF;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    INSERT INTO @pregisters (name, kind, version) VALUES (p_name, 0, 0)
+        ON DUPLICATE KEY UPDATE name = name;
+    SELECT kind, version, value INTO v_kind, v_version, v_value
+      FROM @pregisters WHERE name = p_name FOR UPDATE;
+    IF v_kind <> 0 THEN
+        COMMIT;
+        SELECT 'conflict:it is a cell, not a fence', 0, NULL;
+    ELSEIF p_token < v_version THEN
+        COMMIT;
+        SELECT 'stale', v_version, v_value;
+    ELSE
+        UPDATE @pregisters SET version = p_token, value = COALESCE(p_value, value)
+         WHERE name = p_name;
+        COMMIT;
+        SELECT 'ok', p_token, COALESCE(p_value, v_value);
+    END IF;
+END
+;;
+DROP PROCEDURE IF EXISTS @pcell_get
+;;
+CREATE PROCEDURE @pcell_get(IN p_name VARCHAR(255) CHARACTER SET utf8mb4)
+BEGIN
+    DECLARE v_kind SMALLINT DEFAULT NULL;
+    DECLARE v_version BIGINT DEFAULT NULL;
+    DECLARE v_value MEDIUMBLOB DEFAULT NULL;
+    DECLARE v_live INT DEFAULT 0;
+    SELECT kind, version, value,
+           owner IS NULL OR EXISTS (SELECT 1 FROM @psessions s
+                                     WHERE s.id = owner AND s.expires_ms > @pnow_ms())
+      INTO v_kind, v_version, v_value, v_live
+      FROM @pregisters WHERE name = p_name;
+    IF v_kind IS NOT NULL AND v_kind <> 1 THEN
+        SELECT 'conflict:it is a fence, not a cell', NULL, NULL;
+    ELSEIF v_value IS NULL OR NOT v_live THEN
+        SELECT 'ok', NULL, NULL;
+    ELSE
+        SELECT 'ok', v_version, v_value;
+    END IF;
+END
+;;
+DROP PROCEDURE IF EXISTS @pcell_put
+;;
+-- Writes p_value if the cell's live version is p_expect (0: no value), bound
+-- to the session p_owner if not NULL.
+CREATE PROCEDURE @pcell_put(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_value MEDIUMBLOB,
+    IN p_expect BIGINT, IN p_owner CHAR(32) CHARACTER SET ascii)
+proc: BEGIN
+    DECLARE v_kind SMALLINT DEFAULT NULL;
+    DECLARE v_version BIGINT DEFAULT 0;
+    DECLARE v_current BIGINT DEFAULT NULL;
+    DECLARE v_alive INT DEFAULT 0;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    IF p_owner IS NOT NULL THEN
+        SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_owner AND expires_ms > @pnow_ms();
+        IF v_alive = 0 THEN ROLLBACK; SELECT 'lost', NULL; LEAVE proc; END IF;
+    END IF;
+    INSERT INTO @pregisters (name, kind, version) VALUES (p_name, 1, 0)
+        ON DUPLICATE KEY UPDATE name = name;
+    SELECT kind, version,
+           IF(value IS NOT NULL AND (owner IS NULL OR EXISTS (SELECT 1 FROM @psessions s
+                WHERE s.id = owner AND s.expires_ms > @pnow_ms())), version, NULL)
+      INTO v_kind, v_version, v_current
+      FROM @pregisters WHERE name = p_name FOR UPDATE;
+    IF v_kind <> 1 THEN
+        COMMIT;
+        SELECT 'conflict:it is a fence, not a cell', NULL;
+    ELSEIF NOT (v_current <=> NULLIF(p_expect, 0)) THEN
+        COMMIT;
+        SELECT 'mismatch', v_current;
+    ELSE
+        UPDATE @pregisters SET version = v_version + 1, value = p_value, owner = p_owner
+         WHERE name = p_name;
+        COMMIT;
+        SELECT 'ok', v_version + 1;
+    END IF;
+END
+;;
+DROP PROCEDURE IF EXISTS @pcell_delete
+;;
+-- Deletes the cell's value if its live version is p_version; the version
+-- stays, so the next write's is higher.
+CREATE PROCEDURE @pcell_delete(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_version BIGINT)
+BEGIN
+    DECLARE v_kind SMALLINT DEFAULT NULL;
+    DECLARE v_version BIGINT DEFAULT 0;
+    DECLARE v_current BIGINT DEFAULT NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    SELECT kind, version,
+           IF(value IS NOT NULL AND (owner IS NULL OR EXISTS (SELECT 1 FROM @psessions s
+                WHERE s.id = owner AND s.expires_ms > @pnow_ms())), version, NULL)
+      INTO v_kind, v_version, v_current
+      FROM @pregisters WHERE name = p_name FOR UPDATE;
+    IF v_kind IS NOT NULL AND v_kind <> 1 THEN
+        COMMIT;
+        SELECT 'conflict:it is a fence, not a cell', NULL;
+    ELSEIF NOT (v_current <=> p_version) THEN
+        COMMIT;
+        SELECT 'mismatch', v_current;
+    ELSE
+        UPDATE @pregisters SET value = NULL, owner = NULL WHERE name = p_name;
+        COMMIT;
+        SELECT 'ok', v_version;
+    END IF;
 END

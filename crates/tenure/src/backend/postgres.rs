@@ -25,13 +25,14 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "4";
+const SCHEMA_VERSION: &str = "5";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
 /// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
 /// fast join reads the clock after the name's lock, and `settle` re-checks
-/// an expiry as it ends the session).
-const UPGRADES_FROM: &[&str] = &["1", "2", "3"];
+/// an expiry as it ends the session; 4 walks queues from the head; 5 adds
+/// the fences' and cells' table and functions).
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4"];
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 /// A LISTEN connection that failed to open is tried again after this long.
@@ -113,6 +114,10 @@ struct Statements {
     names: Statement,
     names_of: Statement,
     evict: Statement,
+    fence: Statement,
+    cell_get: Statement,
+    cell_put: Statement,
+    cell_delete: Statement,
 }
 
 impl Statements {
@@ -126,6 +131,10 @@ impl Statements {
             "set_value" => &self.set_value,
             "refresh" => &self.refresh,
             "evict" => &self.evict,
+            "fence" => &self.fence,
+            "cell_get" => &self.cell_get,
+            "cell_put" => &self.cell_put,
+            "cell_delete" => &self.cell_delete,
             other => return Err(Error::backend(BACKEND, format!("no routine {other}"))),
         })
     }
@@ -321,6 +330,9 @@ fn to_sql(arg: &Arg<'_>, ty: &Type) -> Result<Box<dyn ToSql + Sync + Send>> {
         Arg::Int(v) if *ty == Type::INT2 => Box::new(i16::try_from(v).map_err(|_| out_of_range())?),
         Arg::Int(v) if *ty == Type::INT4 => Box::new(i32::try_from(v).map_err(|_| out_of_range())?),
         Arg::Int(v) => Box::new(v),
+        Arg::Null if *ty == Type::BYTEA => Box::new(None::<Vec<u8>>),
+        Arg::Null if *ty == Type::TEXT => Box::new(None::<String>),
+        Arg::Null => Box::new(None::<i64>),
     })
 }
 
@@ -474,6 +486,10 @@ impl Postgres {
             names_of: prep(format!("SELECT DISTINCT name FROM {s}.entries WHERE session = $1")).await?,
             // A status first, as every routine answers.
             evict: prep(format!("SELECT 'ok', {s}.evict($1)")).await?,
+            fence: prep(format!("SELECT * FROM {s}.fence($1, $2, $3)")).await?,
+            cell_get: prep(format!("SELECT * FROM {s}.cell_get($1)")).await?,
+            cell_put: prep(format!("SELECT * FROM {s}.cell_put($1, $2, $3, $4)")).await?,
+            cell_delete: prep(format!("SELECT * FROM {s}.cell_delete($1, $2)")).await?,
         };
         let connected = Connected {
             client: Arc::new(client),

@@ -1,4 +1,4 @@
--- tenure's PostgreSQL store, schema version 4 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call). "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 5 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
 -- one transaction, judged by the database's clock (clock_timestamp()).
 -- A name's row in @s.names is locked FOR UPDATE by every change to its
@@ -31,6 +31,16 @@ CREATE TABLE IF NOT EXISTS @s.entries (
 DROP INDEX IF EXISTS @s.entries_session;
 CREATE INDEX IF NOT EXISTS entries_owner ON @s.entries(session, name);
 CREATE INDEX IF NOT EXISTS sessions_expiry ON @s.sessions(expires_ms);
+
+-- Fences and cells. A fence keeps its highest token in version; a cell
+-- keeps its version there even when it has no value (deleted, or its owner
+-- session ended), so a cell's versions are never reused.
+CREATE TABLE IF NOT EXISTS @s.registers (
+    name text PRIMARY KEY,
+    kind smallint NOT NULL, -- 0: fence, 1: cell
+    version bigint NOT NULL,
+    value bytea,
+    owner text);
 
 CREATE OR REPLACE FUNCTION @s.now_ms() RETURNS bigint LANGUAGE sql VOLATILE AS $$
     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
@@ -374,4 +384,120 @@ BEGIN
     UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(holders);
     PERFORM @s.settle(p_name, true);
     RETURN cardinality(holders);
+END $$;
+
+-- A fence: read it (p_token NULL), or admit p_token if it is at least the
+-- highest admitted, with p_value (if not NULL) as its new value.
+CREATE OR REPLACE FUNCTION @s.fence(p_name text, p_token bigint, p_value bytea)
+RETURNS TABLE (status text, highest bigint, val bytea) LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    IF p_token IS NULL THEN
+        SELECT g.kind, g.version, g.value INTO r FROM @s.registers g WHERE g.name = p_name;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'ok'::text, 0::bigint, NULL::bytea;
+            RETURN;
+        END IF;
+    ELSE
+        INSERT INTO @s.registers (name, kind, version) VALUES (p_name, 0, 0)
+            ON CONFLICT (name) DO NOTHING;
+        SELECT g.kind, g.version, g.value INTO r FROM @s.registers g WHERE g.name = p_name FOR UPDATE;
+    END IF;
+    IF r.kind <> 0 THEN
+        RETURN QUERY SELECT 'conflict:it is a cell, not a fence'::text, 0::bigint, NULL::bytea;
+    ELSIF p_token IS NULL THEN
+        RETURN QUERY SELECT 'ok'::text, r.version, r.value;
+    ELSIF p_token < r.version THEN
+        RETURN QUERY SELECT 'stale'::text, r.version, r.value;
+    ELSE
+        UPDATE @s.registers g SET version = p_token, value = coalesce(p_value, g.value)
+         WHERE g.name = p_name;
+        RETURN QUERY SELECT 'ok'::text, p_token, coalesce(p_value, r.value);
+    END IF;
+END $$;
+
+-- A cell's row: its kind, stored version, value and whether its owner (if
+-- any) lives; locked when p_lock.
+CREATE OR REPLACE FUNCTION @s.cell_row(p_name text, p_lock boolean,
+    OUT present boolean, OUT is_cell boolean, OUT stored bigint, OUT val bytea, OUT cur bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    IF p_lock THEN
+        SELECT g.kind, g.version, g.value, g.owner IS NULL OR @s.alive(g.owner) AS live INTO r
+          FROM @s.registers g WHERE g.name = p_name FOR UPDATE;
+    ELSE
+        SELECT g.kind, g.version, g.value, g.owner IS NULL OR @s.alive(g.owner) AS live INTO r
+          FROM @s.registers g WHERE g.name = p_name;
+    END IF;
+    present := FOUND;
+    IF present THEN
+        is_cell := r.kind = 1;
+        stored := r.version;
+        IF r.value IS NOT NULL AND r.live THEN
+            val := r.value;
+            cur := r.version;
+        END IF;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION @s.cell_get(p_name text)
+RETURNS TABLE (status text, ver bigint, val bytea) LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    c := @s.cell_row(p_name, false);
+    IF c.present AND NOT c.is_cell THEN
+        RETURN QUERY SELECT 'conflict:it is a fence, not a cell'::text, NULL::bigint, NULL::bytea;
+    ELSE
+        RETURN QUERY SELECT 'ok'::text, c.cur, c.val;
+    END IF;
+END $$;
+
+-- Writes p_value if the cell's live version is p_expect (0: no value), bound
+-- to the session p_owner if not NULL.
+CREATE OR REPLACE FUNCTION @s.cell_put(p_name text, p_value bytea, p_expect bigint, p_owner text)
+RETURNS TABLE (status text, ver bigint) LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    IF p_owner IS NOT NULL AND NOT @s.alive(p_owner) THEN
+        RETURN QUERY SELECT 'lost'::text, NULL::bigint;
+        RETURN;
+    END IF;
+    c := @s.cell_row(p_name, true);
+    IF NOT c.present THEN
+        INSERT INTO @s.registers (name, kind, version) VALUES (p_name, 1, 0)
+            ON CONFLICT (name) DO NOTHING;
+        c := @s.cell_row(p_name, true);
+    END IF;
+    IF NOT c.is_cell THEN
+        RETURN QUERY SELECT 'conflict:it is a fence, not a cell'::text, NULL::bigint;
+    ELSIF c.cur IS DISTINCT FROM nullif(p_expect, 0) THEN
+        RETURN QUERY SELECT 'mismatch'::text, c.cur;
+    ELSE
+        UPDATE @s.registers g SET version = c.stored + 1, value = p_value, owner = p_owner
+         WHERE g.name = p_name;
+        RETURN QUERY SELECT 'ok'::text, c.stored + 1;
+    END IF;
+END $$;
+
+-- Deletes the cell's value if its live version is p_version; the version
+-- stays, so the next write's is higher.
+CREATE OR REPLACE FUNCTION @s.cell_delete(p_name text, p_version bigint)
+RETURNS TABLE (status text, ver bigint) LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    c := @s.cell_row(p_name, true);
+    IF c.present AND NOT c.is_cell THEN
+        RETURN QUERY SELECT 'conflict:it is a fence, not a cell'::text, NULL::bigint;
+    ELSIF c.cur IS DISTINCT FROM p_version THEN
+        RETURN QUERY SELECT 'mismatch'::text, c.cur;
+    ELSE
+        UPDATE @s.registers g SET value = NULL, owner = NULL WHERE g.name = p_name;
+        RETURN QUERY SELECT 'ok'::text, c.stored;
+    END IF;
 END $$;

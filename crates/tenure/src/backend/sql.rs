@@ -15,8 +15,8 @@ use super::codec;
 use super::poll::{self, Listeners, Look};
 use crate::error::{Error, LostReason, Result};
 use crate::store::{
-    Capabilities, Entry, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue, SessionKey,
-    SessionSpec, Store,
+    Capabilities, CellWrite, Entry, Expect, FenceOp, FenceState, JoinMode, JoinRequest, Joined,
+    Name, OpenedSession, Queue, SessionKey, SessionSpec, Store, Versioned,
 };
 
 /// A value passed to a routine.
@@ -30,6 +30,8 @@ pub enum Arg<'a> {
     Bytes(&'a [u8]),
     /// A truth value.
     Flag(bool),
+    /// SQL NULL.
+    Null,
 }
 
 /// A value of a routine's answer.
@@ -111,6 +113,14 @@ impl SqlRow {
         }
     }
 
+    /// Bytes or NULL.
+    pub fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            _ => self.bytes(i).map(Some),
+        }
+    }
+
     /// A truth value (a number: not zero).
     pub fn flag(&self, i: usize) -> Result<bool> {
         match self.cell(i)? {
@@ -187,6 +197,18 @@ impl<D: fmt::Debug> fmt::Debug for SqlStore<D> {
     }
 }
 
+fn to_u64(v: i64) -> Result<u64> {
+    u64::try_from(v).map_err(|_| Error::backend("sql", format!("a negative version {v}")))
+}
+
+/// A token or version as SQL's signed 64-bit integers hold it.
+fn int_arg(what: &'static str, v: u64) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::InvalidArgument {
+        what,
+        reason: format!("{v} is larger than SQL's 64-bit integers"),
+    })
+}
+
 fn seq_arg(seq: u64) -> Result<i64> {
     i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))
 }
@@ -214,6 +236,33 @@ impl<D: SqlDriver> SqlStore<D> {
                 s,
                 None,
                 name.as_str(),
+            )),
+        }
+    }
+
+    /// A register routine's status: `ok`, `stale` or `mismatch`, else the
+    /// error it names (a lost owner session, a name of the other kind).
+    fn register_status(&self, row: &SqlRow, name: &Name) -> Result<String> {
+        let status = row.text(0)?;
+        match status.as_str() {
+            "ok" | "stale" | "mismatch" => Ok(status),
+            s => Err(codec::status_error(
+                self.driver.backend(),
+                s,
+                None,
+                name.as_str(),
+            )),
+        }
+    }
+
+    fn cell_write(&self, row: &SqlRow, name: &Name) -> Result<CellWrite> {
+        let current = row.opt_int(1)?.map(to_u64).transpose()?;
+        match (self.register_status(row, name)?.as_str(), current) {
+            ("ok", Some(version)) => Ok(CellWrite::Done(version)),
+            ("mismatch", current) => Ok(CellWrite::Mismatch(current)),
+            (status, _) => Err(Error::backend(
+                self.driver.backend(),
+                format!("a cell write answered {status:?} without a version"),
             )),
         }
     }
@@ -431,6 +480,71 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         // Like every routine: a status, then the answer (sessions ended).
         let n = row.int(1)?;
         usize::try_from(n).map_err(|e| Error::backend(self.driver.backend(), e))
+    }
+
+    async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
+        let (token, value) = match op {
+            FenceOp::Read => (Arg::Null, Arg::Null),
+            FenceOp::Admit { token, value } => (
+                Arg::Int(int_arg("fencing token", token)?),
+                value.map_or(Arg::Null, Arg::Bytes),
+            ),
+        };
+        let row = self
+            .counted()
+            .call("fence", &[Arg::Text(name.as_str()), token, value])
+            .await?;
+        let status = self.register_status(&row, name)?;
+        Ok(FenceState {
+            admitted: status == "ok",
+            highest: to_u64(row.int(1)?)?,
+            value: row.opt_bytes(2)?,
+        })
+    }
+
+    async fn cell_get(&self, name: &Name) -> Result<Option<Versioned>> {
+        let row = self
+            .counted()
+            .call("cell_get", &[Arg::Text(name.as_str())])
+            .await?;
+        self.register_status(&row, name)?;
+        match (row.opt_int(1)?, row.opt_bytes(2)?) {
+            (Some(version), Some(value)) => Ok(Some(Versioned {
+                value,
+                version: to_u64(version)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    async fn cell_put(
+        &self,
+        name: &Name,
+        value: &[u8],
+        expect: Expect,
+        owner: Option<&SessionKey>,
+    ) -> Result<CellWrite> {
+        let expect = match expect {
+            Expect::Absent => 0,
+            Expect::Version(v) => int_arg("version", v)?,
+        };
+        let args = [
+            Arg::Text(name.as_str()),
+            Arg::Bytes(value),
+            Arg::Int(expect),
+            owner.map_or(Arg::Null, |k| Arg::Text(k.secret())),
+        ];
+        let row = self.counted().call("cell_put", &args).await?;
+        self.cell_write(&row, name)
+    }
+
+    async fn cell_delete(&self, name: &Name, version: u64) -> Result<CellWrite> {
+        let args = [
+            Arg::Text(name.as_str()),
+            Arg::Int(int_arg("version", version)?),
+        ];
+        let row = self.counted().call("cell_delete", &args).await?;
+        self.cell_write(&row, name)
     }
 }
 

@@ -25,8 +25,9 @@ use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    kind_conflict, Capabilities, CellWrite, Entry, EntryKind, Expect, FenceOp, FenceState,
+    JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue, SessionKey, SessionSpec, Store,
+    Versioned, Wake,
 };
 
 const BACKEND: &str = "sqlite";
@@ -510,7 +511,13 @@ fn create_tables(conn: &mut Connection) -> rusqlite::Result<std::result::Result<
             value BLOB NOT NULL,
             granted_ms INTEGER,
             PRIMARY KEY (name, seq)) WITHOUT ROWID;
-         CREATE INDEX IF NOT EXISTS tenure_entries_session ON tenure_entries(session);",
+         CREATE INDEX IF NOT EXISTS tenure_entries_session ON tenure_entries(session);
+         CREATE TABLE IF NOT EXISTS tenure_registers (
+            name TEXT PRIMARY KEY,
+            kind INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            value BLOB,
+            owner TEXT) WITHOUT ROWID;",
     )?;
     let version: Option<i64> = tx
         .query_row(
@@ -679,6 +686,68 @@ fn session_names(conn: &Connection, key: &str) -> Result<Vec<Name>> {
         .collect::<rusqlite::Result<Vec<String>>>()
         .map_err(db_err)?;
     names.into_iter().map(Name::new).collect()
+}
+
+/// A fence's or a cell's row in `tenure_registers`. A fence keeps its
+/// highest token in `version`; a cell keeps its version there even when it
+/// has no value (deleted, or its owner session ended), so versions are never
+/// reused for a name.
+struct Register {
+    is_cell: bool,
+    version: i64,
+    value: Option<Vec<u8>>,
+    /// A cell's owner session is alive, or it has none.
+    live: bool,
+}
+
+const FENCE: i64 = 0;
+const CELL: i64 = 1;
+
+impl Register {
+    fn read(conn: &Connection, name: &str) -> Result<Option<Register>> {
+        conn.prepare_cached(&format!(
+            "SELECT kind, version, value, owner IS NULL OR EXISTS(SELECT 1 FROM tenure_sessions s
+                 WHERE s.id = owner AND s.expires_ms > {NOW})
+             FROM tenure_registers WHERE name = ?1"
+        ))
+        .and_then(|mut s| {
+            s.query_row([name], |r| {
+                Ok(Register {
+                    is_cell: r.get::<_, i64>(0)? == CELL,
+                    version: r.get(1)?,
+                    value: r.get(2)?,
+                    live: r.get(3)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(db_err)
+    }
+
+    /// The cell's stored version and live value; a fence is a conflict.
+    fn cell(conn: &Connection, name: &Name) -> Result<(i64, Option<Versioned>)> {
+        match Register::read(conn, name.as_str())? {
+            None => Ok((0, None)),
+            Some(r) if !r.is_cell => Err(kind_conflict(name, "a fence", "a cell")),
+            Some(r) => {
+                let value = match r.value.filter(|_| r.live) {
+                    Some(value) => Some(Versioned {
+                        value,
+                        version: to_u64(r.version)?,
+                    }),
+                    None => None,
+                };
+                Ok((r.version, value))
+            }
+        }
+    }
+}
+
+fn to_i64(v: u64) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::InvalidArgument {
+        what: "number",
+        reason: format!("{v} is larger than SQLite's integers"),
+    })
 }
 
 #[async_trait]
@@ -1136,6 +1205,121 @@ impl Store for SqliteStore {
                     .map_err(db_err)?;
             }
             Ok((holders.len(), names))
+        })
+        .await
+    }
+
+    async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
+        let name = name.clone();
+        let (token, value) = match op {
+            FenceOp::Read => (None, None),
+            FenceOp::Admit { token, value } => (Some(to_i64(token)?), value.map(<[u8]>::to_vec)),
+        };
+        self.run(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let (highest, stored) = match Register::read(&tx, name.as_str())? {
+                Some(r) if r.is_cell => {
+                    return Err(kind_conflict(&name, "a cell", "a fence"))
+                }
+                Some(r) => (r.version, r.value),
+                None => (0, None),
+            };
+            let answer = match token {
+                Some(token) if token >= highest => {
+                    tx.prepare_cached(
+                        "INSERT INTO tenure_registers (name, kind, version, value) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (name) DO UPDATE
+                           SET version = excluded.version, value = coalesce(excluded.value, value)",
+                    )
+                    .and_then(|mut s| s.execute(params![name.as_str(), FENCE, token, value]))
+                    .map_err(db_err)?;
+                    FenceState {
+                        admitted: true,
+                        highest: to_u64(token)?,
+                        value: value.clone().or(stored),
+                    }
+                }
+                _ => FenceState {
+                    admitted: token.is_none(),
+                    highest: to_u64(highest)?,
+                    value: stored,
+                },
+            };
+            tx.commit().map_err(db_err)?;
+            Ok(answer)
+        })
+        .await
+    }
+
+    async fn cell_get(&self, name: &Name) -> Result<Option<Versioned>> {
+        let name = name.clone();
+        self.run(move |conn| Register::cell(conn, &name).map(|(_, value)| value))
+            .await
+    }
+
+    async fn cell_put(
+        &self,
+        name: &Name,
+        value: &[u8],
+        expect: Expect,
+        owner: Option<&SessionKey>,
+    ) -> Result<CellWrite> {
+        let (name, value, owner) = (name.clone(), value.to_vec(), owner.cloned());
+        self.run(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let (stored, current) = Register::cell(&tx, &name)?;
+            if let Some(owner) = &owner {
+                session_alive(&tx, owner)?;
+            }
+            let current = current.map(|c| c.version);
+            if !queue::cell_expected(current, expect) {
+                return Ok(CellWrite::Mismatch(current));
+            }
+            let version = stored + 1;
+            tx.prepare_cached(
+                "INSERT INTO tenure_registers (name, kind, version, value, owner)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (name) DO UPDATE
+                   SET version = excluded.version, value = excluded.value, owner = excluded.owner",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    name.as_str(),
+                    CELL,
+                    version,
+                    value,
+                    owner.as_ref().map(SessionKey::secret)
+                ])
+            })
+            .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(CellWrite::Done(to_u64(version)?))
+        })
+        .await
+    }
+
+    async fn cell_delete(&self, name: &Name, version: u64) -> Result<CellWrite> {
+        let name = name.clone();
+        self.run(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let (stored, current) = Register::cell(&tx, &name)?;
+            let current = current.map(|c| c.version);
+            if current != Some(version) {
+                return Ok(CellWrite::Mismatch(current));
+            }
+            tx.prepare_cached(
+                "UPDATE tenure_registers SET value = NULL, owner = NULL WHERE name = ?1",
+            )
+            .and_then(|mut s| s.execute([name.as_str()]))
+            .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(CellWrite::Done(to_u64(stored)?))
         })
         .await
     }
