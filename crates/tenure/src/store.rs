@@ -402,6 +402,8 @@ pub struct Capabilities {
     pub round_trips: &'static str,
     /// Fences ([`Store::fence`]): a token check kept by the store.
     pub fences: bool,
+    /// Values written through a fence ([`FenceOp::Admit`] with a value).
+    pub fence_values: bool,
     /// Cells ([`Store::cell_get`] and the others): values with versions,
     /// written by compare-and-set.
     pub cells: bool,
@@ -433,6 +435,7 @@ impl Capabilities {
             exact_first: true,
             round_trips,
             fences: true,
+            fence_values: true,
             cells: true,
         }
     }

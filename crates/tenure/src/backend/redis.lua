@@ -29,6 +29,12 @@
 --                         <seq>      "secret\tkind\tcount\tlimit\tholds\tgranted_ms"
 --                         v<seq>     the entry's value, when not empty
 --                         o<secret>  the seq of that session's entry
+--   P:r:<name>          hash, a fence or a cell (a namespace apart from the
+--                       queues'): k = "f" or "c"; v = a fence's highest
+--                       token (20 digits, so string order is number order)
+--                       or a cell's version (kept when the cell loses its
+--                       value, so versions are never reused); d = the value;
+--                       o = a cell's owner session, if bound to one
 -- Granted entries are always a prefix of the queue. An entry whose session
 -- expired is removed (and its session ended everywhere) when an operation
 -- walks past it from the head, when the waiter behind it looks, or when
@@ -537,6 +543,54 @@ elseif op == 'evict' then
   end
   settle(name, true)
   return {'ok', #holders}
+
+elseif op == 'fence' then
+  -- ARGV: name, token (20 digits; '' reads), '1' and a value to write.
+  -- Tokens are compared as strings of equal length: exact where Lua's
+  -- numbers (doubles) are not.
+  local key = k('r', ARGV[3])
+  local reg = redis.call('HMGET', key, 'k', 'v', 'd')
+  if reg[1] and reg[1] ~= 'f' then return {'conflict', 'it is a cell, not a fence'} end
+  local highest = reg[2] or '00000000000000000000'
+  local token = ARGV[4]
+  if token == '' then return {'ok', highest, reg[3]} end
+  if token < highest then return {'stale', highest, reg[3]} end
+  if ARGV[5] == '1' then
+    redis.call('HSET', key, 'k', 'f', 'v', token, 'd', ARGV[6])
+    return {'ok', token, ARGV[6]}
+  end
+  redis.call('HSET', key, 'k', 'f', 'v', token)
+  return {'ok', token, reg[3]}
+
+elseif op == 'cellget' or op == 'cellput' or op == 'celldel' then
+  -- ARGV: name; cellput: value, expected version ('0': no value), owner
+  -- secret ('' for none); celldel: version.
+  local key = k('r', ARGV[3])
+  local reg = redis.call('HMGET', key, 'k', 'v', 'd', 'o')
+  if reg[1] and reg[1] ~= 'c' then return {'conflict', 'it is a fence, not a cell'} end
+  local stored = tonumber(reg[2] or '0')
+  local current = false
+  if reg[3] and (not reg[4] or alive(reg[4])) then current = stored end
+  if op == 'cellget' then
+    if current then return {'ok', current, reg[3]} end
+    return {'ok'}
+  end
+  local expected = tonumber(op == 'cellput' and ARGV[5] or ARGV[4])
+  if (current or 0) ~= expected then return {'mismatch', current} end
+  if op == 'celldel' then
+    redis.call('HDEL', key, 'd', 'o')
+    return {'ok', stored}
+  end
+  local owner = ARGV[6]
+  if owner ~= '' and not alive(owner) then return {'lost'} end
+  local version = redis.call('HINCRBY', key, 'v', 1)
+  if owner == '' then
+    redis.call('HSET', key, 'k', 'c', 'd', ARGV[4])
+    redis.call('HDEL', key, 'o')
+  else
+    redis.call('HSET', key, 'k', 'c', 'd', ARGV[4], 'o', owner)
+  end
+  return {'ok', version}
 end
 
 return redis.error_reply('tenure: unknown operation ' .. tostring(op))

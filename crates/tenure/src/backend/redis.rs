@@ -24,8 +24,8 @@ use super::poll::{self, Listeners, Listening, Look};
 use super::url::{mask_password, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, CellWrite, Entry, EntryKind, Expect, FenceOp, FenceState, JoinMode, JoinRequest,
+    Joined, Name, OpenedSession, Queue, SessionKey, SessionSpec, Store, Versioned, Wake,
 };
 
 const BACKEND: &str = "redis";
@@ -99,6 +99,9 @@ fn redis_err(e: redis::RedisError) -> Error {
     }
     Error::backend(BACKEND, e)
 }
+
+/// The script's operations on fences and cells.
+const REGISTER_OPS: &[&str] = &["fence", "cellget", "cellput", "celldel"];
 
 fn bad_reply(what: &str) -> Error {
     Error::backend(BACKEND, format!("unexpected reply from the script: {what}"))
@@ -297,16 +300,16 @@ impl RedisStore {
             .map_err(redis_err)?
         {
             Value::Int(n) => Ok(Reply::Fast(n)),
-            Value::Array(reply) => self.status(reply, args).map(Reply::Table),
+            Value::Array(reply) => self.status(reply, op, args).map(Reply::Table),
             other => Err(bad_reply(&format!("{other:?}"))),
         }
     }
 
     /// Turns the script's status word (`reply[0]`) into a result.
-    fn status(&self, reply: Vec<Value>, args: &[&[u8]]) -> Result<Vec<Value>> {
+    fn status(&self, reply: Vec<Value>, op: &str, args: &[&[u8]]) -> Result<Vec<Value>> {
         match reply.first().map(text).transpose()?.as_deref() {
             Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind")
-            | Some("ahead") => Ok(reply),
+            | Some("ahead") | Some("stale") | Some("mismatch") => Ok(reply),
             Some("layout") => Err(Error::SchemaMismatch {
                 backend: BACKEND,
                 url: self.inner.url.clone(),
@@ -321,8 +324,11 @@ impl RedisStore {
                 ),
             }),
             Some(word @ ("lost" | "notheld" | "conflict")) => {
+                // The name is the first argument of the registers' operations
+                // and the second (after the session) of the others.
+                let at = usize::from(!REGISTER_OPS.contains(&op));
                 let name = args
-                    .get(1)
+                    .get(at)
                     .map(|s| String::from_utf8_lossy(s).into_owned())
                     .unwrap_or_default();
                 let detail = reply.get(1).map(text).transpose()?;
@@ -473,6 +479,33 @@ pub(crate) enum NodeJoin {
 impl RedisStore {
     /// Opens a session whose secret and tag the caller chose (Redlock opens
     /// the same session on every node).
+    /// One fence operation on this node (Redis's `fence`, and each node's
+    /// vote of Redlock's).
+    pub(crate) async fn fence_on_node(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
+        let token = match op {
+            FenceOp::Read => String::new(),
+            FenceOp::Admit { token, .. } => format!("{token:020}"),
+        };
+        let value = match op {
+            FenceOp::Admit { value: Some(v), .. } => v,
+            _ => &[],
+        };
+        let write: &[u8] = if value.is_empty() { b"" } else { b"1" };
+        let args: [&[u8]; 4] = [name.as_str().as_bytes(), token.as_bytes(), write, value];
+        let reply = self.call("fence", &args).await?;
+        let highest = text(reply.get(1).ok_or_else(|| bad_reply("short fence reply"))?)?;
+        Ok(FenceState {
+            admitted: reply.first().map(text).transpose()?.as_deref() == Some("ok"),
+            highest: highest
+                .parse()
+                .map_err(|_| bad_reply(&format!("fence highest {highest:?}")))?,
+            value: match reply.get(2) {
+                None | Some(Value::Nil) => None,
+                Some(v) => Some(bytes(v)?),
+            },
+        })
+    }
+
     pub(crate) async fn open_session_as(
         &self,
         opened: &OpenedSession,
@@ -728,5 +761,61 @@ impl Store for RedisStore {
         let reply = self.call("evict", &[name.as_str().as_bytes()]).await?;
         let n = number(reply.get(1).ok_or_else(|| bad_reply("short evict reply"))?)?;
         usize::try_from(n).map_err(|_| bad_reply("count"))
+    }
+
+    async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
+        self.fence_on_node(name, op).await
+    }
+
+    async fn cell_get(&self, name: &Name) -> Result<Option<Versioned>> {
+        let reply = self.call("cellget", &[name.as_str().as_bytes()]).await?;
+        match (reply.get(1), reply.get(2)) {
+            (Some(version), Some(value)) => Ok(Some(Versioned {
+                value: bytes(value)?,
+                version: unsigned(version)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    async fn cell_put(
+        &self,
+        name: &Name,
+        value: &[u8],
+        expect: Expect,
+        owner: Option<&SessionKey>,
+    ) -> Result<CellWrite> {
+        let expected = match expect {
+            Expect::Absent => "0".to_string(),
+            Expect::Version(v) => v.to_string(),
+        };
+        let owner = owner.map_or("", SessionKey::secret);
+        let args: [&[u8]; 4] = [
+            name.as_str().as_bytes(),
+            value,
+            expected.as_bytes(),
+            owner.as_bytes(),
+        ];
+        cell_write(self.call("cellput", &args).await?)
+    }
+
+    async fn cell_delete(&self, name: &Name, version: u64) -> Result<CellWrite> {
+        let version = version.to_string();
+        let args: [&[u8]; 2] = [name.as_str().as_bytes(), version.as_bytes()];
+        cell_write(self.call("celldel", &args).await?)
+    }
+}
+
+/// A cell write's reply: `ok` and the new version, or `mismatch` and the
+/// current one (nil: no value).
+fn cell_write(reply: Vec<Value>) -> Result<CellWrite> {
+    let version = match reply.get(1) {
+        None | Some(Value::Nil) => None,
+        Some(v) => Some(unsigned(v)?),
+    };
+    match (reply.first().map(text).transpose()?.as_deref(), version) {
+        (Some("ok"), Some(version)) => Ok(CellWrite::Done(version)),
+        (Some("mismatch"), current) => Ok(CellWrite::Mismatch(current)),
+        _ => Err(bad_reply(&format!("{reply:?}"))),
     }
 }

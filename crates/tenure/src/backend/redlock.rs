@@ -46,8 +46,8 @@ use super::redis::{NodeJoin, RedisStore};
 use super::url::{mask_password, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store, Wake,
+    Capabilities, Entry, EntryKind, FenceOp, FenceState, JoinMode, JoinRequest, Joined, Name,
+    OpenedSession, Queue, SessionKey, SessionSpec, Store, Wake,
 };
 
 const BACKEND: &str = "redlock";
@@ -84,6 +84,12 @@ pub fn capabilities() -> Capabilities {
         // A claim undone after a split vote uses up a node's "never used"
         // mark: a per-tick schedule may skip a tick (never run one twice).
         exact_first: false,
+        // A value, or a compare-and-set, that every client reads alike needs
+        // the nodes to agree on one order of writes: consensus, which
+        // independent nodes do not have. A fence's admission is a maximum,
+        // which a majority keeps without it.
+        fence_values: false,
+        cells: false,
         wake: Wake::pub_sub(POLL_MAX),
         min_ttl: Duration::from_millis(300),
         ..Capabilities::durable_store(
@@ -962,6 +968,58 @@ impl Store for RedlockStore {
             .await;
         self.majority_or_error(&tally)?;
         Ok(answers.into_iter().map(|(_, n)| n).max().unwrap_or(0))
+    }
+
+    /// A token is admitted when a majority of nodes admits it, so a later
+    /// admission's majority overlaps it in a node that refuses anything
+    /// lower; a refusal from any node that answered is reported stale (a
+    /// node saw a higher token: refusing is the safe side). A read is the
+    /// highest of a majority's answers, so it sees every admission that
+    /// completed.
+    async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
+        if let FenceOp::Admit { value: Some(_), .. } = op {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "values written through a fence (independent nodes cannot agree on \
+                       the order of writes without consensus; a fence's admission needs none)",
+            });
+        }
+        let (answers, tally) = self
+            .tally(self.inner.all, |node| async move {
+                node.fence_on_node(name, op).await
+            })
+            .await;
+        self.majority_or_error(&tally)?;
+        let highest = answers.iter().map(|(_, s)| s.highest).max().unwrap_or(0);
+        let FenceOp::Admit { token, .. } = op else {
+            return Ok(FenceState {
+                admitted: true,
+                highest,
+                value: None,
+            });
+        };
+        let admitted = answers.iter().filter(|(_, s)| s.admitted).count();
+        if admitted >= self.inner.majority {
+            Ok(FenceState {
+                admitted: true,
+                highest: token,
+                value: None,
+            })
+        } else if admitted < answers.len() {
+            Ok(FenceState {
+                admitted: false,
+                highest,
+                value: None,
+            })
+        } else {
+            Err(Error::unavailable(
+                BACKEND,
+                format!(
+                    "token {token} admitted by {admitted} nodes, a majority needs {}",
+                    self.inner.majority
+                ),
+            ))
+        }
     }
 }
 
