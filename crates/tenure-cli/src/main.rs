@@ -28,7 +28,7 @@ pub mod exit {
     pub const NOT_EXECUTABLE: u8 = 126;
     /// The command was not found.
     pub const NOT_FOUND: u8 = 127;
-    /// `tenure leader`: nobody leads.
+    /// `tenure leader`: nobody leads; `tenure cell get`: no value.
     pub const NO_LEADER: u8 = 3;
 }
 
@@ -42,10 +42,11 @@ Exit codes (the same in every subcommand):
   69  store unavailable, or it refused the credentials
   70  other failure (a store error of another kind, an internal error)
   75  not acquired: within --wait, at once with --no-wait, or the name is held
-      in a conflicting way
+      in a conflicting way; a fence refused a stale token; a cell was not at
+      the version a write expected
   79  the session's lease was lost: while waiting, while leading, or while the
       command ran (its process group was killed first)
-  3   `tenure leader`: nobody leads";
+  3   `tenure leader`: nobody leads; `tenure cell get`: the cell has no value";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -123,6 +124,16 @@ enum Command {
         command that cannot be found (127) or run (126), is refused at start."
     )]
     Cron(CronArgs),
+    /// Check a fencing token against a fence kept by the store.
+    #[command(after_help = "Example, in a job under `tenure lock printer`:\n  \
+        tenure fence printer \"$TENURE_FENCE\" && ./print.sh\n\n\
+        Admits TOKEN if it is at least the highest token the fence has admitted, and records it;\n\
+        prints `admitted` or `stale`, the token and the highest. Exits 0 when admitted, 75 when\n\
+        stale: a later holder of the lock has used the fence, so this holder may have lost the lock.")]
+    Fence(FenceArgs),
+    /// Read, write or delete a cell: a small value with a version, written by compare-and-set.
+    #[command(subcommand)]
+    Cell(CellCommand),
     /// Show what each built-in backend can do.
     #[command(after_help = "Example:\n  tenure backends --json")]
     Backends(JsonArg),
@@ -135,6 +146,73 @@ enum Command {
     /// Print the manual page, tenure(1), as roff.
     #[command(after_help = "Example:\n  tenure man > tenure.1 && man ./tenure.1")]
     Man,
+}
+
+#[derive(Args, Debug)]
+struct FenceArgs {
+    /// The fence's name (usually the lock's).
+    name: String,
+    /// The fencing token, a positive integer (a grant's TENURE_FENCE).
+    token: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum CellCommand {
+    /// Print a cell's version and value.
+    #[command(after_help = "Example:\n  tenure cell get config --json\n\n\
+        Prints `version=N` and then the value on a line of its own. Exits 3 when the cell has\n\
+        no value (never written, deleted, or its session ended).")]
+    Get(CellGetArgs),
+    /// Write a cell if it is as expected; print its new version.
+    #[command(
+        after_help = "Examples:\n  tenure cell put config 'v1' --if-absent\n  \
+        tenure cell put config 'v2' --if-version 1\n\n\
+        Exits 75, writing nothing, if the cell is not as expected (the message says its current\n\
+        version): read it again and retry."
+    )]
+    Put(CellPutArgs),
+    /// Delete a cell's value if it is at a version.
+    #[command(
+        after_help = "Example:\n  tenure cell delete config --if-version 2\n\n\
+        Exits 75, deleting nothing, if the cell is not at that version."
+    )]
+    Delete(CellDeleteArgs),
+}
+
+#[derive(Args, Debug)]
+struct CellGetArgs {
+    /// The cell's name.
+    name: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("expect").required(true).args(["if_absent", "if_version"])))]
+struct CellPutArgs {
+    /// The cell's name.
+    name: String,
+    /// The value (1 byte to 64 KiB).
+    value: String,
+    /// Write only if the cell has no value.
+    #[arg(long)]
+    if_absent: bool,
+    /// Write only if the cell is at this version.
+    #[arg(long, value_name = "N")]
+    if_version: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct CellDeleteArgs {
+    /// The cell's name.
+    name: String,
+    /// Delete only if the cell is at this version.
+    #[arg(long, value_name = "N", required = true)]
+    if_version: String,
 }
 
 #[derive(Args, Debug)]
@@ -299,7 +377,10 @@ fn exit_code(e: &Error) -> u8 {
         | Error::BackendDisabled { .. }
         | Error::Unsupported { .. } => exit::USAGE,
         Error::Unavailable { .. } | Error::Auth { .. } => exit::UNAVAILABLE,
-        Error::Timeout(_) | Error::Conflict { .. } | Error::StaleToken { .. } => exit::NOT_ACQUIRED,
+        Error::Timeout(_)
+        | Error::Conflict { .. }
+        | Error::StaleToken { .. }
+        | Error::VersionMismatch { .. } => exit::NOT_ACQUIRED,
         Error::SessionLost(_) => exit::LEASE_LOST,
         _ => exit::SOFTWARE,
     }
@@ -386,6 +467,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Status(args) => status(store, args).await,
         Command::Release(args) => release(store, args).await,
         Command::Cron(args) => cron(store, args).await,
+        Command::Fence(args) => fence(store, args).await,
+        Command::Cell(command) => cell(store, command).await,
         Command::Backends(_) | Command::Completions(_) | Command::Man => Ok(0),
     }
 }
@@ -448,6 +531,24 @@ fn write_stdout(bytes: &[u8]) -> Result<u8, Failure> {
 /// as one (64, 126, 127) whether or not the store answers.
 fn validate(command: &Command) -> Result<(), Failure> {
     match command {
+        Command::Fence(args) => {
+            Name::new(&args.name)?;
+            positive("TOKEN", &args.token).map(|_| ())
+        }
+        Command::Cell(CellCommand::Get(args)) => {
+            Name::new(&args.name).map(|_| ()).map_err(Into::into)
+        }
+        Command::Cell(CellCommand::Put(args)) => {
+            Name::new(&args.name)?;
+            if let Some(v) = &args.if_version {
+                positive("--if-version", v)?;
+            }
+            Ok(())
+        }
+        Command::Cell(CellCommand::Delete(args)) => {
+            Name::new(&args.name)?;
+            positive("--if-version", &args.if_version).map(|_| ())
+        }
         Command::Lock(args) => {
             check_ttl(args.lease.ttl)?;
             child::check_command(&args.command)
@@ -824,6 +925,114 @@ async fn leader(store: std::sync::Arc<dyn Store>, args: LeaderArgs) -> Result<u8
     }
 }
 
+/// A positive whole number given as `what` on the command line.
+fn positive(what: &str, text: &str) -> Result<u64, Failure> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "{what} must be a positive whole number, not {:?}",
+                escape_line(text)
+            ),
+        )),
+    }
+}
+
+/// A fence's or a cell's name used as the other is bad input here: exit 64,
+/// not 75, so that a retry loop on 75 does not spin on it.
+fn register_failure(e: Error) -> Failure {
+    match e {
+        Error::Conflict { .. } => Failure::new(exit::USAGE, e.to_string()),
+        e => e.into(),
+    }
+}
+
+async fn fence(store: std::sync::Arc<dyn Store>, args: FenceArgs) -> Result<u8, Failure> {
+    let token = positive("TOKEN", &args.token)?;
+    let fence = tenure::Fence::new(&store, &args.name)?;
+    let (admitted, highest) = match fence.admit(token).await {
+        Ok(highest) => (true, highest),
+        Err(Error::StaleToken { highest, .. }) => (false, highest),
+        Err(e) => return Err(register_failure(e)),
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "fence": fence.name().as_str(),
+                "token": token,
+                "admitted": admitted,
+                "highest": highest,
+            })
+        );
+    } else {
+        let word = if admitted { "admitted" } else { "stale" };
+        println!("{word} token={token} highest={highest}");
+    }
+    if admitted {
+        Ok(0)
+    } else {
+        eprintln!(
+            "tenure: fence {} refused token {token}: it has seen {highest}, so a later holder \
+             has used it",
+            fence.name()
+        );
+        Ok(exit::NOT_ACQUIRED)
+    }
+}
+
+async fn cell(store: std::sync::Arc<dyn Store>, command: CellCommand) -> Result<u8, Failure> {
+    match command {
+        CellCommand::Get(args) => {
+            let cell = tenure::Cell::new(&store, &args.name)?;
+            let got = cell.get().await.map_err(register_failure)?;
+            if args.json {
+                let mut out = serde_json::json!({
+                    "cell": cell.name().as_str(),
+                    "version": got.as_ref().map(|v| v.version),
+                });
+                if let Some(v) = &got {
+                    match std::str::from_utf8(&v.value) {
+                        Ok(text) => out["value"] = text.into(),
+                        Err(_) => {
+                            let hex: String = v.value.iter().map(|b| format!("{b:02x}")).collect();
+                            out["value_hex"] = hex.into();
+                        }
+                    }
+                }
+                println!("{out}");
+            } else if let Some(v) = &got {
+                let mut out = format!("version={}\n", v.version).into_bytes();
+                out.extend_from_slice(&v.value);
+                out.push(b'\n');
+                write_stdout(&out)?;
+            }
+            Ok(if got.is_some() { 0 } else { exit::NO_LEADER })
+        }
+        CellCommand::Put(args) => {
+            let expect = match &args.if_version {
+                Some(v) => tenure::Expect::Version(positive("--if-version", v)?),
+                None => tenure::Expect::Absent,
+            };
+            let cell = tenure::Cell::new(&store, &args.name)?;
+            let version = cell
+                .put(args.value.as_bytes(), expect)
+                .await
+                .map_err(register_failure)?;
+            println!("version={version}");
+            Ok(0)
+        }
+        CellCommand::Delete(args) => {
+            let version = positive("--if-version", &args.if_version)?;
+            let cell = tenure::Cell::new(&store, &args.name)?;
+            cell.delete(version).await.map_err(register_failure)?;
+            println!("deleted version={version}");
+            Ok(0)
+        }
+    }
+}
+
 async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8, Failure> {
     let mut all = Vec::new();
     for name in store.names(&args.prefix).await? {
@@ -898,6 +1107,9 @@ fn backends(json: bool) -> Result<u8, Failure> {
                     "permits": c.permits,
                     "grant_times": c.grant_times,
                     "exact_first": c.exact_first,
+                    "fences": c.fences,
+                    "fence_values": c.fence_values,
+                    "cells": c.cells,
                     "wake": format!("{:?}", c.wake),
                     "clock": c.clock,
                     "min_ttl_ms": c.min_ttl.as_millis(),
@@ -913,6 +1125,10 @@ fn backends(json: bool) -> Result<u8, Failure> {
             println!(
                 "  fencing={} durable={} multi_process={} fifo={} shared={} permits={} grant_times={} exact_first={}",
                 c.fencing, c.durable, c.multi_process, c.fifo, c.shared, c.permits, c.grant_times, c.exact_first
+            );
+            println!(
+                "  fences={} fence_values={} cells={}",
+                c.fences, c.fence_values, c.cells
             );
             println!("  wake: {:?}", c.wake);
             println!("  clock: {}", c.clock);

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{dead, signal, wait_exit, wait_file, Env};
+use common::{dead, output_within, signal, wait_exit, wait_file, Env};
 
 #[test]
 fn two_lockers_never_overlap_and_fences_increase() {
@@ -583,4 +583,151 @@ fn man_page_covers_every_subcommand() {
         let warnings = String::from_utf8_lossy(&rendered.stderr);
         assert!(warnings.trim().is_empty(), "man warns: {warnings}");
     }
+}
+
+/// `tenure fence`: 0 and `admitted` for a token at least the highest, 75 and
+/// `stale` with the highest for a lower one, 64 for a token that is not a
+/// positive number; a job under `tenure lock` checks its own token.
+#[test]
+fn fence_admits_the_current_holder_and_refuses_a_stale_token() {
+    let env = Env::sqlite();
+    let out = env.run(&["fence", "printer", "5"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "admitted token=5 highest=5"
+    );
+    let out = env.run(&["fence", "printer", "5"]);
+    assert_eq!(out.status.code(), Some(0), "an equal token: {out:?}");
+    let out = env.run(&["fence", "printer", "4", "--json"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["admitted"], false);
+    assert_eq!(json["highest"], 5);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refused token 4"));
+    for bad in ["0", "abc", "1.5", "18446744073709551616", ""] {
+        let out = env.run(&["fence", "printer", bad]);
+        assert_eq!(out.status.code(), Some(64), "token {bad:?}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("TOKEN"));
+    }
+    // Nothing above changed the fence.
+    let out = env.run(&["fence", "printer", "5"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    // The README's job: the lock's own token passes its fence.
+    let job = r#""$T" fence job "$TENURE_FENCE" && echo "printed $TENURE_FENCE" >> "$D/log""#;
+    for _ in 0..2 {
+        let out = output_within(
+            {
+                let mut cmd = env.cmd(&["lock", "job", "--", "sh", "-c", job]);
+                cmd.env("T", env!("CARGO_BIN_EXE_tenure"))
+                    .env("TENURE_STORE", &env.url);
+                cmd
+            },
+            Duration::from_secs(60),
+        );
+        assert!(out.status.success(), "{out:?}");
+    }
+    let log = std::fs::read_to_string(env.path("log")).unwrap();
+    assert_eq!(log.lines().count(), 2, "{log}");
+    // A token older than the last holder's is refused.
+    let first: u64 = log.lines().next().unwrap()["printed ".len()..]
+        .parse()
+        .unwrap();
+    let out = env.run(&["fence", "job", &first.to_string()]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+}
+
+/// `tenure cell`: get (3 when absent), put with --if-absent or
+/// --if-version (75 and the current version on a mismatch), delete; bad
+/// input is 64 and changes nothing.
+#[test]
+fn cell_get_put_delete_with_versions() {
+    let env = Env::sqlite();
+    let stdout = |out: &std::process::Output| String::from_utf8_lossy(&out.stdout).into_owned();
+    let out = env.run(&["cell", "get", "config"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let out = env.run(&["cell", "put", "config", "one", "--if-absent"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v1: u64 = stdout(&out).trim()["version=".len()..].parse().unwrap();
+    let out = env.run(&["cell", "put", "config", "again", "--if-absent"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("version {v1}")),
+        "{out:?}"
+    );
+    let out = env.run(&[
+        "cell",
+        "put",
+        "config",
+        "two",
+        "--if-version",
+        &v1.to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v2: u64 = stdout(&out).trim()["version=".len()..].parse().unwrap();
+    assert!(v2 > v1);
+    let out = env.run(&["cell", "get", "config"]);
+    assert_eq!(stdout(&out), format!("version={v2}\ntwo\n"));
+    let out = env.run(&["cell", "get", "config", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (json["version"].as_u64(), json["value"].as_str()),
+        (Some(v2), Some("two"))
+    );
+    // A stale version is refused and changes nothing.
+    let out = env.run(&[
+        "cell",
+        "put",
+        "config",
+        "late",
+        "--if-version",
+        &v1.to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let out = env.run(&["cell", "delete", "config", "--if-version", &v1.to_string()]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+
+    // Bad input: 64, nothing written.
+    let long = "x".repeat(64 * 1024 + 1);
+    for args in [
+        vec!["cell", "put", "config", "x"],
+        vec![
+            "cell",
+            "put",
+            "config",
+            "x",
+            "--if-absent",
+            "--if-version",
+            "2",
+        ],
+        vec!["cell", "put", "config", "x", "--if-version", "two"],
+        vec!["cell", "put", "config", "x", "--if-version", "0"],
+        vec!["cell", "put", "config", "", "--if-absent"],
+        vec!["cell", "put", "config", &long, "--if-absent"],
+        vec!["cell", "delete", "config"],
+        vec!["cell", "delete", "config", "--if-version", "-1"],
+        vec!["cell", "get", ""],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(out.status.code(), Some(64), "{:?}: {out:?}", &args[..3]);
+    }
+    // A fence's name used as a cell, and a cell's as a fence: 64.
+    assert_eq!(env.run(&["fence", "printer", "3"]).status.code(), Some(0));
+    let out = env.run(&["cell", "get", "printer"]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("it is a fence"));
+    let out = env.run(&["fence", "config", "3"]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let out = env.run(&["cell", "get", "config"]);
+    assert_eq!(
+        stdout(&out),
+        format!("version={v2}\ntwo\n"),
+        "bad input changed it"
+    );
+
+    let out = env.run(&["cell", "delete", "config", "--if-version", &v2.to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = env.run(&["cell", "get", "config"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
 }

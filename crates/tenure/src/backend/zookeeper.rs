@@ -22,8 +22,45 @@
 //!   But a renewal that cannot be confirmed leaves the local deadline where
 //!   it was, so `lost()` fires once the session may have expired; a session
 //!   that expired is never replaced silently by a new one.
+//! - Fences and cells share one namespace, apart from the queues': one
+//!   persistent node per name, `PATH/r/NAME`, made by the name's first write
+//!   and never deleted, whose data says what it is (`F\tHIGHEST\tHAS\n` or
+//!   `C\tOWNER\tHAS\n`, then the value). A first write is a `create`, which
+//!   fails if the name is already the other kind's: the kind check is atomic.
+//!   ZooKeeper cannot compare data, so a fence admits a token with a
+//!   `setData` conditional on the data version it read, and reads again on
+//!   `BadVersion`. A cell's version is its node's data version + 1: every
+//!   write and delete changes it, and since the node is never re-created
+//!   (which would restart the data version at 0) a version is never reused;
+//!   a delete writes a tombstone. A value bound to a session names the
+//!   session's tag in the data, and the session's own client creates an
+//!   ephemeral child `PATH/r/NAME/TAG` in the same `multi`: the value is live
+//!   while that marker exists (one read of the data and the children tells).
+//!   A cell write is one `multi`: the conditional `setData` (or `create`),
+//!   the deletion of the markers of earlier owners (which fails if the
+//!   current owner's has vanished) or a check of the writer's own, and the
+//!   new marker. Closing a session deletes its markers at once.
+//! - Round trips: a fence read or a cell get is 1 (a `sync` pipelined with a
+//!   multi-read). Writes are optimistic: the store remembers the last node
+//!   it saw per name (bounded), so an admit, put or delete is 1 round trip
+//!   (the conditional write) when nobody else wrote since this store last
+//!   saw the node, such as a put right after a get or a holder writing
+//!   through its fence again; 2 when it remembers nothing (a read, then the
+//!   write); 3 when what it remembers is stale (the refused write, a read,
+//!   the write); more only under contention (at most 64 tries, then
+//!   `Unavailable`). A refused token or a version mismatch is answered from
+//!   a fresh read only: 1, or 2 when the remembered node was stale. The
+//!   first fence or cell ever written under `PATH` also makes `PATH/r`.
+//! - Linearizable reads: a follower of a multi-server ensemble may lag the
+//!   leader, so every register read sends a `sync` just ahead of it on the
+//!   same connection (the server then answers the read only after catching
+//!   up with the leader; pipelined, it adds no round trip). Writes are
+//!   conditional on the data version, which the leader checks, so a stale
+//!   read or remembered node can only make a write fail and be read again.
+//!   (`sync` is not itself a quorum operation: during a leader change a read
+//!   may still lag, ZOOKEEPER-2136.)
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,8 +72,9 @@ use super::codec;
 use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
-    Capabilities, Entry, EntryKind, JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue,
-    SessionKey, SessionSpec, Store,
+    kind_conflict, Capabilities, CellWrite, Entry, EntryKind, Expect, FenceOp, FenceState,
+    JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue, SessionKey, SessionSpec, Store,
+    Versioned,
 };
 
 const BACKEND: &str = "zookeeper";
@@ -46,6 +84,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const REAP_EVERY: Duration = Duration::from_millis(50);
 /// How often an observer looks again for value changes it has no watch on.
 const OBSERVE_POLL: Duration = Duration::from_millis(200);
+
+/// How many conditional writes a fence or cell operation tries before it
+/// gives up (each failed try means the node changed since it was read).
+const REGISTER_TRIES: usize = 64;
+/// The most register nodes, and bytes of their values, a store remembers
+/// for its optimistic writes; past either, it forgets them all.
+const SEEN_NODES: usize = 4096;
+const SEEN_BYTES: usize = 4 << 20;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["max_sessions"]);
@@ -67,7 +113,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "the ZooKeeper server's session clock",
-            "acquire: 2 (create + list; a try-lock reads the list first: 1 when the queue would not grant it, 3 when it would), release: 1 (delete), renew: 1 (a multi-read of the session's entries)",
+            "acquire: 2 (create + list; a try-lock reads the list first: 1 when the queue would not grant it, 3 when it would), release: 1 (delete), renew: 1 (a multi-read of the session's entries); fence read, cell get: 1 (a sync pipelined with a multi-read); fence admit, cell put, cell delete: 1 (a conditional setData or multi) when nobody wrote since this store last saw the node, 2 when it saw none (read + write), 3 when what it saw is stale; a refusal or a mismatch 1 or 2",
         )
     }
 }
@@ -102,6 +148,8 @@ struct Inner {
     /// The most sessions open at once; 0: no limit.
     max_sessions: usize,
     wakeups: AtomicU64,
+    /// The fence and cell nodes last seen, for optimistic writes.
+    seen: std::sync::Mutex<Seen>,
 }
 
 /// A tenure session: its own ZooKeeper client, and where its entries are.
@@ -115,6 +163,8 @@ struct ZkSession {
     /// lease would end (see [`ZkStore::reap`]).
     deadline: std::sync::Mutex<tokio::time::Instant>,
     entries: tokio::sync::Mutex<HashMap<Name, Mine>>,
+    /// The cells this session has bound a value to: where its markers may be.
+    cells: std::sync::Mutex<HashSet<Name>>,
 }
 
 /// One entry of this session.
@@ -236,6 +286,209 @@ fn decode_data(raw: &[u8]) -> (u32, String, Vec<u8>) {
     )
 }
 
+/// What a fence's or cell's node holds (its data).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reg {
+    /// A fence: the highest token admitted, and the value last written
+    /// through it.
+    Fence {
+        highest: u64,
+        value: Option<Vec<u8>>,
+    },
+    /// A cell: the tag of the session its value is bound to, and the value
+    /// (`None`: deleted).
+    Cell {
+        owner: Option<String>,
+        value: Option<Vec<u8>>,
+    },
+}
+
+/// A fence's or cell's node as read: its data version, what it holds, and
+/// its children (the markers of sessions a value was bound to, by tag).
+#[derive(Debug, Clone)]
+struct Node {
+    version: i32,
+    reg: Reg,
+    markers: Vec<String>,
+}
+
+impl Node {
+    /// Roughly what remembering it costs.
+    fn size(&self) -> usize {
+        let value = match &self.reg {
+            Reg::Fence { value, .. } | Reg::Cell { value, .. } => {
+                value.as_ref().map_or(0, Vec::len)
+            }
+        };
+        64 + value + self.markers.iter().map(|m| m.len() + 24).sum::<usize>()
+    }
+
+    /// The fence's highest token and value; a cell is a conflict.
+    fn fence(self, name: &Name) -> Result<(u64, Option<Vec<u8>>)> {
+        match self.reg {
+            Reg::Fence { highest, value } => Ok((highest, value)),
+            Reg::Cell { .. } => Err(kind_conflict(name, "a cell", "a fence")),
+        }
+    }
+
+    /// The cell's live value: none when deleted or when the session it is
+    /// bound to has gone (its marker with it). A fence is a conflict.
+    fn cell(&self, name: &Name) -> Result<Option<(&[u8], u64)>> {
+        match &self.reg {
+            Reg::Fence { .. } => Err(kind_conflict(name, "a fence", "a cell")),
+            Reg::Cell { owner, value } => {
+                let live = owner.as_ref().is_none_or(|o| self.markers.contains(o));
+                match value.as_deref().filter(|_| live) {
+                    Some(value) => Ok(Some((value, cell_version(self.version)?))),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// The cell's live version.
+    fn cell_version(&self, name: &Name) -> Result<Option<u64>> {
+        Ok(self.cell(name)?.map(|(_, version)| version))
+    }
+}
+
+/// A cell's version for its node's data version (0 when created).
+fn cell_version(data_version: i32) -> Result<u64> {
+    u64::try_from(data_version)
+        .map(|v| v + 1)
+        .map_err(|_| Error::backend(BACKEND, format!("a negative data version {data_version}")))
+}
+
+/// The data version a conditional write at `version` gives the node; a
+/// node whose 32-bit version would overflow is not written.
+fn next_version(version: i32) -> Result<i32> {
+    version.checked_add(1).ok_or_else(|| {
+        Error::backend(
+            BACKEND,
+            "this fence or cell has used up ZooKeeper's 2^31 data versions",
+        )
+    })
+}
+
+/// A fence's or cell's data: `KIND\tFIELD\tHAS\n` then the value, where
+/// HAS is 1 when there is a value (which may not be empty, so 0 is none).
+fn encode_register(kind: char, field: &str, value: Option<&[u8]>) -> Vec<u8> {
+    let mut out = format!("{kind}\t{field}\t{}\n", u8::from(value.is_some())).into_bytes();
+    out.extend_from_slice(value.unwrap_or_default());
+    out
+}
+
+fn encode_fence(highest: u64, value: Option<&[u8]>) -> Vec<u8> {
+    encode_register('F', &highest.to_string(), value)
+}
+
+fn encode_cell(owner: Option<&str>, value: Option<&[u8]>) -> Vec<u8> {
+    encode_register('C', owner.unwrap_or(""), value)
+}
+
+fn decode_register(raw: &[u8]) -> Option<Reg> {
+    let nl = raw.iter().position(|b| *b == b'\n')?;
+    let (head, rest) = raw.split_at(nl);
+    let body = rest.get(1..)?;
+    let mut fields = std::str::from_utf8(head).ok()?.split('\t');
+    let (kind, field, has) = (fields.next()?, fields.next()?, fields.next()?);
+    if fields.next().is_some() {
+        return None;
+    }
+    let value = match has {
+        "1" => Some(body.to_vec()),
+        "0" if body.is_empty() => None,
+        _ => return None,
+    };
+    match kind {
+        "F" => Some(Reg::Fence {
+            highest: field.parse().ok()?,
+            value,
+        }),
+        "C" => Some(Reg::Cell {
+            owner: (!field.is_empty()).then(|| field.to_string()),
+            value,
+        }),
+        _ => None,
+    }
+}
+
+/// The answer to a multi-read of a register node's data and children.
+fn parse_register(path: &str, results: Vec<zk::MultiReadResult>) -> Result<Option<Node>> {
+    let mut results = results.into_iter();
+    match (results.next(), results.next()) {
+        (
+            Some(zk::MultiReadResult::Data { data, stat }),
+            Some(zk::MultiReadResult::Children { children }),
+        ) => {
+            let reg = decode_register(&data).ok_or_else(|| {
+                Error::backend(
+                    BACKEND,
+                    format!("the node {path} holds no tenure fence or cell"),
+                )
+            })?;
+            if stat.version < 0 {
+                return Err(Error::backend(
+                    BACKEND,
+                    format!(
+                        "the node {path} has a negative data version {}",
+                        stat.version
+                    ),
+                ));
+            }
+            Ok(Some(Node {
+                version: stat.version,
+                reg,
+                markers: children,
+            }))
+        }
+        (
+            Some(zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            }),
+            _,
+        ) => Ok(None),
+        (Some(zk::MultiReadResult::Error { err }), _)
+        | (_, Some(zk::MultiReadResult::Error { err })) => Err(zk_err(err)),
+        _ => Err(Error::backend(
+            BACKEND,
+            format!("an unexpected answer to a read of {path}"),
+        )),
+    }
+}
+
+/// The register nodes a store last saw, bounded (see [`SEEN_NODES`]).
+#[derive(Default)]
+struct Seen {
+    nodes: HashMap<Name, Node>,
+    bytes: usize,
+}
+
+/// A multi's outcome: done, or the index and error of the operation that
+/// failed (and then nothing changed).
+type Multi = std::result::Result<Vec<zk::MultiWriteResult>, (usize, zk::Error)>;
+
+/// Commits a multi, bounded as [`call`] is.
+async fn commit(writer: &mut zk::MultiWriter<'_>) -> Result<Multi> {
+    match tokio::time::timeout(CALL_TIMEOUT, writer.commit()).await {
+        Err(_) => Err(Error::unavailable(
+            BACKEND,
+            format!("no answer within {CALL_TIMEOUT:?}"),
+        )),
+        Ok(Ok(results)) => Ok(Ok(results)),
+        Ok(Err(zk::MultiWriteError::OperationFailed { index, source })) => Ok(Err((index, source))),
+        Ok(Err(zk::MultiWriteError::RequestFailed { source })) => Err(zk_err(source)),
+    }
+}
+
+/// A register operation that lost the race for its node too many times.
+fn contended(name: &Name) -> Error {
+    Error::unavailable(
+        BACKEND,
+        format!("{name:?} changed under this call {REGISTER_TRIES} times in a row; try again"),
+    )
+}
+
 /// A name's children in queue order.
 struct Listing {
     children: Vec<(String, String, EntryKind)>, // (child, tag, kind)
@@ -334,6 +587,7 @@ impl ZkStore {
                 opening: std::sync::atomic::AtomicUsize::new(0),
                 max_sessions: parsed.max_sessions,
                 wakeups: AtomicU64::new(0),
+                seen: std::sync::Mutex::new(Seen::default()),
             }),
         };
         let acls = store.acls();
@@ -537,6 +791,181 @@ impl ZkStore {
             .collect();
         Ok((list, data))
     }
+
+    /// The node of the fence or cell `name`.
+    fn register_path(&self, name: &Name) -> String {
+        format!("{}/r/{}", self.inner.base, encode_name(name.as_str()))
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.inner.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The node as this store last saw it: only a guess, for a conditional
+    /// write that fails if it is stale.
+    fn last_seen(&self, name: &Name) -> Option<Node> {
+        self.seen().nodes.get(name).cloned()
+    }
+
+    /// Remembers a node just read, or just written unless a newer version
+    /// of it is remembered already (calls finish in any order). A read
+    /// replaces whatever was remembered, so that even a node someone
+    /// deleted and made again by hand is seen as it is.
+    fn remember(&self, name: &Name, node: Node, read: bool) {
+        let mut seen = self.seen();
+        if let Some(old) = seen.nodes.get(name) {
+            if !read && old.version > node.version {
+                return;
+            }
+        }
+        if let Some(old) = seen.nodes.remove(name) {
+            seen.bytes = seen.bytes.saturating_sub(old.size());
+        }
+        let size = node.size();
+        if seen.nodes.len() >= SEEN_NODES || seen.bytes + size > SEEN_BYTES {
+            seen.nodes.clear();
+            seen.bytes = 0;
+        }
+        seen.bytes += size;
+        seen.nodes.insert(name.clone(), node);
+    }
+
+    fn forget_seen(&self, name: &Name) {
+        let mut seen = self.seen();
+        if let Some(old) = seen.nodes.remove(name) {
+            seen.bytes = seen.bytes.saturating_sub(old.size());
+        }
+    }
+
+    /// Reads the fence's or cell's node (data and markers in one
+    /// multi-read), after a `sync` sent just ahead of it on the same
+    /// connection, so a follower answers only once it has caught up with the
+    /// leader: the read sees every write completed before it began.
+    async fn read_register(&self, name: &Name) -> Result<Option<Node>> {
+        let path = self.register_path(name);
+        let admin = &self.inner.admin;
+        let node = retrying(|| async {
+            // Both requests go out now, in this order; one round trip.
+            let sync = admin.sync(&self.inner.base);
+            let mut reader = admin.new_multi_reader();
+            reader.add_get_data(&path).map_err(zk_err)?;
+            reader.add_get_children(&path).map_err(zk_err)?;
+            let read = reader.commit();
+            let (synced, read) = tokio::join!(call(sync), call(read));
+            synced?;
+            parse_register(&path, read?)
+        })
+        .await?;
+        match &node {
+            Some(node) => self.remember(name, node.clone(), true),
+            None => self.forget_seen(name),
+        }
+        Ok(node)
+    }
+
+    /// Makes `PATH/r`, the parent of every fence and cell, on first use.
+    async fn make_register_dir(&self) -> Result<()> {
+        let dir = format!("{}/r", self.inner.base);
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        match call_raw(self.inner.admin.create(&dir, &[], &options)).await? {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(zk_err(e)),
+        }
+    }
+
+    /// Admits `token` through the fence `name` (see [`Store::fence`]).
+    async fn admit(&self, name: &Name, token: u64, value: Option<&[u8]>) -> Result<FenceState> {
+        let path = self.register_path(name);
+        let admin = &self.inner.admin;
+        let persistent = zk::CreateMode::Persistent.with_acls(self.acls());
+        // The node, and whether it was read just now: a remembered node
+        // only shapes a conditional write; every answer that is not a
+        // successful write comes from a fresh read.
+        let mut known = self.last_seen(name).map(|node| (Some(node), false));
+        for _ in 0..REGISTER_TRIES {
+            let (node, fresh) = match known.take() {
+                Some(known) => known,
+                None => (self.read_register(name).await?, true),
+            };
+            let Some(node) = node else {
+                // The name's first use: made with the token admitted, or
+                // refused if someone made it meanwhile (as either kind).
+                let data = encode_fence(token, value);
+                match call_raw(admin.create(&path, &data, &persistent)).await? {
+                    Ok(_) => {
+                        let value = value.map(<[u8]>::to_vec);
+                        self.remember(
+                            name,
+                            Node {
+                                version: 0,
+                                reg: Reg::Fence {
+                                    highest: token,
+                                    value: value.clone(),
+                                },
+                                markers: Vec::new(),
+                            },
+                            false,
+                        );
+                        return Ok(FenceState {
+                            admitted: true,
+                            highest: token,
+                            value,
+                        });
+                    }
+                    Err(zk::Error::NoNode) => {
+                        self.make_register_dir().await?;
+                        known = Some((None, true));
+                    }
+                    Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(zk_err(e)),
+                }
+                continue;
+            };
+            let version = node.version;
+            let (highest, old) = match node.fence(name) {
+                Ok(fence) => fence,
+                Err(e) if fresh => return Err(e),
+                Err(_) => continue,
+            };
+            if token < highest {
+                if fresh {
+                    return Ok(FenceState {
+                        admitted: false,
+                        highest,
+                        value: old,
+                    });
+                }
+                continue;
+            }
+            next_version(version)?;
+            let value = value.map(<[u8]>::to_vec).or(old);
+            let data = encode_fence(token, value.as_deref());
+            match call_raw(admin.set_data(&path, &data, Some(version))).await? {
+                Ok(stat) => {
+                    self.remember(
+                        name,
+                        Node {
+                            version: stat.version,
+                            reg: Reg::Fence {
+                                highest: token,
+                                value: value.clone(),
+                            },
+                            markers: Vec::new(),
+                        },
+                        false,
+                    );
+                    return Ok(FenceState {
+                        admitted: true,
+                        highest: token,
+                        value,
+                    });
+                }
+                Err(zk::Error::BadVersion | zk::Error::NoNode) => self.forget_seen(name),
+                Err(e) => return Err(zk_err(e)),
+            }
+        }
+        Err(contended(name))
+    }
 }
 
 async fn connect(hosts: &str, auth: Option<&[u8]>, timeout: Duration) -> Result<zk::Client> {
@@ -593,6 +1022,7 @@ impl Store for ZkStore {
             ttl: spec.ttl,
             deadline: std::sync::Mutex::new(tokio::time::Instant::now() + spec.ttl),
             entries: tokio::sync::Mutex::new(HashMap::new()),
+            cells: std::sync::Mutex::new(HashSet::new()),
         });
         self.inner
             .sessions
@@ -672,7 +1102,31 @@ impl Store for ZkStore {
             let client = session.client.clone();
             async move { call(client.delete(&path, None)).await }
         });
-        futures_util::future::join_all(deletes).await;
+        // And its cells' markers, so that the values bound to it are gone
+        // when this returns (the server would drop them only once it ends
+        // the connection's session).
+        let cells: Vec<Name> = session
+            .cells
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        let markers = cells.iter().map(|name| {
+            let path = format!("{}/{}", self.register_path(name), session.tag);
+            let client = session.client.clone();
+            async move {
+                match call_raw(client.delete(&path, None)).await {
+                    Ok(Ok(()) | Err(zk::Error::NoNode)) => Ok(()),
+                    Ok(Err(e)) => Err(zk_err(e)),
+                    Err(e) => Err(e),
+                }
+            }
+        });
+        futures_util::future::join(
+            futures_util::future::join_all(deletes),
+            futures_util::future::join_all(markers),
+        )
+        .await;
         drop(session);
         Ok(())
     }
@@ -999,6 +1453,204 @@ impl Store for ZkStore {
         }
         Ok(evicted)
     }
+
+    async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
+        match op {
+            FenceOp::Admit { token, value } => self.admit(name, token, value).await,
+            FenceOp::Read => match self.read_register(name).await? {
+                None => Ok(FenceState {
+                    admitted: true,
+                    ..FenceState::default()
+                }),
+                Some(node) => {
+                    let (highest, value) = node.fence(name)?;
+                    Ok(FenceState {
+                        admitted: true,
+                        highest,
+                        value,
+                    })
+                }
+            },
+        }
+    }
+
+    async fn cell_get(&self, name: &Name) -> Result<Option<Versioned>> {
+        let Some(node) = self.read_register(name).await? else {
+            return Ok(None);
+        };
+        Ok(node.cell(name)?.map(|(value, version)| Versioned {
+            value: value.to_vec(),
+            version,
+        }))
+    }
+
+    async fn cell_put(
+        &self,
+        name: &Name,
+        value: &[u8],
+        expect: Expect,
+        owner: Option<&SessionKey>,
+    ) -> Result<CellWrite> {
+        // A bound value is written through its session's own client, so
+        // that the marker is that session's ephemeral node.
+        let session = owner.map(|key| self.session(key)).transpose()?;
+        let (client, tag) = match &session {
+            Some(session) => (&session.client, Some(session.tag.as_str())),
+            None => (&self.inner.admin, None),
+        };
+        let path = self.register_path(name);
+        let data = encode_cell(tag, Some(value));
+        let persistent = zk::CreateMode::Persistent.with_acls(self.acls());
+        let ephemeral = zk::CreateMode::Ephemeral.with_acls(self.acls());
+        // As in `admit`: a remembered node only shapes a conditional write.
+        let mut known = self.last_seen(name).map(|node| (Some(node), false));
+        for _ in 0..REGISTER_TRIES {
+            let (node, fresh) = match known.take() {
+                Some(known) => known,
+                None => (self.read_register(name).await?, true),
+            };
+            let current = match node.as_ref().map(|n| n.cell_version(name)).transpose() {
+                Ok(current) => current.flatten(),
+                Err(e) if fresh => return Err(e),
+                Err(_) => continue,
+            };
+            if !crate::queue::cell_expected(current, expect) {
+                if fresh {
+                    return Ok(CellWrite::Mismatch(current));
+                }
+                continue;
+            }
+            let mut writer = client.new_multi_writer();
+            let mut marked = false;
+            let version = match &node {
+                None => {
+                    writer
+                        .add_create(&path, &data, &persistent)
+                        .map_err(zk_err)?;
+                    0
+                }
+                Some(node) => {
+                    let next = next_version(node.version)?;
+                    writer
+                        .add_set_data(&path, &data, Some(node.version))
+                        .map_err(zk_err)?;
+                    // Earlier owners' markers go (a vanished one fails the
+                    // multi: the value it kept alive is gone); the writer's
+                    // own is checked (version -1: any).
+                    for marker in &node.markers {
+                        let marker_path = format!("{path}/{marker}");
+                        if Some(marker.as_str()) == tag {
+                            marked = true;
+                            writer.add_check_version(&marker_path, -1)
+                        } else {
+                            writer.add_delete(&marker_path, None)
+                        }
+                        .map_err(zk_err)?;
+                    }
+                    next
+                }
+            };
+            if let (Some(tag), false) = (tag, marked) {
+                writer
+                    .add_create(&format!("{path}/{tag}"), &[], &ephemeral)
+                    .map_err(zk_err)?;
+            }
+            if let Some(session) = &session {
+                // Before the marker may exist, so that closing the session
+                // deletes it even if this call is dropped mid-flight.
+                session
+                    .cells
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name.clone());
+            }
+            match commit(&mut writer).await? {
+                Ok(_) => {
+                    self.remember(
+                        name,
+                        Node {
+                            version,
+                            reg: Reg::Cell {
+                                owner: tag.map(str::to_string),
+                                value: Some(value.to_vec()),
+                            },
+                            markers: tag.map(str::to_string).into_iter().collect(),
+                        },
+                        false,
+                    );
+                    return Ok(CellWrite::Done(cell_version(version)?));
+                }
+                // No `PATH/r` yet: the name is unused.
+                Err((0, zk::Error::NoNode)) if node.is_none() => {
+                    self.make_register_dir().await?;
+                    known = Some((None, true));
+                }
+                // The node changed since it was seen.
+                Err((_, zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NodeExists)) => {
+                    self.forget_seen(name)
+                }
+                Err((_, e)) => return Err(zk_err(e)),
+            }
+        }
+        Err(contended(name))
+    }
+
+    async fn cell_delete(&self, name: &Name, version: u64) -> Result<CellWrite> {
+        let path = self.register_path(name);
+        let tombstone = encode_cell(None, None);
+        let mut known = self.last_seen(name).map(|node| (Some(node), false));
+        for _ in 0..REGISTER_TRIES {
+            let (node, fresh) = match known.take() {
+                Some(known) => known,
+                None => (self.read_register(name).await?, true),
+            };
+            let current = match node.as_ref().map(|n| n.cell_version(name)).transpose() {
+                Ok(current) => current.flatten(),
+                Err(e) if fresh => return Err(e),
+                Err(_) => continue,
+            };
+            let Some(node) = node.filter(|_| current == Some(version)) else {
+                if fresh {
+                    return Ok(CellWrite::Mismatch(current));
+                }
+                continue;
+            };
+            // The node stays, with a tombstone, so that its data version
+            // (the cell's version) goes on growing.
+            let next = next_version(node.version)?;
+            let mut writer = self.inner.admin.new_multi_writer();
+            writer
+                .add_set_data(&path, &tombstone, Some(node.version))
+                .map_err(zk_err)?;
+            for marker in &node.markers {
+                writer
+                    .add_delete(&format!("{path}/{marker}"), None)
+                    .map_err(zk_err)?;
+            }
+            match commit(&mut writer).await? {
+                Ok(_) => {
+                    self.remember(
+                        name,
+                        Node {
+                            version: next,
+                            reg: Reg::Cell {
+                                owner: None,
+                                value: None,
+                            },
+                            markers: Vec::new(),
+                        },
+                        false,
+                    );
+                    return Ok(CellWrite::Done(cell_version(next)?));
+                }
+                Err((_, zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NodeExists)) => {
+                    self.forget_seen(name)
+                }
+                Err((_, e)) => return Err(zk_err(e)),
+            }
+        }
+        Err(contended(name))
+    }
 }
 
 #[cfg(test)]
@@ -1021,6 +1673,52 @@ mod tests {
         assert_eq!(parse_child(&child), Some(("abc", kind, 7)));
         let (h, l, v) = decode_data(&encode_data(3, "host 1", b"v\nw"));
         assert_eq!((h, l.as_str(), v.as_slice()), (3, "host 1", &b"v\nw"[..]));
+    }
+
+    #[test]
+    fn registers() {
+        let value = b"v\n\tw".to_vec();
+        let fence = Reg::Fence {
+            highest: (i64::MAX - 1) as u64,
+            value: Some(value.clone()),
+        };
+        let data = encode_fence((i64::MAX - 1) as u64, Some(&value));
+        assert_eq!(decode_register(&data), Some(fence));
+        let none = Reg::Fence {
+            highest: 0,
+            value: None,
+        };
+        assert_eq!(decode_register(&encode_fence(0, None)), Some(none));
+        let bound = Reg::Cell {
+            owner: Some("abc".into()),
+            value: Some(b"x".to_vec()),
+        };
+        let data = encode_cell(Some("abc"), Some(b"x"));
+        assert_eq!(decode_register(&data), Some(bound));
+        let tombstone = Reg::Cell {
+            owner: None,
+            value: None,
+        };
+        assert_eq!(decode_register(&encode_cell(None, None)), Some(tombstone));
+        // Malformed data is none of them (the caller's typed error), never a panic.
+        for bad in [
+            &b""[..],
+            b"\n",
+            b"F\t1\t1",
+            b"F\tx\t0\n",
+            b"F\t-1\t0\n",
+            b"F\t1\t0\nv",
+            b"F\t1\t2\n",
+            b"F\t1\t0\t\n",
+            b"X\t1\t0\n",
+            b"C\t\n",
+            b"\xff\t1\t0\n",
+        ] {
+            assert_eq!(decode_register(bad), None, "{bad:?}");
+        }
+        assert_eq!(cell_version(0).ok(), Some(1));
+        assert!(cell_version(-1).is_err());
+        assert!(next_version(i32::MAX).is_err());
     }
 
     #[test]
