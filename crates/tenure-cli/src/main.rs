@@ -540,6 +540,7 @@ fn validate(command: &Command) -> Result<(), Failure> {
         }
         Command::Cell(CellCommand::Put(args)) => {
             Name::new(&args.name)?;
+            check_value(&args.value)?;
             if let Some(v) = &args.if_version {
                 positive("--if-version", v)?;
             }
@@ -925,18 +926,41 @@ async fn leader(store: std::sync::Arc<dyn Store>, args: LeaderArgs) -> Result<u8
     }
 }
 
-/// A positive whole number given as `what` on the command line.
+/// A positive whole number given as `what` on the command line: digits
+/// only, at most the largest token or version a store hands out.
 fn positive(what: &str, text: &str) -> Result<u64, Failure> {
-    match text.trim().parse::<u64>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(Failure::new(
+    let n = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0 && i64::try_from(*n).is_ok())
+    } else {
+        None
+    };
+    n.ok_or_else(|| {
+        Failure::new(
             exit::USAGE,
             format!(
-                "{what} must be a positive whole number, not {:?}",
+                "{what} must be a whole number from 1 to {}, not {:?}",
+                i64::MAX,
                 escape_line(text)
             ),
-        )),
+        )
+    })
+}
+
+/// A cell's value from the command line: 1 byte to the largest a value may be.
+fn check_value(value: &str) -> Result<(), Failure> {
+    let max = tenure::store::MAX_VALUE_LEN;
+    if value.is_empty() || value.len() > max {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "VALUE must be 1 to {max} bytes, not {} (to remove a value, use `tenure cell delete`)",
+                value.len()
+            ),
+        ));
     }
+    Ok(())
 }
 
 /// A fence's or a cell's name used as the other is bad input here: exit 64,

@@ -605,7 +605,16 @@ fn fence_admits_the_current_holder_and_refuses_a_stale_token() {
     assert_eq!(json["admitted"], false);
     assert_eq!(json["highest"], 5);
     assert!(String::from_utf8_lossy(&out.stderr).contains("refused token 4"));
-    for bad in ["0", "abc", "1.5", "18446744073709551616", ""] {
+    for bad in [
+        "0",
+        "abc",
+        "1.5",
+        "18446744073709551616",
+        "9223372036854775808",
+        "+5",
+        " 5",
+        "",
+    ] {
         let out = env.run(&["fence", "printer", bad]);
         assert_eq!(out.status.code(), Some(64), "token {bad:?}: {out:?}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("TOKEN"));

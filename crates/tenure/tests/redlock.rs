@@ -232,3 +232,31 @@ async fn tokens_never_go_back_after_a_client_ahead_and_a_total_data_loss() {
     .unwrap();
     assert!(again.token() > second);
 }
+
+/// A token admitted on one node only (the others paused, so the caller is
+/// told the store is unavailable) must not make the fence go backwards: once
+/// a read has reported it, a lower token is refused, even by a majority of
+/// nodes that never saw it (the read brought a majority up to it first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_never_goes_back_after_a_token_reached_one_node() {
+    let Some(servers) = start(3) else { return };
+    let store = tenure::open(&format!("{}?node_timeout=200ms", url(&servers)))
+        .await
+        .unwrap();
+    let fence = tenure::Fence::new(&store, "printer").unwrap();
+    assert_eq!(fence.admit(10).await.unwrap(), 10);
+    servers[1].pause();
+    servers[2].pause();
+    let e = fence.admit(20).await.unwrap_err();
+    assert!(e.is_temporary(), "{e:?}");
+    servers[1].resume();
+    servers[2].resume();
+    let read = fence.read().await.unwrap().highest;
+    assert_eq!(read, 20, "the read saw the node that took 20");
+    let e = fence.admit(15).await.unwrap_err();
+    assert!(
+        matches!(e, Error::StaleToken { highest: 20, .. }),
+        "15 admitted after a read said 20: {e:?}"
+    );
+    assert_eq!(fence.admit(20).await.unwrap(), 20);
+}

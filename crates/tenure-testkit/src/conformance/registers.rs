@@ -93,6 +93,27 @@ pub async fn check_fence(t: &Target) {
 
     // A fence's name used as a cell, and a cell's as a fence.
     if t.store.capabilities().cells {
+        // Refused cell writes on a name never used leave nothing behind: a
+        // fence can still take the name.
+        let fresh = unique("fence-fresh");
+        let cell = Cell::new(&t.store, &fresh).unwrap();
+        let e = err(
+            cell.put(b"x", Expect::Version(5)).await,
+            "put on a fresh name",
+        );
+        assert_eq!(mismatch(&e), Some((Some(5), None)), "{e:?}");
+        let e = err(cell.delete(5).await, "delete on a fresh name");
+        assert_eq!(mismatch(&e), Some((Some(5), None)), "{e:?}");
+        assert_eq!(
+            Fence::new(&t.store, &fresh)
+                .unwrap()
+                .admit(7)
+                .await
+                .unwrap(),
+            7,
+            "a refused cell write made the name a cell"
+        );
+
         let cell = Cell::new(&t.store, &name).unwrap();
         let e = err(cell.get().await, "cell.get()");
         assert!(matches!(e, Error::Conflict { .. }), "{e:?}");

@@ -521,22 +521,31 @@ proc: BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
-    IF p_owner IS NOT NULL THEN
-        SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_owner AND expires_ms > @pnow_ms();
-        IF v_alive = 0 THEN ROLLBACK; SELECT 'lost', NULL; LEAVE proc; END IF;
+    -- A name never used becomes a cell only by a write that will happen: a
+    -- refused one leaves nothing behind (ROLLBACK).
+    IF p_expect = 0 THEN
+        INSERT INTO @pregisters (name, kind, version) VALUES (p_name, 1, 0)
+            ON DUPLICATE KEY UPDATE name = name;
     END IF;
-    INSERT INTO @pregisters (name, kind, version) VALUES (p_name, 1, 0)
-        ON DUPLICATE KEY UPDATE name = name;
     SELECT kind, version,
            IF(value IS NOT NULL AND (owner IS NULL OR EXISTS (SELECT 1 FROM @psessions s
                 WHERE s.id = owner AND s.expires_ms > @pnow_ms())), version, NULL)
       INTO v_kind, v_version, v_current
       FROM @pregisters WHERE name = p_name FOR UPDATE;
-    IF v_kind <> 1 THEN
-        COMMIT;
+    IF v_kind IS NOT NULL AND v_kind <> 1 THEN
+        ROLLBACK;
         SELECT 'conflict:it is a fence, not a cell', NULL;
-    ELSEIF NOT (v_current <=> NULLIF(p_expect, 0)) THEN
-        COMMIT;
+        LEAVE proc;
+    END IF;
+    IF p_owner IS NOT NULL THEN
+        -- Locked, so that a close or an eviction cannot commit between this
+        -- check and the write.
+        SELECT COUNT(*) INTO v_alive FROM @psessions
+         WHERE id = p_owner AND expires_ms > @pnow_ms() LOCK IN SHARE MODE;
+        IF v_alive = 0 THEN ROLLBACK; SELECT 'lost', NULL; LEAVE proc; END IF;
+    END IF;
+    IF NOT (v_current <=> NULLIF(p_expect, 0)) THEN
+        ROLLBACK;
         SELECT 'mismatch', v_current;
     ELSE
         UPDATE @pregisters SET version = v_version + 1, value = p_value, owner = p_owner
@@ -564,10 +573,10 @@ BEGIN
       INTO v_kind, v_version, v_current
       FROM @pregisters WHERE name = p_name FOR UPDATE;
     IF v_kind IS NOT NULL AND v_kind <> 1 THEN
-        COMMIT;
+        ROLLBACK;
         SELECT 'conflict:it is a fence, not a cell', NULL;
     ELSEIF NOT (v_current <=> p_version) THEN
-        COMMIT;
+        ROLLBACK;
         SELECT 'mismatch', v_current;
     ELSE
         UPDATE @pregisters SET value = NULL, owner = NULL WHERE name = p_name;

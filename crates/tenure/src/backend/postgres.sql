@@ -463,19 +463,28 @@ RETURNS TABLE (status text, ver bigint) LANGUAGE plpgsql AS $$
 DECLARE
     c record;
 BEGIN
-    IF p_owner IS NOT NULL AND NOT @s.alive(p_owner) THEN
-        RETURN QUERY SELECT 'lost'::text, NULL::bigint;
-        RETURN;
-    END IF;
     c := @s.cell_row(p_name, true);
-    IF NOT c.present THEN
+    -- A name never used becomes a cell only by a write that will happen: a
+    -- refused one leaves nothing behind.
+    IF NOT c.present AND p_expect = 0 THEN
         INSERT INTO @s.registers (name, kind, version) VALUES (p_name, 1, 0)
             ON CONFLICT (name) DO NOTHING;
         c := @s.cell_row(p_name, true);
     END IF;
-    IF NOT c.is_cell THEN
+    IF c.present AND NOT c.is_cell THEN
         RETURN QUERY SELECT 'conflict:it is a fence, not a cell'::text, NULL::bigint;
-    ELSIF c.cur IS DISTINCT FROM nullif(p_expect, 0) THEN
+        RETURN;
+    END IF;
+    IF p_owner IS NOT NULL THEN
+        -- Locked, so that a close or an eviction cannot commit between this
+        -- check and the write.
+        PERFORM 1 FROM @s.sessions WHERE id = p_owner AND expires_ms > @s.now_ms() FOR SHARE;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'lost'::text, NULL::bigint;
+            RETURN;
+        END IF;
+    END IF;
+    IF c.cur IS DISTINCT FROM nullif(p_expect, 0) THEN
         RETURN QUERY SELECT 'mismatch'::text, c.cur;
     ELSE
         UPDATE @s.registers g SET version = c.stored + 1, value = p_value, owner = p_owner

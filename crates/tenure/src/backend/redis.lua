@@ -33,7 +33,9 @@
 --                       queues'): k = "f" or "c"; v = a fence's highest
 --                       token (20 digits, so string order is number order)
 --                       or a cell's version (kept when the cell loses its
---                       value, so versions are never reused); d = the value;
+--                       value, so versions are never reused; a cell with no
+--                       record starts from TIME in µs, so not even a loss of
+--                       Redis's data reuses one); d = the value;
 --                       o = a cell's owner session, if bound to one
 -- Granted entries are always a prefix of the queue. An entry whose session
 -- expired is removed (and its session ended everywhere) when an operation
@@ -568,27 +570,30 @@ elseif op == 'cellget' or op == 'cellput' or op == 'celldel' then
   local key = k('r', ARGV[3])
   local reg = redis.call('HMGET', key, 'k', 'v', 'd', 'o')
   if reg[1] and reg[1] ~= 'c' then return {'conflict', 'it is a fence, not a cell'} end
-  local stored = tonumber(reg[2] or '0')
+  -- A cell Redis has no record of (never used, or its data was lost) counts
+  -- from TIME in microseconds, as the lock counters do: a version from
+  -- before a loss is never handed out again.
+  local stored = tonumber(reg[2] or fmt(tonumber(t[1]) * 1000000 + tonumber(t[2])))
   local current = false
   if reg[3] and (not reg[4] or alive(reg[4])) then current = stored end
   if op == 'cellget' then
     if current then return {'ok', current, reg[3]} end
     return {'ok'}
   end
+  local owner = ARGV[6]
+  if op == 'cellput' and owner ~= '' and not alive(owner) then return {'lost'} end
   local expected = tonumber(op == 'cellput' and ARGV[5] or ARGV[4])
   if (current or 0) ~= expected then return {'mismatch', current} end
   if op == 'celldel' then
     redis.call('HDEL', key, 'd', 'o')
     return {'ok', stored}
   end
-  local owner = ARGV[6]
-  if owner ~= '' and not alive(owner) then return {'lost'} end
-  local version = redis.call('HINCRBY', key, 'v', 1)
+  local version = stored + 1
   if owner == '' then
-    redis.call('HSET', key, 'k', 'c', 'd', ARGV[4])
+    redis.call('HSET', key, 'k', 'c', 'v', fmt(version), 'd', ARGV[4])
     redis.call('HDEL', key, 'o')
   else
-    redis.call('HSET', key, 'k', 'c', 'd', ARGV[4], 'o', owner)
+    redis.call('HSET', key, 'k', 'c', 'v', fmt(version), 'd', ARGV[4], 'o', owner)
   end
   return {'ok', version}
 end

@@ -477,8 +477,6 @@ pub(crate) enum NodeJoin {
 }
 
 impl RedisStore {
-    /// Opens a session whose secret and tag the caller chose (Redlock opens
-    /// the same session on every node).
     /// One fence operation on this node (Redis's `fence`, and each node's
     /// vote of Redlock's).
     pub(crate) async fn fence_on_node(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
@@ -506,6 +504,8 @@ impl RedisStore {
         })
     }
 
+    /// Opens a session whose secret and tag the caller chose (Redlock opens
+    /// the same session on every node).
     pub(crate) async fn open_session_as(
         &self,
         opened: &OpenedSession,
