@@ -87,3 +87,136 @@ async fn sessions_beyond_max_sessions_are_refused_with_a_typed_error() {
         .unwrap_err();
     assert!(matches!(e, tenure::Error::InvalidUrl { .. }), "{e:?}");
 }
+
+/// `evict` ends the values bound to the sessions it ends, at once: right
+/// after it returns, a bound cell of the evicted holder reads `None` (on the
+/// evicting store and on the holder's) and the holder's next bound write
+/// fails with `SessionLost`, whether the holder's session is the evicting
+/// store's own or another store's (as it is for `tenure release --force`,
+/// a process of its own). A session that was not evicted keeps its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evict_ends_the_holders_bound_cells_at_once() {
+    use tenure::{Cell, Error, Expect, Mutex, Name, Session, SessionOptions};
+    use tenure_testkit::conformance::unique;
+
+    let Some(server) = shared() else { return };
+    for same_store in [true, false] {
+        let holders = tenure::open(&server.url()).await.unwrap();
+        let evictor = if same_store {
+            holders.clone()
+        } else {
+            tenure::open(&server.url()).await.unwrap()
+        };
+        // Long enough that no renewal tells the holder before it writes.
+        let options = || SessionOptions::new().ttl(std::time::Duration::from_secs(30));
+        let a = Session::with_options(&holders, options()).await.unwrap();
+        let b = Session::with_options(&holders, options()).await.unwrap();
+        let lock = unique("evict-cells");
+        let guard = Mutex::new(&a, &lock).unwrap().lock().await.unwrap();
+        let a_cell = Cell::bound_to(&a, unique("evict-cell-a")).unwrap();
+        let v = a_cell.put(b"a's", Expect::Absent).await.unwrap();
+        let b_cell = Cell::bound_to(&b, unique("evict-cell-b")).unwrap();
+        let w = b_cell.put(b"b's", Expect::Absent).await.unwrap();
+        for store in [&holders, &evictor] {
+            let plain = Cell::new(store, a_cell.name().as_str()).unwrap();
+            assert_eq!(plain.get().await.unwrap().map(|c| c.version), Some(v));
+        }
+
+        let evicted = evictor.evict(&Name::new(&lock).unwrap()).await.unwrap();
+        assert_eq!(evicted, 1, "evict ended {evicted} sessions");
+        for store in [&holders, &evictor] {
+            let plain = Cell::new(store, a_cell.name().as_str()).unwrap();
+            assert_eq!(
+                plain.get().await.unwrap(),
+                None,
+                "an evicted holder's bound cell (same store: {same_store})"
+            );
+            let other = Cell::new(store, b_cell.name().as_str()).unwrap();
+            assert_eq!(
+                other.get().await.unwrap().map(|c| c.version),
+                Some(w),
+                "a bound cell of a session that was not evicted"
+            );
+        }
+        let e = a_cell.put(b"after", Expect::Absent).await.unwrap_err();
+        assert!(
+            matches!(e, Error::SessionLost(_)),
+            "same store: {same_store}: {e:?}"
+        );
+        let plain = Cell::new(&evictor, a_cell.name().as_str()).unwrap();
+        assert_eq!(plain.get().await.unwrap(), None);
+        let next = plain.put(b"anyone's", Expect::Absent).await.unwrap();
+        assert!(next > v, "{next} after {v}");
+
+        let _ = guard.release().await;
+        b.close().await.unwrap();
+        let _ = a.close().await;
+    }
+}
+
+/// A cell's versions are never reused, even when its node is deleted and
+/// made again (an operator cleaning up `PATH/r` by hand, a restored
+/// backup): a writer that still holds a version from before cannot write
+/// over the new value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cell_versions_are_not_reused_after_the_node_is_made_again() {
+    use tenure::{Cell, Error, Expect};
+    use tenure_testkit::conformance::unique;
+
+    const CLI: &str = "/usr/share/zookeeper/bin/zkCli.sh";
+    let Some(server) = shared() else { return };
+    // The zookeeper package that gave the server gives its CLI too.
+    assert!(std::path::Path::new(CLI).exists(), "{CLI} is missing");
+    let store = tenure::open(&server.url()).await.unwrap();
+    // Only [a-z0-9-]: the node's name is the cell's, unencoded.
+    let name = unique("cell-remade");
+    let cell = Cell::new(&store, &name).unwrap();
+    let v1 = cell.put(b"one", Expect::Absent).await.unwrap();
+    let v2 = cell.put(b"two", Expect::Version(v1)).await.unwrap();
+    assert!(v2 > v1, "{v2} after {v1}");
+
+    // The operator deletes the node by hand.
+    let port = server.port(0);
+    let path = format!("/tenure/r/{name}");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(CLI)
+            .args(["-server", &format!("127.0.0.1:{port}"), "deleteall", &path])
+            .env(
+                "JVMFLAGS",
+                "-Xmx64m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+            )
+            .env("ZOO_LOG4J_PROP", "ERROR,CONSOLE")
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(out.status.success(), "zkCli.sh: {out:?}");
+
+    // The store still remembers the node: its write is refused, and the
+    // answer comes from a fresh read.
+    let e = cell.put(b"stale", Expect::Version(v2)).await.unwrap_err();
+    assert!(
+        matches!(e, Error::VersionMismatch { current: None, .. }),
+        "{e:?}"
+    );
+    let v3 = cell.put(b"three", Expect::Absent).await.unwrap();
+    assert!(
+        v3 > v2,
+        "a remade node's version went back: {v3} after {v2}"
+    );
+    // With versions counted from the node's data version, v3 would be v1
+    // again and this write would go over "three".
+    for old in [v1, v2] {
+        let e = cell.put(b"stale", Expect::Version(old)).await.unwrap_err();
+        assert!(
+            matches!(e, Error::VersionMismatch { current: Some(c), .. } if c == v3),
+            "{e:?}"
+        );
+    }
+    let got = cell.get().await.unwrap().unwrap();
+    assert_eq!((got.value.as_slice(), got.version), (&b"three"[..], v3));
+    cell.delete(v3).await.unwrap();
+    let v4 = cell.put(b"four", Expect::Absent).await.unwrap();
+    assert!(v4 > v3, "{v4} after {v3}");
+}

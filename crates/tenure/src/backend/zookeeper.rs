@@ -7,6 +7,17 @@
 //!   an expiry too late. The client library pings by itself; a renewal is a
 //!   round trip that also checks that every entry of the session still
 //!   exists, so an evicted holder learns of it at its next renewal.
+//! - `evict` cannot end another client's session either: it deletes the
+//!   holders' entries, then the markers of the values bound to them (see
+//!   below), so those read as gone when it returns. A session of the same
+//!   store is also forgotten at once (its later calls fail with
+//!   `SessionLost`) and its other entries deleted. Another store's session
+//!   (the usual case: `tenure release --force` runs in a process of its
+//!   own) has its markers found by listing the children of every fence and
+//!   cell node (1 round trip for `PATH/r`, then 1 multi-read per 256
+//!   names) and deleted by path; its next bound write then fails with
+//!   `SessionLost`, since a bound write checks, in its `multi`, that every
+//!   entry of its session still exists.
 //! - A name's queue is the ephemeral-sequential children of one persistent
 //!   node per name, `PATH/q/NAME`. A child's name carries the session's tag
 //!   and the entry's kind, so one listing says who is granted
@@ -29,25 +40,38 @@
 //!   fails if the name is already the other kind's: the kind check is atomic.
 //!   ZooKeeper cannot compare data, so a fence admits a token with a
 //!   `setData` conditional on the data version it read, and reads again on
-//!   `BadVersion`. A cell's version is its node's data version + 1: every
-//!   write and delete changes it, and since the node is never re-created
-//!   (which would restart the data version at 0) a version is never reused;
-//!   a delete writes a tombstone. A value bound to a session names the
-//!   session's tag in the data, and the session's own client creates an
-//!   ephemeral child `PATH/r/NAME/TAG` in the same `multi`: the value is live
-//!   while that marker exists (one read of the data and the children tells).
-//!   A cell write is one `multi`: the conditional `setData` (or `create`),
-//!   the deletion of the markers of earlier owners (which fails if the
-//!   current owner's has vanished) or a check of the writer's own, and the
-//!   new marker. Closing a session deletes its markers at once.
+//!   `BadVersion`. A cell's version is its node's `mzxid`, the id of the
+//!   transaction that last set its data: every write and delete is a
+//!   `setData` (a delete writes a tombstone), so each gets a new one, and
+//!   since transaction ids only grow, ensemble-wide, a version is never
+//!   reused, even if the node is deleted and made again (by hand, or from a
+//!   backup), which restarts its data version at 0. Changes to the node's
+//!   children (the markers) leave it. The data version is only what the
+//!   conditional writes name; a node whose data version reached 2^31 - 1 is
+//!   not written again (a typed `Error::Backend`), since the server's next
+//!   would wrap to negative numbers, where -1 means any version. A value
+//!   bound to a session names the session's tag in the data, and the
+//!   session's own client creates an ephemeral child `PATH/r/NAME/TAG` in
+//!   the same `multi`: the value is live while that marker exists (one read
+//!   of the data and the children tells). A cell write is one `multi`: for
+//!   a bound write, a check of each of its session's entries; the
+//!   conditional `setData` (on a first write, a `create` then a `setData`,
+//!   whose answer carries the new mzxid where a `create`'s in a `multi` may
+//!   not); the deletion of the markers of earlier owners (which fails if
+//!   the current owner's has vanished) or a check of the writer's own; and
+//!   the new marker. The version a write returns is its `setData`'s mzxid,
+//!   the one a read then sees. Closing a session deletes its markers at
+//!   once.
 //! - Round trips: a fence read or a cell get is 1 (a `sync` pipelined with a
 //!   multi-read). Writes are optimistic: the store remembers the last node
 //!   it saw per name (bounded), so an admit, put or delete is 1 round trip
 //!   (the conditional write) when nobody else wrote since this store last
 //!   saw the node, such as a put right after a get or a holder writing
-//!   through its fence again; 2 when it remembers nothing (a read, then the
-//!   write); 3 when what it remembers is stale (the refused write, a read,
-//!   the write); more only under contention (at most 64 tries, then
+//!   through its fence again (for a cell: the remembered node's mzxid is
+//!   the expected version, and the write is conditional on its remembered
+//!   data version); 2 when it remembers nothing (a read, then the write); 3
+//!   when what it remembers is stale (the refused write, a read, the
+//!   write); more only under contention (at most 64 tries, then
 //!   `Unavailable`). A refused token or a version mismatch is answered from
 //!   a fresh read only: 1, or 2 when the remembered node was stale. The
 //!   first fence or cell ever written under `PATH` also makes `PATH/r`.
@@ -92,6 +116,9 @@ const REGISTER_TRIES: usize = 64;
 /// for its optimistic writes; past either, it forgets them all.
 const SEEN_NODES: usize = 4096;
 const SEEN_BYTES: usize = 4 << 20;
+/// How many register nodes one multi-read lists the children of when
+/// `evict` looks for another store's session's markers.
+const SCAN_BATCH: usize = 256;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["max_sessions"]);
@@ -303,11 +330,16 @@ enum Reg {
     },
 }
 
-/// A fence's or cell's node as read: its data version, what it holds, and
-/// its children (the markers of sessions a value was bound to, by tag).
+/// A fence's or cell's node as read: its data version, the transaction that
+/// last set its data, what it holds, and its children (the markers of
+/// sessions a value was bound to, by tag).
 #[derive(Debug, Clone)]
 struct Node {
-    version: i32,
+    /// What a conditional `setData` names; never a cell's version.
+    data_version: i32,
+    /// The node's `mzxid`: a cell's version (see [`cell_version`]). -1 when
+    /// not known (a fence made by a `create` whose answer carried no stat).
+    mzxid: i64,
     reg: Reg,
     markers: Vec<String>,
 }
@@ -339,7 +371,7 @@ impl Node {
             Reg::Cell { owner, value } => {
                 let live = owner.as_ref().is_none_or(|o| self.markers.contains(o));
                 match value.as_deref().filter(|_| live) {
-                    Some(value) => Ok(Some((value, cell_version(self.version)?))),
+                    Some(value) => Ok(Some((value, cell_version(self.mzxid)?))),
                     None => Ok(None),
                 }
             }
@@ -352,15 +384,22 @@ impl Node {
     }
 }
 
-/// A cell's version for its node's data version (0 when created).
-fn cell_version(data_version: i32) -> Result<u64> {
-    u64::try_from(data_version)
-        .map(|v| v + 1)
-        .map_err(|_| Error::backend(BACKEND, format!("a negative data version {data_version}")))
+/// A cell's version for its node's `mzxid`: the id of the transaction that
+/// last set the node's data. Transaction ids only grow, ensemble-wide, so a
+/// version is never reused, even by a node deleted and made again.
+fn cell_version(mzxid: i64) -> Result<u64> {
+    u64::try_from(mzxid).ok().filter(|v| *v > 0).ok_or_else(|| {
+        Error::backend(
+            BACKEND,
+            format!("a cell node with no transaction id ({mzxid})"),
+        )
+    })
 }
 
-/// The data version a conditional write at `version` gives the node; a
-/// node whose 32-bit version would overflow is not written.
+/// Checks that a conditional write at data version `version` is safe: the
+/// server's 32-bit data version would wrap past 2^31 - 1 to negative
+/// numbers, where -1 means "any version" and would make the write
+/// unconditional, so such a node is not written.
 fn next_version(version: i32) -> Result<i32> {
     version.checked_add(1).ok_or_else(|| {
         Error::backend(
@@ -368,6 +407,23 @@ fn next_version(version: i32) -> Result<i32> {
             "this fence or cell has used up ZooKeeper's 2^31 data versions",
         )
     })
+}
+
+/// The stat of the one `setData` of a successful register write.
+fn written_stat(path: &str, results: &[zk::MultiWriteResult]) -> Result<zk::Stat> {
+    results
+        .iter()
+        .find_map(|r| match r {
+            zk::MultiWriteResult::SetData { stat } => Some(*stat),
+            _ => None,
+        })
+        .filter(|stat| stat.mzxid > 0 && stat.version >= 0)
+        .ok_or_else(|| {
+            Error::backend(
+                BACKEND,
+                format!("an unexpected answer to a write of {path}: no stat of its setData"),
+            )
+        })
 }
 
 /// A fence's or cell's data: `KIND\tFIELD\tHAS\n` then the value, where
@@ -427,17 +483,18 @@ fn parse_register(path: &str, results: Vec<zk::MultiReadResult>) -> Result<Optio
                     format!("the node {path} holds no tenure fence or cell"),
                 )
             })?;
-            if stat.version < 0 {
+            if stat.version < 0 || stat.mzxid <= 0 {
                 return Err(Error::backend(
                     BACKEND,
                     format!(
-                        "the node {path} has a negative data version {}",
-                        stat.version
+                        "the node {path} has a data version {} and an mzxid {}",
+                        stat.version, stat.mzxid
                     ),
                 ));
             }
             Ok(Some(Node {
-                version: stat.version,
+                data_version: stat.version,
+                mzxid: stat.mzxid,
                 reg,
                 markers: children,
             }))
@@ -807,14 +864,14 @@ impl ZkStore {
         self.seen().nodes.get(name).cloned()
     }
 
-    /// Remembers a node just read, or just written unless a newer version
-    /// of it is remembered already (calls finish in any order). A read
-    /// replaces whatever was remembered, so that even a node someone
-    /// deleted and made again by hand is seen as it is.
+    /// Remembers a node just read, or just written unless a later state of
+    /// it is remembered already (calls finish in any order; `mzxid` orders
+    /// them, even across a node deleted and made again by hand). A read
+    /// replaces whatever was remembered.
     fn remember(&self, name: &Name, node: Node, read: bool) {
         let mut seen = self.seen();
         if let Some(old) = seen.nodes.get(name) {
-            if !read && old.version > node.version {
+            if !read && old.mzxid > node.mzxid {
                 return;
             }
         }
@@ -873,6 +930,139 @@ impl ZkStore {
         }
     }
 
+    /// Ends what is left of the sessions `tags` once `evict` has deleted
+    /// their entries: when this returns, the values bound to them read as
+    /// gone. A session of this store is forgotten (its later calls fail with
+    /// `SessionLost`, and dropping its client ends its ZooKeeper session) and
+    /// its other entries and markers are deleted where it knows they are.
+    /// Another store's session cannot be reached: its markers are found by
+    /// listing the children of every register node (`find_markers`), and
+    /// deleted by path (the store's client may delete another session's
+    /// ephemeral node). A bound write that session makes afterwards fails,
+    /// since its entry check finds the deleted entry gone.
+    ///
+    /// On an error, markers may remain until the sessions end (a session of
+    /// this store as soon as its client is dropped, another store's at its
+    /// next renewal).
+    async fn end_evicted(&self, tags: &HashSet<String>) -> Result<()> {
+        let local: Vec<Arc<ZkSession>> = {
+            let mut sessions = self
+                .inner
+                .sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<SessionKey> = sessions
+                .iter()
+                .filter(|(_, s)| tags.contains(&s.tag))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter().filter_map(|k| sessions.remove(k)).collect()
+        };
+        let mut paths = Vec::new();
+        for session in &local {
+            // The entries stay in the session's map, so that a bound write
+            // under way still checks the evicted one and finds it gone (see
+            // `cell_put`). `cells` is read only after `evict` deleted that
+            // entry: a write that adds its name later fails its check, one
+            // that committed earlier added its name before.
+            let entries = session.entries.lock().await;
+            paths.extend(
+                entries
+                    .iter()
+                    .map(|(name, mine)| format!("{}/{}", self.name_path(name), mine.child)),
+            );
+            drop(entries);
+            let cells: Vec<Name> = session
+                .cells
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain()
+                .collect();
+            paths.extend(
+                cells
+                    .iter()
+                    .map(|name| format!("{}/{}", self.register_path(name), session.tag)),
+            );
+        }
+        let remote: HashSet<&str> = tags
+            .iter()
+            .map(String::as_str)
+            .filter(|tag| !local.iter().any(|s| s.tag == *tag))
+            .collect();
+        if !remote.is_empty() {
+            paths.extend(self.find_markers(&remote).await?);
+        }
+        let admin = &self.inner.admin;
+        let deletes = paths.iter().map(|path| {
+            retrying(move || async move {
+                match call_raw(admin.delete(path, None)).await? {
+                    Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                    Err(e) => Err(zk_err(e)),
+                }
+            })
+        });
+        let results = futures_util::future::join_all(deletes).await;
+        drop(local);
+        results.into_iter().collect()
+    }
+
+    /// The markers of the sessions `tags` under every fence and cell node:
+    /// one listing of `PATH/r`, then one multi-read of children per
+    /// [`SCAN_BATCH`] names.
+    async fn find_markers(&self, tags: &HashSet<&str>) -> Result<Vec<String>> {
+        let admin = &self.inner.admin;
+        let dir = format!("{}/r", self.inner.base);
+        let nodes = retrying(|| async {
+            match call_raw(admin.list_children(&dir)).await? {
+                Ok(nodes) => Ok(nodes),
+                Err(zk::Error::NoNode) => Ok(Vec::new()),
+                Err(e) => Err(zk_err(e)),
+            }
+        })
+        .await?;
+        let mut found = Vec::new();
+        for batch in nodes.chunks(SCAN_BATCH) {
+            let results = retrying(|| async {
+                let mut reader = admin.new_multi_reader();
+                for node in batch {
+                    reader
+                        .add_get_children(&format!("{dir}/{node}"))
+                        .map_err(zk_err)?;
+                }
+                call(reader.commit()).await
+            })
+            .await?;
+            if results.len() != batch.len() {
+                return Err(Error::backend(
+                    BACKEND,
+                    format!("an unexpected answer to a read of {dir}'s children"),
+                ));
+            }
+            for (node, result) in batch.iter().zip(results) {
+                match result {
+                    zk::MultiReadResult::Children { children } => found.extend(
+                        children
+                            .into_iter()
+                            .filter(|marker| tags.contains(marker.as_str()))
+                            .map(|marker| format!("{dir}/{node}/{marker}")),
+                    ),
+                    // Deleted meanwhile by hand: it has no markers.
+                    zk::MultiReadResult::Error {
+                        err: zk::Error::NoNode,
+                    } => {}
+                    zk::MultiReadResult::Error { err } => return Err(zk_err(err)),
+                    _ => {
+                        return Err(Error::backend(
+                            BACKEND,
+                            format!("an unexpected answer to a read of {dir}/{node}"),
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
     /// Admits `token` through the fence `name` (see [`Store::fence`]).
     async fn admit(&self, name: &Name, token: u64, value: Option<&[u8]>) -> Result<FenceState> {
         let path = self.register_path(name);
@@ -892,12 +1082,14 @@ impl ZkStore {
                 // refused if someone made it meanwhile (as either kind).
                 let data = encode_fence(token, value);
                 match call_raw(admin.create(&path, &data, &persistent)).await? {
-                    Ok(_) => {
+                    Ok((stat, _)) => {
                         let value = value.map(<[u8]>::to_vec);
                         self.remember(
                             name,
                             Node {
-                                version: 0,
+                                data_version: 0,
+                                // Only orders what this store remembers.
+                                mzxid: if stat.is_invalid() { -1 } else { stat.mzxid },
                                 reg: Reg::Fence {
                                     highest: token,
                                     value: value.clone(),
@@ -921,7 +1113,7 @@ impl ZkStore {
                 }
                 continue;
             };
-            let version = node.version;
+            let version = node.data_version;
             let (highest, old) = match node.fence(name) {
                 Ok(fence) => fence,
                 Err(e) if fresh => return Err(e),
@@ -945,7 +1137,8 @@ impl ZkStore {
                     self.remember(
                         name,
                         Node {
-                            version: stat.version,
+                            data_version: stat.version,
+                            mzxid: stat.mzxid,
                             reg: Reg::Fence {
                                 highest: token,
                                 value: value.clone(),
@@ -1438,20 +1631,31 @@ impl Store for ZkStore {
 
     async fn evict(&self, name: &Name) -> Result<usize> {
         // ZooKeeper cannot end another client's session: the holders'
-        // entries are deleted, and each holder learns it at its next renewal.
-        let list = self.list(&self.inner.admin, name).await?;
+        // entries are deleted, then the values bound to their sessions (see
+        // `end_evicted`). Each holder learns it at its next renewal, or at
+        // its next bound cell write, which checks its entries.
+        let admin = &self.inner.admin;
+        let list = self.list(admin, name).await?;
         let dir = self.name_path(name);
-        let mut evicted = 0;
-        for ((child, _, _), granted) in list.children.iter().zip(&list.granted) {
-            if *granted
-                && call(self.inner.admin.delete(&format!("{dir}/{child}"), None))
-                    .await
-                    .is_ok()
-            {
-                evicted += 1;
-            }
+        let deletes = list
+            .children
+            .iter()
+            .zip(&list.granted)
+            .filter(|(_, granted)| **granted)
+            .map(|((child, tag, _), _)| {
+                let path = format!("{dir}/{child}");
+                async move { call(admin.delete(&path, None)).await.ok().map(|()| tag) }
+            });
+        let tags: HashSet<String> = futures_util::future::join_all(deletes)
+            .await
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        if !tags.is_empty() {
+            self.end_evicted(&tags).await?;
         }
-        Ok(evicted)
+        Ok(tags.len())
     }
 
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
@@ -1493,9 +1697,12 @@ impl Store for ZkStore {
     ) -> Result<CellWrite> {
         // A bound value is written through its session's own client, so
         // that the marker is that session's ephemeral node.
-        let session = owner.map(|key| self.session(key)).transpose()?;
+        let session = match owner {
+            Some(key) => Some((key, self.session(key)?)),
+            None => None,
+        };
         let (client, tag) = match &session {
-            Some(session) => (&session.client, Some(session.tag.as_str())),
+            Some((_, session)) => (&session.client, Some(session.tag.as_str())),
             None => (&self.inner.admin, None),
         };
         let path = self.register_path(name);
@@ -1521,18 +1728,42 @@ impl Store for ZkStore {
                 continue;
             }
             let mut writer = client.new_multi_writer();
+            // A bound write first checks that its session still has every
+            // entry it knows of (version -1: any): one that vanished was
+            // evicted, perhaps by another store, which could not end the
+            // session itself (see `evict`).
+            let entries: Vec<(Name, String)> = match &session {
+                Some((_, session)) => session
+                    .entries
+                    .lock()
+                    .await
+                    .iter()
+                    .map(|(name, mine)| (name.clone(), mine.child.clone()))
+                    .collect(),
+                None => Vec::new(),
+            };
+            for (entry_name, child) in &entries {
+                writer
+                    .add_check_version(&format!("{}/{child}", self.name_path(entry_name)), -1)
+                    .map_err(zk_err)?;
+            }
+            // The index of the node's own first operation.
+            let first = entries.len();
             let mut marked = false;
-            let version = match &node {
+            match &node {
                 None => {
+                    // Made with a tombstone and set at once, in the same
+                    // transaction: a `setData`'s answer carries the new
+                    // mzxid, a `create`'s in a multi may not (ZOOKEEPER-4026).
                     writer
-                        .add_create(&path, &data, &persistent)
+                        .add_create(&path, &encode_cell(None, None), &persistent)
                         .map_err(zk_err)?;
-                    0
+                    writer.add_set_data(&path, &data, Some(0)).map_err(zk_err)?;
                 }
                 Some(node) => {
-                    let next = next_version(node.version)?;
+                    next_version(node.data_version)?;
                     writer
-                        .add_set_data(&path, &data, Some(node.version))
+                        .add_set_data(&path, &data, Some(node.data_version))
                         .map_err(zk_err)?;
                     // Earlier owners' markers go (a vanished one fails the
                     // multi: the value it kept alive is gone); the writer's
@@ -1547,15 +1778,14 @@ impl Store for ZkStore {
                         }
                         .map_err(zk_err)?;
                     }
-                    next
                 }
-            };
+            }
             if let (Some(tag), false) = (tag, marked) {
                 writer
                     .add_create(&format!("{path}/{tag}"), &[], &ephemeral)
                     .map_err(zk_err)?;
             }
-            if let Some(session) = &session {
+            if let Some((_, session)) = &session {
                 // Before the marker may exist, so that closing the session
                 // deletes it even if this call is dropped mid-flight.
                 session
@@ -1565,11 +1795,14 @@ impl Store for ZkStore {
                     .insert(name.clone());
             }
             match commit(&mut writer).await? {
-                Ok(_) => {
+                Ok(results) => {
+                    let stat = written_stat(&path, &results)?;
+                    let version = cell_version(stat.mzxid)?;
                     self.remember(
                         name,
                         Node {
-                            version,
+                            data_version: stat.version,
+                            mzxid: stat.mzxid,
                             reg: Reg::Cell {
                                 owner: tag.map(str::to_string),
                                 value: Some(value.to_vec()),
@@ -1578,10 +1811,30 @@ impl Store for ZkStore {
                         },
                         false,
                     );
-                    return Ok(CellWrite::Done(cell_version(version)?));
+                    return Ok(CellWrite::Done(version));
+                }
+                // One of the session's entries is gone: evicted, unless the
+                // session released it meanwhile (then try again).
+                Err((i, zk::Error::NoNode)) if i < first => {
+                    if let (Some((key, session)), Some((entry_name, child))) =
+                        (&session, entries.get(i))
+                    {
+                        let still = session
+                            .entries
+                            .lock()
+                            .await
+                            .get(entry_name)
+                            .is_some_and(|m| &m.child == child);
+                        if still {
+                            // As a renewal that finds an entry gone does.
+                            self.forget(key);
+                            return Err(lost());
+                        }
+                    }
+                    known = Some((node, fresh));
                 }
                 // No `PATH/r` yet: the name is unused.
-                Err((0, zk::Error::NoNode)) if node.is_none() => {
+                Err((i, zk::Error::NoNode)) if i == first && node.is_none() => {
                     self.make_register_dir().await?;
                     known = Some((None, true));
                 }
@@ -1615,12 +1868,12 @@ impl Store for ZkStore {
                 }
                 continue;
             };
-            // The node stays, with a tombstone, so that its data version
-            // (the cell's version) goes on growing.
-            let next = next_version(node.version)?;
+            // The node stays, with a tombstone: the `setData` gives it a new
+            // mzxid, which the next write's exceeds.
+            next_version(node.data_version)?;
             let mut writer = self.inner.admin.new_multi_writer();
             writer
-                .add_set_data(&path, &tombstone, Some(node.version))
+                .add_set_data(&path, &tombstone, Some(node.data_version))
                 .map_err(zk_err)?;
             for marker in &node.markers {
                 writer
@@ -1628,11 +1881,14 @@ impl Store for ZkStore {
                     .map_err(zk_err)?;
             }
             match commit(&mut writer).await? {
-                Ok(_) => {
+                Ok(results) => {
+                    let stat = written_stat(&path, &results)?;
+                    let version = cell_version(stat.mzxid)?;
                     self.remember(
                         name,
                         Node {
-                            version: next,
+                            data_version: stat.version,
+                            mzxid: stat.mzxid,
                             reg: Reg::Cell {
                                 owner: None,
                                 value: None,
@@ -1641,7 +1897,7 @@ impl Store for ZkStore {
                         },
                         false,
                     );
-                    return Ok(CellWrite::Done(cell_version(next)?));
+                    return Ok(CellWrite::Done(version));
                 }
                 Err((_, zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NodeExists)) => {
                     self.forget_seen(name)
@@ -1716,7 +1972,8 @@ mod tests {
         ] {
             assert_eq!(decode_register(bad), None, "{bad:?}");
         }
-        assert_eq!(cell_version(0).ok(), Some(1));
+        assert_eq!(cell_version(7).ok(), Some(7));
+        assert!(cell_version(0).is_err());
         assert!(cell_version(-1).is_err());
         assert!(next_version(i32::MAX).is_err());
     }
