@@ -454,6 +454,69 @@ fn postgres_bin(name: &str) -> Option<PathBuf> {
     versions.pop()
 }
 
+/// A server's wall clock that a test can step, forward or back: the server
+/// runs under libfaketime (Debian's `libfaketime`), which reads the offset
+/// from a file at every clock call (`FAKETIME_NO_CACHE`). Only the wall
+/// clock moves (`FAKETIME_DONT_FAKE_MONOTONIC`), as in an NTP step or an
+/// operator's `date -s`. (`redis-server` crashes under libfaketime, and Go's
+/// etcd ignores it.)
+pub struct SteppableClock {
+    file: PathBuf,
+    library: PathBuf,
+    offset_s: std::sync::atomic::AtomicI64,
+}
+
+impl SteppableClock {
+    /// A clock file in `dir` at offset 0, or `None` (after [`missing`])
+    /// without libfaketime.
+    fn new(dir: &Path) -> Option<SteppableClock> {
+        let library = std::fs::read_dir("/usr/lib")
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("faketime/libfaketime.so.1"))
+            .find(|p| p.exists());
+        let Some(library) = library else {
+            missing("libfaketime", "libfaketime");
+            return None;
+        };
+        let clock = SteppableClock {
+            file: dir.join("faketime"),
+            library,
+            offset_s: std::sync::atomic::AtomicI64::new(0),
+        };
+        clock.write(0);
+        Some(clock)
+    }
+
+    fn write(&self, offset_s: i64) {
+        // Written aside and renamed, so the server never reads half a line.
+        let tmp = self.file.with_extension("tmp");
+        std::fs::write(&tmp, format!("{offset_s:+}\n")).expect("write the clock file");
+        std::fs::rename(&tmp, &self.file).expect("move the clock file");
+    }
+
+    fn apply(&self, cmd: &mut Command) {
+        cmd.env("LD_PRELOAD", &self.library)
+            .env("FAKETIME_TIMESTAMP_FILE", &self.file)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    }
+
+    /// Steps the server's wall clock by `seconds` (negative: back).
+    pub fn step(&self, seconds: i64) {
+        let now = self
+            .offset_s
+            .fetch_add(seconds, std::sync::atomic::Ordering::SeqCst)
+            + seconds;
+        self.write(now);
+    }
+
+    /// How far the server's wall clock is from this machine's, in seconds.
+    pub fn offset(&self) -> i64 {
+        self.offset_s.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// A PostgreSQL server of its own (`initdb` + `postgres`, run as the
 /// `postgres` user, since both refuse root), with password authentication
 /// over TCP for the user `postgres`.
@@ -462,6 +525,7 @@ pub struct PostgresServer {
     dir: tempfile::TempDir,
     user: (u32, u32),
     tls: Option<TlsFiles>,
+    clock: Option<SteppableClock>,
     child: Option<Child>,
 }
 
@@ -480,7 +544,21 @@ impl PostgresServer {
         Self::start_with(true)
     }
 
+    /// Starts one whose wall clock the test steps ([`Self::clock`]).
+    pub fn start_with_clock_or_skip() -> Option<PostgresServer> {
+        Self::start_inner(false, true)
+    }
+
+    /// The steppable clock of a server started with one.
+    pub fn clock(&self) -> Option<&SteppableClock> {
+        self.clock.as_ref()
+    }
+
     fn start_with(tls: bool) -> Option<PostgresServer> {
+        Self::start_inner(tls, false)
+    }
+
+    fn start_inner(tls: bool, steppable: bool) -> Option<PostgresServer> {
         let found = postgres_bin("initdb")
             .zip(postgres_bin("postgres"))
             .zip(system_user("postgres"));
@@ -541,11 +619,17 @@ impl PostgresServer {
         } else {
             None
         };
+        let clock = if steppable {
+            Some(SteppableClock::new(dir.path())?)
+        } else {
+            None
+        };
         let mut server = PostgresServer {
             port: free_port(),
             dir,
             user,
             tls,
+            clock,
             child: None,
         };
         server.launch();
@@ -571,8 +655,11 @@ impl PostgresServer {
                 "unix_socket_directories={}",
                 self.dir.path().display()
             ))
-            .args(["-c", "fsync=off", "-c", "max_connections=200"])
-            .uid(self.user.0)
+            .args(["-c", "fsync=off", "-c", "max_connections=200"]);
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut cmd);
+        }
+        cmd.uid(self.user.0)
             .gid(self.user.1)
             .current_dir(self.dir.path())
             .stdout(Stdio::null())
@@ -663,12 +750,27 @@ impl Drop for PostgresServer {
 pub struct MariaDbServer {
     port: u16,
     dir: tempfile::TempDir,
+    clock: Option<SteppableClock>,
     child: Option<Child>,
 }
 
 impl MariaDbServer {
     /// Starts one, or `None` (after [`missing`]) without the binaries.
     pub fn start_or_skip() -> Option<MariaDbServer> {
+        Self::start_inner(false)
+    }
+
+    /// Starts one whose wall clock the test steps ([`Self::clock`]).
+    pub fn start_with_clock_or_skip() -> Option<MariaDbServer> {
+        Self::start_inner(true)
+    }
+
+    /// The steppable clock of a server started with one.
+    pub fn clock(&self) -> Option<&SteppableClock> {
+        self.clock.as_ref()
+    }
+
+    fn start_inner(steppable: bool) -> Option<MariaDbServer> {
         let install = find("mariadb-install-db", &["/usr/bin/mariadb-install-db"]);
         let server = find("mariadbd", &["/usr/sbin/mariadbd"]);
         let client = find("mariadb", &["/usr/bin/mariadb"]);
@@ -698,9 +800,15 @@ impl MariaDbServer {
             .status()
             .expect("run mariadb-install-db");
         assert!(status.success(), "mariadb-install-db failed");
+        let clock = if steppable {
+            Some(SteppableClock::new(dir.path())?)
+        } else {
+            None
+        };
         let mut server = MariaDbServer {
             port: free_port(),
             dir,
+            clock,
             child: None,
         };
         server.launch();
@@ -745,6 +853,9 @@ impl MariaDbServer {
             .arg(format!("--socket={}", self.socket().display()))
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut cmd);
+        }
         self.child = Some(spawn_tied(cmd).expect("spawn mariadbd"));
         assert!(
             wait_for_port(self.port, Duration::from_secs(20)),

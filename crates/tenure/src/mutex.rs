@@ -79,6 +79,13 @@ impl Mutex {
 
     /// Takes the lock only if it is free now (one store operation), else `None`.
     ///
+    /// Where only a watching client may call a lease expired
+    /// ([`Capabilities::watched_expiry`](crate::Capabilities::watched_expiry):
+    /// PostgreSQL, MySQL, Redis, Redlock) and the lock is held only by
+    /// sessions whose leases lapsed by the server's clock, it watches them
+    /// for their TTL first (that clock alone is not trusted), then takes the
+    /// lock if none renewed: it may then take up to a TTL.
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe, as [`Mutex::lock`].

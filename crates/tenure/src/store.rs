@@ -400,6 +400,13 @@ pub struct Capabilities {
     /// Store round trips (or statements, for SQL) for an uncontended
     /// acquire and for a release.
     pub round_trips: &'static str,
+    /// Another session's lease ends only once a client that watched it saw
+    /// it unrenewed for its TTL on its own monotonic clock, and the store
+    /// confirms it did not renew since (the store's own clock is a server's
+    /// wall clock, which steps, so it only hints): an entry whose lease
+    /// lapsed by the store's clock stays in [`Store::queue`], with no time
+    /// left, until then.
+    pub watched_expiry: bool,
     /// Fences ([`Store::fence`]): a token check kept by the store.
     pub fences: bool,
     /// Values written through a fence ([`FenceOp::Admit`] with a value).
@@ -434,6 +441,7 @@ impl Capabilities {
             grant_times: true,
             exact_first: true,
             round_trips,
+            watched_expiry: false,
             fences: true,
             fence_values: true,
             cells: true,
@@ -446,7 +454,10 @@ impl Capabilities {
 /// Every method that takes a [`SessionKey`] fails with
 /// [`Error::SessionLost`] when the store no longer has that session (expired,
 /// closed or evicted). Methods that touch an entry the session does not have
-/// fail with [`Error::NotHeld`]. Expiry is judged by the store's clock only.
+/// fail with [`Error::NotHeld`]. Expiry is judged by the store's own clock,
+/// or where that is a wall clock that steps
+/// ([`Capabilities::watched_expiry`]), by a watching client's monotonic
+/// clock, which the store confirms.
 ///
 /// Unless a method says otherwise, it is *not* cancel safe: a future dropped
 /// before it completes may or may not have taken effect in the store. The

@@ -152,3 +152,54 @@ async fn observers_do_not_poll() {
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(typed.clone());
     tenure_testkit::conformance::check_observers_do_not_poll(&store, || typed.round_trips()).await;
 }
+
+/// `redis-server` crashes under libfaketime, so its clock cannot be stepped
+/// here; a step is played on the data instead: every session's lapse time
+/// (the only thing TIME decides) moved by the step, the way a server whose
+/// clock jumped would see it. The script's path is the one each Redlock
+/// node runs. Never two holders, and a crashed holder is released within
+/// its TTL and one renew interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_clock_steps_neither_grant_twice_nor_delay_a_release() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let store = tenure::open(&server.url()).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let step = |seconds: i64| {
+        // The server's clock ahead by `seconds`: lapse times look that
+        // much earlier.
+        let by = -seconds * 1000;
+        let mut con = client.get_connection().unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("{tenure}:s:*")
+            .query(&mut con)
+            .unwrap();
+        for key in keys {
+            let at: Option<i64> = redis::cmd("GET").arg(&key).query(&mut con).unwrap();
+            if let Some(at) = at {
+                let _: () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(at + by)
+                    .query(&mut con)
+                    .unwrap();
+            }
+        }
+        let live: Vec<(String, i64)> = redis::cmd("ZRANGE")
+            .arg("{tenure}:live")
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut con)
+            .unwrap();
+        for (secret, at) in live {
+            let _: () = redis::cmd("ZADD")
+                .arg("{tenure}:live")
+                .arg(at + by)
+                .arg(secret)
+                .query(&mut con)
+                .unwrap();
+        }
+    };
+    tenure_testkit::conformance::check_server_clock_steps(&store, step).await;
+}

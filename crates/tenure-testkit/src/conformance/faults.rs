@@ -327,3 +327,84 @@ pub async fn check_waiters_outlive_dropped_notifications<F, Fut>(
         let _ = s.close().await;
     }
 }
+
+/// The store's server clock steps (through `step`, in seconds: forward
+/// past a holder's TTL while it holds and another waits, back after a
+/// holder crashed): the live holder keeps its lease and nobody else is
+/// granted meanwhile, and the crashed holder is released within its TTL
+/// and one renew interval (+1 % and 10 ms) of its last renewal, whatever
+/// the server's clock did. Returns how long that release took.
+pub async fn check_server_clock_steps(store: &Arc<dyn Store>, step: impl Fn(i64)) -> Duration {
+    let ttl = Duration::from_secs(2);
+    let options = || SessionOptions::new().ttl(ttl);
+
+    // Forward, by fifteen TTLs, while A holds and B waits.
+    let name = unique("clock-forward");
+    let a = Session::with_options(store, options()).await.unwrap();
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let b = Session::with_options(store, options()).await.unwrap();
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { Mutex::new(&b, &name).unwrap().lock().await })
+    };
+    wait_queue_len(store, &name, 2).await;
+    step(30);
+    tokio::time::sleep(ttl * 3).await;
+    assert!(
+        !waiter.is_finished(),
+        "a waiter was granted while the holder renewed: the server's clock stepped forward"
+    );
+    assert!(!a.is_lost(), "the holder lost its lease to a clock step");
+    held.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was granted after the release")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+    step(-30);
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+
+    // Back, by thirty TTLs, after A crashed holding: the raw contract, so
+    // that no client of A's renews, releases or closes anything.
+    let name = unique("clock-back");
+    let crashed = Instant::now();
+    let spec = SessionSpec {
+        ttl,
+        label: "crashes".into(),
+    };
+    let dead = store.open_session(&spec).await.unwrap();
+    let joined = store
+        .join(
+            &dead.key,
+            request(&Name::new(&name).unwrap(), EntryKind::Exclusive, b""),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(joined.granted);
+    let b = Session::with_options(store, options()).await.unwrap();
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { Mutex::new(&b, &name).unwrap().lock().await })
+    };
+    wait_queue_len(store, &name, 2).await;
+    step(-60);
+    let bound = ttl + ttl / 100 + Duration::from_millis(10) + ttl / 3;
+    let granted = tokio::time::timeout(bound + Duration::from_secs(10), waiter)
+        .await
+        .expect("the crashed holder was not released within 10 s of its bound")
+        .unwrap()
+        .unwrap();
+    let took = crashed.elapsed();
+    step(60);
+    assert!(
+        took <= bound + Duration::from_millis(500),
+        "released {took:?} after the crash (bound {bound:?} and 500 ms)"
+    );
+    granted.release().await.unwrap();
+    b.close().await.unwrap();
+    eprintln!("clock steps: no second holder; a crashed holder released after {took:?}");
+    took
+}

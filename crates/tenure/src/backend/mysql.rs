@@ -25,11 +25,13 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "mysql";
 const SCHEMA_SQL: &str = include_str!("mysql.sql");
-const SCHEMA_VERSION: &str = "4";
+const SCHEMA_VERSION: &str = "5";
 /// Schema versions this build upgrades in place (the procedures are
-/// replaced; version 4 adds the fences' and cells' table). The upgrade is
-/// one-way: a build of an older version then refuses the tables.
-const UPGRADES_FROM: &[&str] = &["1", "2", "3"];
+/// replaced; version 4 adds the fences' and cells' table, 5 a renewal
+/// counter, and ends a session only when a watcher confirms it, never by
+/// the server's clock). The upgrade is one-way: a build of an older version
+/// then refuses the tables.
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4"];
 const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
@@ -52,10 +54,12 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&[
 /// The MySQL/MariaDB backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
+        // The server's wall clock only hints; a watcher confirms expiry.
+        watched_expiry: true,
         wake: Wake::local_or_poll(POLL_MIN, POLL_MAX),
         ..Capabilities::durable_store(
             BACKEND,
-            "the server's SYSDATE(3)",
+            "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); the server's SYSDATE(3) only hints",
             "acquire: 1 (a CALL), release: 1, renew: 1",
         )
     }
@@ -259,7 +263,7 @@ impl SqlDriver for Mysql {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;
         conn.exec_drop(
-            format!("UPDATE {p}sessions SET expires_ms = {NOW_MS} + ttl_ms WHERE id = ? AND expires_ms > {NOW_MS}"),
+            format!("UPDATE {p}sessions SET expires_ms = {NOW_MS} + ttl_ms, renewals = renewals + 1 WHERE id = ? AND expires_ms > 0"),
             (secret,),
         )
         .await
@@ -288,7 +292,7 @@ impl SqlDriver for Mysql {
             .rows_of(
                 format!(
                     "SELECT e.seq, e.kind, e.count, e.lim, s.tag, s.label, e.value, e.granted_ms,
-                            s.expires_ms - {NOW_MS}, e.holds
+                            IF(s.expires_ms <= 0, -1, GREATEST(s.expires_ms - {NOW_MS}, 0)), e.holds
                        FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
                       WHERE e.name = ? ORDER BY e.seq"
                 ),
@@ -313,7 +317,7 @@ impl SqlDriver for Mysql {
         self.texts(
             format!(
                 "SELECT DISTINCT e.name FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
-                  WHERE s.expires_ms > {NOW_MS} AND LEFT(e.name, CHAR_LENGTH(?)) = ? ORDER BY e.name"
+                  WHERE s.expires_ms > 0 AND LEFT(e.name, CHAR_LENGTH(?)) = ? ORDER BY e.name"
             ),
             &[Arg::Text(prefix), Arg::Text(prefix)],
         )

@@ -1,10 +1,15 @@
--- tenure's MySQL/MariaDB store, schema version 4 (1 read the clock and the
+-- tenure's MySQL/MariaDB store, schema version 5 (1 read the clock and the
 -- session before the name's lock; 2 read every entry of a queue on each
--- call; 3 had no fences or cells). "@p" is the table prefix.
+-- call; 3 had no fences or cells; 4 judged expiry by the server's clock). "@p" is the table prefix.
 -- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
 -- server's clock in milliseconds (replaced when loaded, so no stored
 -- function needs SUPER under binary logging). Every operation is one CALL (one
--- round trip, one transaction), judged by the server's clock. A name's row in
+-- round trip, one transaction). Expiry is never judged by the server's clock
+-- (SYSDATE, which anyone can set, and which steps): a session's lease lapses
+-- by it only as a hint (expires_ms); its entries go only when the session is
+-- closed, evicted, or confirmed expired (expires_ms = 0) by a client that
+-- watched its renewal counter unchanged for its TTL on its own monotonic
+-- clock (`look` and `expire` with the fingerprint it saw). A name's row in
 -- @pnames is locked FOR UPDATE by every change to its queue. Fencing counters
 -- are plain columns, not AUTO_INCREMENT, so they never go back on restart.
 CREATE TABLE IF NOT EXISTS @pmeta (
@@ -17,8 +22,26 @@ CREATE TABLE IF NOT EXISTS @psessions (
     tag VARCHAR(32) NOT NULL,
     label VARCHAR(255) NOT NULL,
     ttl_ms BIGINT NOT NULL,
-    expires_ms BIGINT NOT NULL
+    expires_ms BIGINT NOT NULL,
+    renewals BIGINT NOT NULL DEFAULT 0
 ) ENGINE=InnoDB
+;;
+DROP PROCEDURE IF EXISTS @padd_renewals
+;;
+-- Tables of schema 4 and before have no renewal counter (MySQL has no ADD
+-- COLUMN IF NOT EXISTS).
+CREATE PROCEDURE @padd_renewals()
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                    WHERE table_schema = DATABASE() AND table_name = '@psessions'
+                      AND column_name = 'renewals') THEN
+        ALTER TABLE @psessions ADD COLUMN renewals BIGINT NOT NULL DEFAULT 0;
+    END IF;
+END
+;;
+CALL @padd_renewals()
+;;
+DROP PROCEDURE @padd_renewals
 ;;
 CREATE TABLE IF NOT EXISTS @pnames (
     name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
@@ -56,10 +79,10 @@ DROP PROCEDURE IF EXISTS @psettle
 ;;
 -- Walks the name's queue from the head, one row at a time by seq: stamps
 -- newly granted entries, stops at the first entry that waits, bumps the
--- version if anything changed. An entry of an expired session met on the
--- way is dropped (that session can never be renewed again); entries further
--- back are not read, so the cost follows the granted entries, not the
--- waiters. The caller holds the name's lock inside its transaction.
+-- version if anything changed. An entry of an ended session met on the way
+-- is dropped; entries further back are not read, so the cost follows the
+-- granted entries, not the waiters. The caller holds the name's lock inside
+-- its transaction.
 CREATE PROCEDURE @psettle(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_changed BOOLEAN)
 BEGIN
     DECLARE v_now BIGINT DEFAULT @pnow_ms();
@@ -87,15 +110,10 @@ BEGIN
          WHERE e.name = p_name AND e.seq > v_after ORDER BY e.seq LIMIT 1;
         IF v_seq IS NULL THEN LEAVE walk; END IF;
         SET v_after = v_seq;
-        IF v_expires <= v_now THEN
-            -- Read again, locked: a renewal that committed since keeps it.
-            SELECT expires_ms INTO v_expires FROM @psessions WHERE id = v_session FOR UPDATE;
-            IF v_expires <= v_now THEN
-                UPDATE @psessions SET expires_ms = 0 WHERE id = v_session AND expires_ms <> 0;
-                DELETE FROM @pentries WHERE name = p_name AND seq = v_seq;
-                SET v_changed = TRUE;
-                ITERATE walk;
-            END IF;
+        IF v_expires <= 0 THEN
+            DELETE FROM @pentries WHERE name = p_name AND seq = v_seq;
+            SET v_changed = TRUE;
+            ITERATE walk;
         END IF;
         SET v_idx = v_idx + 1;
         IF v_kind = 0 THEN SET v_ok = (v_idx = 1);
@@ -155,9 +173,9 @@ proc: BEGIN
     START TRANSACTION;
     CALL @plock_name(p_name);
     -- The clock and the session are read after the name's lock: the wait
-    -- for it may be long, and a session that expired in it gets nothing.
+    -- for it may be long, and a session that ended in it gets nothing.
     SET v_now = @pnow_ms();
-    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > v_now;
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
     IF v_alive = 0 THEN
         ROLLBACK;
         SELECT 'lost', NULL, NULL, NULL, NULL;
@@ -218,7 +236,17 @@ proc: BEGIN
         END IF;
         IF p_if_granted AND NOT v_granted THEN
             COMMIT;
-            SELECT 'none', NULL, NULL, NULL, NULL;
+            -- Only holders in the way (nobody waits): what to watch, and
+            -- whether they all lapsed by the clock (worth watching).
+            IF v_tail_granted IS NOT NULL THEN
+                SET SESSION group_concat_max_len = 16777216;
+                SELECT 'none', NULL, NULL, NULL, NULL,
+                       GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals) ORDER BY e.seq SEPARATOR ','),
+                       MAX(s.ttl_ms), MAX(s.expires_ms) <= v_now
+                  FROM @pentries e JOIN @psessions s ON s.id = e.session WHERE e.name = p_name;
+            ELSE
+                SELECT 'none', NULL, NULL, NULL, NULL;
+            END IF;
             LEAVE proc;
         END IF;
     END IF;
@@ -243,9 +271,9 @@ proc: BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
     CALL @plock_name(p_name);
-    -- Read after the name's lock, like join's: a lease that ran out while
+    -- Read after the name's lock, like join's: a session that ended while
     -- this waited is reported lost, not released as if it had held.
-    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > @pnow_ms();
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
     IF v_alive = 0 THEN
         ROLLBACK;
         SELECT 'lost', NULL;
@@ -272,76 +300,111 @@ END
 ;;
 DROP PROCEDURE IF EXISTS @plook
 ;;
-CREATE PROCEDURE @plook(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
+CREATE PROCEDURE @plook(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
+    IN p_seq BIGINT, IN p_confirm LONGTEXT)
 proc: BEGIN
     DECLARE v_alive INT DEFAULT 0;
     DECLARE v_found INT DEFAULT 0;
     DECLARE v_stamped BIGINT DEFAULT NULL;
-    DECLARE v_now BIGINT;
+    DECLARE v_confirm LONGTEXT DEFAULT p_confirm;
     DECLARE v_until BIGINT DEFAULT 0;
     DECLARE v_next BOOLEAN DEFAULT TRUE;
+    DECLARE v_blockers LONGTEXT DEFAULT '';
+    DECLARE v_ttl BIGINT DEFAULT 0;
     DECLARE v_aseq BIGINT;
-    DECLARE v_asession CHAR(32) CHARACTER SET ascii;
     DECLARE v_agranted BIGINT;
     DECLARE v_aexpires BIGINT;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > @pnow_ms();
-    IF v_alive = 0 THEN SELECT 'lost', NULL, NULL; LEAVE proc; END IF;
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
+    IF v_alive = 0 THEN SELECT 'lost', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
     SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
      WHERE name = p_name AND seq = p_seq AND session = p_secret;
-    IF v_found = 0 THEN SELECT 'notheld', NULL, NULL; LEAVE proc; END IF;
-    IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL, NULL; LEAVE proc; END IF;
+    IF v_found = 0 THEN SELECT 'notheld', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
+    IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
+    SET SESSION group_concat_max_len = 16777216;
     -- Each read must see what the previous lock holder committed (not the
     -- snapshot REPEATABLE READ would keep from before the lock wait).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
     CALL @plock_name(p_name);
-    CALL @psettle(p_name, FALSE);
-    SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
-     WHERE name = p_name AND seq = p_seq AND session = p_secret;
-    IF v_found = 0 THEN COMMIT; SELECT 'notheld', NULL, NULL; LEAVE proc; END IF;
-    IF v_stamped IS NOT NULL THEN COMMIT; SELECT 'granted', NULL, NULL; LEAVE proc; END IF;
-    -- The entry just ahead; an expired one is dropped, the name settled
-    -- again and the next one read, so this ends.
+    -- Each turn ends something (an ended entry just ahead, or confirmed
+    -- blockers), so this ends.
     ahead: LOOP
-        SET v_now = @pnow_ms();
+        CALL @psettle(p_name, FALSE);
+        SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
+         WHERE name = p_name AND seq = p_seq AND session = p_secret;
+        IF v_found = 0 THEN COMMIT; SELECT 'notheld', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
+        IF v_stamped IS NOT NULL THEN COMMIT; SELECT 'granted', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
         SET v_aseq = NULL;
-        SELECT STRAIGHT_JOIN e.seq, e.session, e.granted_ms, s.expires_ms
-          INTO v_aseq, v_asession, v_agranted, v_aexpires
+        SELECT STRAIGHT_JOIN e.seq, e.granted_ms, s.expires_ms
+          INTO v_aseq, v_agranted, v_aexpires
           FROM @pentries e JOIN @psessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq < p_seq ORDER BY e.seq DESC LIMIT 1;
-        IF v_aseq IS NULL THEN LEAVE ahead; END IF;
-        IF v_aexpires <= v_now THEN
-            SELECT expires_ms INTO v_aexpires FROM @psessions WHERE id = v_asession FOR UPDATE;
-            IF v_aexpires <= v_now THEN
-                UPDATE @psessions SET expires_ms = 0 WHERE id = v_asession AND expires_ms <> 0;
-                DELETE FROM @pentries WHERE name = p_name AND seq = v_aseq;
-                -- It may have been a holder that expired since the settle
-                -- above: settle again (which bumps the version).
-                CALL @psettle(p_name, TRUE);
-                SELECT MAX(granted_ms) INTO v_stamped FROM @pentries
-                 WHERE name = p_name AND seq = p_seq AND session = p_secret;
-                IF v_stamped IS NOT NULL THEN
-                    COMMIT;
-                    SELECT 'granted', NULL, NULL;
-                    LEAVE proc;
-                END IF;
-                ITERATE ahead;
-            END IF;
+        IF v_aseq IS NULL THEN
+            SET v_until = 0, v_next = TRUE, v_blockers = '', v_ttl = 0;
+            LEAVE ahead;
         END IF;
-        IF v_agranted IS NULL THEN
-            SET v_until = GREATEST(v_aexpires - v_now, 0);
-            SET v_next = FALSE;
-        ELSE
-            -- Next in line: every entry ahead is granted.
-            SELECT STRAIGHT_JOIN GREATEST(MIN(s.expires_ms) - v_now, 0) INTO v_until
-              FROM @pentries e JOIN @psessions s ON s.id = e.session
-             WHERE e.name = p_name AND e.seq < p_seq;
+        IF v_aexpires <= 0 THEN
+            -- Ended, behind the first waiter (the walk stops there).
+            DELETE FROM @pentries WHERE name = p_name AND seq = v_aseq;
+            ITERATE ahead;
+        END IF;
+        -- What blocks: every entry ahead for the next in line (all
+        -- granted), else the one just ahead.
+        SET v_next = v_agranted IS NOT NULL;
+        SELECT STRAIGHT_JOIN
+               COALESCE(GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals) ORDER BY e.seq SEPARATOR ','), ''),
+               COALESCE(MAX(s.ttl_ms), 0), GREATEST(COALESCE(MIN(s.expires_ms), 0) - @pnow_ms(), 0)
+          INTO v_blockers, v_ttl, v_until
+          FROM @pentries e JOIN @psessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq < p_seq AND (v_next OR e.seq = v_aseq);
+        IF v_confirm IS NOT NULL AND v_confirm = v_blockers THEN
+            UPDATE @psessions s JOIN @pentries e ON e.session = s.id
+               SET s.expires_ms = 0
+             WHERE e.name = p_name AND e.seq < p_seq AND (v_next OR e.seq = v_aseq);
+            CALL @psettle(p_name, TRUE);
+            SET v_confirm = NULL;
+            ITERATE ahead;
         END IF;
         LEAVE ahead;
     END LOOP;
     COMMIT;
-    SELECT 'wait', v_until, v_next;
+    SELECT 'wait', v_until, v_next, v_blockers, v_ttl;
+END
+;;
+DROP PROCEDURE IF EXISTS @pexpire
+;;
+-- A newcomer's confirmation: the name's holders (nobody waiting) are still
+-- exactly p_blockers, which it watched for their TTL; then their sessions
+-- end. Returns how many entries went.
+CREATE PROCEDURE @pexpire(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_blockers LONGTEXT)
+proc: BEGIN
+    DECLARE v_waiting INT DEFAULT 0;
+    DECLARE v_blockers LONGTEXT DEFAULT '';
+    DECLARE v_n INT DEFAULT 0;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    SET SESSION group_concat_max_len = 16777216;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    CALL @plock_name(p_name);
+    CALL @psettle(p_name, FALSE);
+    SELECT COUNT(*) INTO v_waiting FROM @pentries WHERE name = p_name AND granted_ms IS NULL;
+    SELECT STRAIGHT_JOIN
+           COALESCE(GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals) ORDER BY e.seq SEPARATOR ','), ''),
+           COUNT(*)
+      INTO v_blockers, v_n
+      FROM @pentries e JOIN @psessions s ON s.id = e.session WHERE e.name = p_name;
+    IF v_waiting > 0 OR v_blockers = '' OR v_blockers <> p_blockers THEN
+        COMMIT;
+        SELECT 'ok', 0;
+        LEAVE proc;
+    END IF;
+    UPDATE @psessions s JOIN @pentries e ON e.session = s.id
+       SET s.expires_ms = 0
+     WHERE e.name = p_name;
+    CALL @psettle(p_name, TRUE);
+    COMMIT;
+    SELECT 'ok', v_n;
 END
 ;;
 DROP PROCEDURE IF EXISTS @pset_value
@@ -409,15 +472,11 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
     CALL @plock_name(p_name);
-    SET v_now = @pnow_ms();
-    -- Unlike settle's walk, every expired session with an entry here ends,
-    -- also behind the first waiter: the reader reads the whole queue
-    -- anyway and must not find the same dead entry again.
-    UPDATE @psessions s JOIN @pentries e ON e.session = s.id
-       SET s.expires_ms = 0
-     WHERE e.name = p_name AND s.expires_ms <= v_now AND s.expires_ms <> 0;
+    -- Unlike settle's walk, every ended session's entry here goes, also
+    -- behind the first waiter: the reader reads the whole queue anyway and
+    -- must not find it again.
     DELETE e FROM @pentries e JOIN @psessions s ON s.id = e.session
-     WHERE e.name = p_name AND s.expires_ms <= v_now;
+     WHERE e.name = p_name AND s.expires_ms <= 0;
     SET v_dead = ROW_COUNT();
     CALL @psettle(p_name, v_dead > 0);
     COMMIT;

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::store::{Entry, EntryKind, Name, Store};
@@ -18,11 +19,33 @@ pub(crate) enum Look {
     Wait {
         /// How long until the expiry that could grant the entry, or move it
         /// up, without a release: the holders' first expiry for the next in
-        /// line, the expiry of the entry just ahead for the others.
+        /// line, the expiry of the entry just ahead for the others. With a
+        /// `watch`, only a hint.
         until: Option<Duration>,
         /// Whether the entry is next in line: a release may grant it.
         next: bool,
+        /// On stores whose clock is not trusted with expiry: what blocks the
+        /// entry, for the waiter to watch (see [`until_granted`]).
+        watch: Option<Watch>,
     },
+}
+
+/// What blocks a waiter, on a store whose clock is not trusted with expiry
+/// (a server's wall clock, which anyone can set and which steps).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Watch {
+    /// The blocking entries and their renewal counts, as the store writes
+    /// them: any renewal, release or end of one changes it.
+    pub blockers: String,
+    /// Their longest TTL.
+    pub ttl: Duration,
+}
+
+/// How long a watcher must see blockers of TTL `ttl` unchanged before it
+/// may call them expired: their TTL, plus 1 % and 10 ms for the difference
+/// in clock rates (a holder gives up at its TTL less 1 % and 2 ms).
+pub(crate) fn confirm_after(ttl: Duration) -> Duration {
+    ttl + ttl / 100 + Duration::from_millis(10)
 }
 
 /// Looks until granted, and between looks sleeps until one of:
@@ -37,6 +60,18 @@ pub(crate) enum Look {
 /// `listening` is armed before each look, so a wake-up that comes during
 /// the look is not lost. `pushed` is asked before each look (and may
 /// restore the notification path).
+///
+/// When a look names a [`Watch`] (the store's clock is not trusted with
+/// expiry), expiry is judged by this client's monotonic clock instead: the
+/// waiter remembers when it first saw the blockers' fingerprint, and once
+/// it has seen it unchanged for [`confirm_after`] their TTL it passes the
+/// fingerprint to the next look, which ends them if they are still exactly
+/// that (none renewed). Every holder's own deadline passed by then: its
+/// last renewal came before the waiter first saw the fingerprint. The next
+/// in line looks at least every third of the TTL (a holder's renew
+/// interval), so a crashed holder is released within its TTL and one renew
+/// interval (and 1 % and 10 ms) of its last renewal; a waiter further back
+/// looks once per TTL of the entry ahead.
 pub(crate) async fn until_granted<F, Fut, H, HF>(
     listening: &Listening,
     min: Duration,
@@ -45,24 +80,49 @@ pub(crate) async fn until_granted<F, Fut, H, HF>(
     mut look: F,
 ) -> Result<()>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(Option<String>) -> Fut,
     Fut: Future<Output = Result<Look>>,
     H: FnMut() -> HF,
     HF: Future<Output = bool>,
 {
     let mut backoff = min;
+    // The blockers' fingerprint, their TTL, and when this waiter first saw
+    // that fingerprint (after the look that showed it returned).
+    let mut watched: Option<(String, Duration, Instant)> = None;
     loop {
         let notified = listening.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let pushed_now = pushed().await;
-        let (until, next) = match look().await? {
+        let confirm = watched
+            .as_ref()
+            .filter(|(_, ttl, since)| since.elapsed() >= confirm_after(*ttl))
+            .map(|(blockers, _, _)| blockers.clone());
+        let (until, next, watch) = match look(confirm).await? {
             Look::Granted => return Ok(()),
-            Look::Wait { until, next } => (until, next),
+            Look::Wait { until, next, watch } => (until, next, watch),
+        };
+        let seen = Instant::now();
+        watched = match (watch.as_ref(), watched.take()) {
+            (Some(w), _) if w.blockers.is_empty() => None,
+            (Some(w), Some((blockers, ttl, since))) if blockers == w.blockers => {
+                Some((blockers, ttl.max(w.ttl), since))
+            }
+            (Some(w), _) => Some((w.blockers.clone(), w.ttl, seen)),
+            (None, _) => None,
         };
         let polls = !pushed_now && (next || listening.is_first());
         listening.set_pass_on(!pushed_now);
-        let expiry = until.map(|d| d + Duration::from_millis(1));
+        // With a watch, the store's expiry is only a hint: look when the
+        // watch is due, and (the next in line) every renew interval.
+        let expiry = match (&watch, &watched) {
+            (Some(_), Some((_, ttl, since))) => {
+                let due = (*since + confirm_after(*ttl)).saturating_duration_since(Instant::now());
+                Some(if next { due.min(*ttl / 3) } else { due })
+            }
+            (Some(_), None) => None,
+            (None, _) => until.map(|d| d + Duration::from_millis(1)),
+        };
         let sleep = match (polls, expiry) {
             (true, Some(e)) => backoff.min(e),
             (true, None) => backoff,

@@ -25,14 +25,15 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "5";
+const SCHEMA_VERSION: &str = "6";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
 /// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
 /// fast join reads the clock after the name's lock, and `settle` re-checks
 /// an expiry as it ends the session; 4 walks queues from the head; 5 adds
-/// the fences' and cells' table and functions).
-const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4"];
+/// the fences' and cells' table and functions; 6 counts renewals and ends
+/// a session only when a watcher confirms it, never by the server's clock).
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5"];
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 /// A LISTEN connection that failed to open is tried again after this long.
@@ -60,10 +61,12 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&[
 /// The PostgreSQL backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
+        // The server's wall clock only hints; a watcher confirms expiry.
+        watched_expiry: true,
         wake: Wake::pub_sub(POLL_MAX),
         ..Capabilities::durable_store(
             BACKEND,
-            "the database's clock_timestamp()",
+            "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); the database's clock_timestamp() only hints",
             "acquire: 1 (a function call), release: 1, renew: 1",
         )
     }
@@ -118,6 +121,7 @@ struct Statements {
     cell_get: Statement,
     cell_put: Statement,
     cell_delete: Statement,
+    expire: Statement,
 }
 
 impl Statements {
@@ -135,6 +139,7 @@ impl Statements {
             "cell_get" => &self.cell_get,
             "cell_put" => &self.cell_put,
             "cell_delete" => &self.cell_delete,
+            "expire" => &self.expire,
             other => return Err(Error::backend(BACKEND, format!("no routine {other}"))),
         })
     }
@@ -460,18 +465,18 @@ impl Postgres {
             ))
             .await?,
             keep_alive: prep(format!(
-                "UPDATE {s}.sessions SET expires_ms = {s}.now_ms() + ttl_ms WHERE id = $1 AND expires_ms > {s}.now_ms()"
+                "UPDATE {s}.sessions SET expires_ms = {s}.now_ms() + ttl_ms, renewals = renewals + 1 WHERE id = $1 AND expires_ms > 0"
             ))
             .await?,
             close: prep(format!("SELECT {s}.close($1)")).await?,
             join: prep(format!("SELECT * FROM {s}.join($1, $2, $3, $4, $5, $6, $7)")).await?,
             leave: prep(format!("SELECT * FROM {s}.leave($1, $2, $3)")).await?,
-            look: prep(format!("SELECT * FROM {s}.look($1, $2, $3)")).await?,
+            look: prep(format!("SELECT * FROM {s}.look($1, $2, $3, $4)")).await?,
             set_value: prep(format!("SELECT {s}.set_value($1, $2, $3, $4)")).await?,
             version: prep(format!("SELECT coalesce((SELECT version FROM {s}.names WHERE name = $1), 0)")).await?,
             rows: prep(format!(
                 "SELECT e.seq, e.kind, e.count, e.lim, s.tag, s.label, e.value, e.granted_ms,
-                        s.expires_ms - {s}.now_ms(), e.holds,
+                        CASE WHEN s.expires_ms <= 0 THEN -1 ELSE greatest(s.expires_ms - {s}.now_ms(), 0) END, e.holds,
                         (SELECT version FROM {s}.names WHERE name = $1)
                    FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
                   WHERE e.name = $1 ORDER BY e.seq"
@@ -480,7 +485,7 @@ impl Postgres {
             refresh: prep(format!("SELECT {s}.refresh($1)")).await?,
             names: prep(format!(
                 "SELECT DISTINCT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
-                  WHERE s.expires_ms > {s}.now_ms() AND left(e.name, length($1)) = $1 ORDER BY 1"
+                  WHERE s.expires_ms > 0 AND left(e.name, length($1)) = $1 ORDER BY 1"
             ))
             .await?,
             names_of: prep(format!("SELECT DISTINCT name FROM {s}.entries WHERE session = $1")).await?,
@@ -490,6 +495,7 @@ impl Postgres {
             cell_get: prep(format!("SELECT * FROM {s}.cell_get($1)")).await?,
             cell_put: prep(format!("SELECT * FROM {s}.cell_put($1, $2, $3, $4)")).await?,
             cell_delete: prep(format!("SELECT * FROM {s}.cell_delete($1, $2)")).await?,
+            expire: prep(format!("SELECT 'ok', {s}.expire($1, $2)")).await?,
         };
         let connected = Connected {
             client: Arc::new(client),

@@ -1,6 +1,16 @@
--- tenure's PostgreSQL store, schema version 5 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells). "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 6 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
--- one transaction, judged by the database's clock (clock_timestamp()).
+-- one transaction.
+--
+-- Expiry is never judged by the database's clock (clock_timestamp(), which
+-- anyone can set, and which steps). A session's lease lapses by that clock
+-- only as a hint (expires_ms); its entries go only when the session is
+-- closed, evicted, or confirmed expired (expires_ms = 0): a client that
+-- watched it (the waiter it blocks, or a newcomer) saw its renewal counter
+-- unchanged for its TTL on the client's own monotonic clock, and `look` or
+-- `expire` finds the counters still as it saw them. The clock serves
+-- hints, what `status` shows, grant times, collecting sessions that hold
+-- nothing, and the life of cells bound to a session.
 -- A name's row in @s.names is locked FOR UPDATE by every change to its
 -- queue, so changes to one name are serialized.
 
@@ -30,6 +40,8 @@ CREATE TABLE IF NOT EXISTS @s.entries (
 -- scanning the name's queue; the index also serves lookups by session.
 DROP INDEX IF EXISTS @s.entries_session;
 CREATE INDEX IF NOT EXISTS entries_owner ON @s.entries(session, name);
+-- Renewals, counted by keep_alive: what a watcher watches.
+ALTER TABLE @s.sessions ADD COLUMN IF NOT EXISTS renewals bigint NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS sessions_expiry ON @s.sessions(expires_ms);
 
 -- Fences and cells. A fence keeps its highest token in version; a cell
@@ -46,20 +58,13 @@ CREATE OR REPLACE FUNCTION @s.now_ms() RETURNS bigint LANGUAGE sql VOLATILE AS $
     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
 $$;
 
--- Ends an expired session for good (a renewal that committed since it was
--- read keeps it); says whether it is ended.
-CREATE OR REPLACE FUNCTION @s.end_expired(p_session text, p_now bigint) RETURNS boolean
-LANGUAGE plpgsql AS $$
-BEGIN
-    UPDATE @s.sessions SET expires_ms = 0 WHERE id = p_session AND expires_ms <= p_now;
-    RETURN FOUND;
-END $$;
+DROP FUNCTION IF EXISTS @s.end_expired(text, bigint);
 
 -- Walks the name's queue from the head: stamps and announces newly granted
 -- entries, stops at the first entry that waits, and bumps the version if
--- anything changed. An entry of an expired session met on the way is
--- dropped (its session can never be renewed again); entries further back
--- are not read, so the cost follows the granted entries, not the waiters.
+-- anything changed. An entry of an ended session met on the way is
+-- dropped; entries further back are not read, so the cost follows the
+-- granted entries, not the waiters.
 -- The caller holds the name's lock.
 CREATE OR REPLACE FUNCTION @s.settle(p_name text, p_changed boolean) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -81,7 +86,7 @@ BEGIN
          WHERE e.name = p_name AND e.seq > after ORDER BY e.seq LIMIT 1;
         EXIT WHEN NOT FOUND;
         after := r.seq;
-        IF r.expires_ms <= now_ms AND @s.end_expired(r.session, now_ms) THEN
+        IF r.expires_ms <= 0 THEN
             DELETE FROM @s.entries WHERE name = p_name AND seq = r.seq;
             changed := true;
             CONTINUE;
@@ -117,13 +122,36 @@ BEGIN
     END IF;
 END $$;
 
+-- Not ended (closed, evicted or confirmed expired).
 CREATE OR REPLACE FUNCTION @s.alive(p_secret text) RETURNS boolean LANGUAGE sql AS $$
+    SELECT EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > 0)
+$$;
+
+-- Not lapsed by the database's clock either: the life of a bound cell.
+CREATE OR REPLACE FUNCTION @s.unlapsed(p_secret text) RETURNS boolean LANGUAGE sql AS $$
     SELECT EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > @s.now_ms())
 $$;
 
-CREATE OR REPLACE FUNCTION @s.join(p_secret text, p_name text, p_kind smallint, p_count integer,
+-- What a watcher watches: the entries of p_name at p_seqs (or all before
+-- p_before) as "seq:renewals,…" (a renewal, release or end of any changes
+-- it), their longest TTL, and ms until the first lapses by the clock (a
+-- hint of when to look).
+CREATE OR REPLACE FUNCTION @s.blockers(p_name text, p_before bigint, p_only bigint,
+    OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT sessions text[])
+LANGUAGE sql AS $$
+    SELECT coalesce(string_agg(e.seq || ':' || s.renewals, ',' ORDER BY e.seq), ''),
+           coalesce(max(s.ttl_ms), 0),
+           greatest(coalesce(min(s.expires_ms), 0) - @s.now_ms(), 0),
+           array_agg(DISTINCT e.session)
+      FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+     WHERE e.name = p_name AND e.seq < p_before AND (p_only IS NULL OR e.seq = p_only)
+$$;
+
+DROP FUNCTION IF EXISTS @s.join(text, text, smallint, integer, integer, bytea, boolean);
+CREATE FUNCTION @s.join(p_secret text, p_name text, p_kind smallint, p_count integer,
     p_lim integer, p_value bytea, p_if_granted boolean,
-    OUT status text, OUT seq bigint, OUT granted boolean, OUT holds integer, OUT first boolean)
+    OUT status text, OUT seq bigint, OUT granted boolean, OUT holds integer, OUT first boolean,
+    OUT blockers text, OUT ttl_ms bigint, OUT lapsed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     mine @s.entries%ROWTYPE;
@@ -143,7 +171,7 @@ BEGIN
             INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
             SELECT p_name, seq, p_secret, p_kind, p_count, p_lim, 1, p_value, now_ms
               FROM @s.sessions s
-             WHERE s.id = p_secret AND s.expires_ms > now_ms
+             WHERE s.id = p_secret AND s.expires_ms > 0
                AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name);
             IF FOUND THEN
                 status := 'ok'; granted := true; holds := 1; first := seq = 1;
@@ -196,7 +224,16 @@ BEGIN
         SELECT coalesce(sum(e.count), 0) INTO permits FROM @s.entries e WHERE e.name = p_name;
         granted := permits + p_count <= p_lim;
     END IF;
-    IF p_if_granted AND NOT granted THEN status := 'none'; RETURN; END IF;
+    IF p_if_granted AND NOT granted THEN
+        status := 'none';
+        -- Only holders in the way (nobody waits): what to watch, and whether
+        -- they all lapsed by the clock (worth watching).
+        IF NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name AND e.granted_ms IS NULL) THEN
+            SELECT b.fingerprint, b.ttl_ms, b.until_ms = 0 INTO blockers, ttl_ms, lapsed
+              FROM @s.blockers(p_name, 9223372036854775807, NULL) b;
+        END IF;
+        RETURN;
+    END IF;
     UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1
      WHERE n.name = p_name RETURNING n.last_seq INTO seq;
     first := seq = 1;
@@ -218,7 +255,7 @@ BEGIN
     UPDATE @s.names n SET version = n.version + 1 WHERE n.name = p_name;
     DELETE FROM @s.entries e USING @s.sessions s
      WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret AND e.holds = 1
-       AND s.id = p_secret AND s.expires_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+       AND s.id = p_secret AND s.expires_ms > 0;
     IF FOUND THEN
         status := 'ok'; holds := 0;
         IF EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name) THEN
@@ -244,18 +281,22 @@ BEGIN
     status := 'ok';
 END $$;
 
--- Whether the entry is granted; if not, ms until the expiry that could
--- grant it or move it up without a release (for the next in line the
--- holders' first expiry, for the others the expiry of the entry just
--- ahead), and whether it is next in line (a release may grant it).
+-- Whether the entry is granted; if not, ms until its blockers lapse by the
+-- clock (a hint), whether it is next in line (a release may grant it), and
+-- what blocks it (the granted entries, for the next in line; the entry
+-- just ahead, for the others) as a fingerprint and their longest TTL. With
+-- p_confirm, the fingerprint of the blockers a waiter watched for their
+-- TTL: if they are still exactly that, their sessions are ended first.
 DROP FUNCTION IF EXISTS @s.look(text, text, bigint);
-CREATE FUNCTION @s.look(p_secret text, p_name text, p_seq bigint,
-    OUT status text, OUT until_ms bigint, OUT next boolean)
+DROP FUNCTION IF EXISTS @s.look(text, text, bigint, text);
+CREATE FUNCTION @s.look(p_secret text, p_name text, p_seq bigint, p_confirm text,
+    OUT status text, OUT until_ms bigint, OUT next boolean, OUT blockers text, OUT ttl_ms bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     stamped bigint;
     ahead record;
-    now_ms bigint;
+    b record;
+    confirm text := p_confirm;
 BEGIN
     IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     SELECT e.granted_ms INTO stamped FROM @s.entries e
@@ -263,42 +304,58 @@ BEGIN
     IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
     IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
     PERFORM @s.lock_name(p_name);
-    PERFORM @s.settle(p_name, false);
-    SELECT e.granted_ms INTO stamped FROM @s.entries e
-     WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
-    IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
-    IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
-    status := 'wait';
-    -- Each turn that meets an expired entry just ahead drops it and
-    -- settles again, so this ends.
+    -- Each turn ends something (an ended entry just ahead, or confirmed
+    -- blockers), so this ends.
     LOOP
-        now_ms := @s.now_ms();
+        PERFORM @s.settle(p_name, false);
+        SELECT e.granted_ms INTO stamped FROM @s.entries e
+         WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
+        IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
+        IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
+        status := 'wait';
         SELECT e.seq, e.session, e.granted_ms, s.expires_ms INTO ahead
           FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq < p_seq ORDER BY e.seq DESC LIMIT 1;
         IF NOT FOUND THEN
-            until_ms := 0; next := true; RETURN;
+            until_ms := 0; next := true; blockers := ''; ttl_ms := 0; RETURN;
         END IF;
-        IF ahead.expires_ms <= now_ms AND @s.end_expired(ahead.session, now_ms) THEN
+        IF ahead.expires_ms <= 0 THEN
+            -- Ended, behind the first waiter (the walk stops there).
             DELETE FROM @s.entries WHERE name = p_name AND seq = ahead.seq;
-            -- It may have been a holder that expired since the settle
-            -- above: settle again (which bumps the version and notifies).
-            PERFORM @s.settle(p_name, true);
-            SELECT e.granted_ms INTO stamped FROM @s.entries e
-             WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
-            IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
             CONTINUE;
         END IF;
-        IF ahead.granted_ms IS NULL THEN
-            until_ms := greatest(ahead.expires_ms - now_ms, 0); next := false; RETURN;
+        next := ahead.granted_ms IS NOT NULL;
+        SELECT * INTO b FROM @s.blockers(p_name, p_seq,
+            CASE WHEN next THEN NULL ELSE ahead.seq END);
+        IF confirm IS NOT NULL AND confirm = b.fingerprint THEN
+            UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(b.sessions);
+            PERFORM @s.settle(p_name, true);
+            confirm := NULL;
+            CONTINUE;
         END IF;
-        -- Next in line: every entry ahead is granted.
-        SELECT greatest(min(s.expires_ms) - now_ms, 0) INTO until_ms
-          FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
-         WHERE e.name = p_name AND e.seq < p_seq;
-        next := true;
+        until_ms := b.until_ms; blockers := b.fingerprint; ttl_ms := b.ttl_ms;
         RETURN;
     END LOOP;
+END $$;
+
+-- A newcomer's confirmation: the name's holders (nobody waiting) are still
+-- exactly p_blockers, which it watched for their TTL; then their sessions
+-- are ended. Returns how many.
+CREATE OR REPLACE FUNCTION @s.expire(p_name text, p_blockers text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    b record;
+BEGIN
+    PERFORM @s.lock_name(p_name);
+    PERFORM @s.settle(p_name, false);
+    IF EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name AND e.granted_ms IS NULL) THEN
+        RETURN 0;
+    END IF;
+    SELECT * INTO b FROM @s.blockers(p_name, 9223372036854775807, NULL);
+    IF b.fingerprint = '' OR b.fingerprint <> p_blockers THEN RETURN 0; END IF;
+    UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(b.sessions);
+    PERFORM @s.settle(p_name, true);
+    RETURN cardinality(b.sessions);
 END $$;
 
 -- Opens a session, and drops a few sessions that ended, or expired a minute
@@ -347,10 +404,10 @@ BEGIN
     DELETE FROM @s.sessions WHERE id = p_secret;
 END $$;
 
--- Settles a name whose queue a reader found stale (expired or unstamped):
--- unlike settle's walk, it ends every expired session with an entry here,
--- also behind the first waiter, since the reader reads the whole queue
--- anyway and must not find the same dead entry again.
+-- Settles a name whose queue a reader found stale (an ended session's
+-- entry, or an unstamped grant): unlike settle's walk, it drops every
+-- ended session's entry here, also behind the first waiter, since the
+-- reader reads the whole queue anyway and must not find it again.
 CREATE OR REPLACE FUNCTION @s.refresh(p_name text) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     now_ms bigint;
@@ -358,13 +415,9 @@ DECLARE
 BEGIN
     PERFORM @s.lock_name(p_name);
     now_ms := @s.now_ms();
-    WITH ended AS (
-        UPDATE @s.sessions s SET expires_ms = 0
-         WHERE s.expires_ms <= now_ms
-           AND s.id IN (SELECT e.session FROM @s.entries e WHERE e.name = p_name)
-        RETURNING s.id)
-    SELECT array_agg(id) INTO dead FROM ended;
-    -- (Sessions ended before, expires_ms = 0, are matched too: 0 <= now.)
+    SELECT array_agg(s.id) INTO dead FROM @s.sessions s
+     WHERE s.expires_ms <= 0
+       AND s.id IN (SELECT e.session FROM @s.entries e WHERE e.name = p_name);
     IF dead IS NOT NULL THEN
         DELETE FROM @s.entries WHERE name = p_name AND session = ANY(dead);
     END IF;
@@ -426,10 +479,10 @@ DECLARE
     r record;
 BEGIN
     IF p_lock THEN
-        SELECT g.kind, g.version, g.value, g.owner IS NULL OR @s.alive(g.owner) AS live INTO r
+        SELECT g.kind, g.version, g.value, g.owner IS NULL OR @s.unlapsed(g.owner) AS live INTO r
           FROM @s.registers g WHERE g.name = p_name FOR UPDATE;
     ELSE
-        SELECT g.kind, g.version, g.value, g.owner IS NULL OR @s.alive(g.owner) AS live INTO r
+        SELECT g.kind, g.version, g.value, g.owner IS NULL OR @s.unlapsed(g.owner) AS live INTO r
           FROM @s.registers g WHERE g.name = p_name;
     END IF;
     present := FOUND;

@@ -1,17 +1,30 @@
 -- tenure's Redis store: every operation is one call of this script, so each
--- is atomic and judged by Redis's own clock (TIME).
+-- is atomic.
+--
+-- Expiry is never judged by Redis's clock (TIME, which anyone can set, and
+-- which steps). A session's lease lapses by that clock only as a hint; its
+-- entries go only when the session is closed or evicted, or when a client
+-- that watched it (the waiter it blocks, or a newcomer) saw its renewal
+-- counter unchanged for its TTL on the client's own monotonic clock, and
+-- this script confirms the counter is still the one it saw ('look' and
+-- 'expire' with the fingerprint of what blocks). TIME serves hints (when to
+-- look), what `status` shows, seeds of counters, collecting sessions that
+-- hold nothing, and the life of cells bound to a session.
 --
 -- All keys start with the prefix P, a hash tag such as "{tenure}", so they
 -- share one cluster slot and one script may touch sessions and queues.
---   P:s:<secret>        the session's expiry (ms, Redis clock): what every
---                       check of a session reads (a GET is much cheaper
---                       than a ZSCORE); the key itself outlives it by a
---                       minute, so sessions nobody ends still go away
---   P:sessions          the key layout's number ("3"), set by the first
+--   P:s:<secret>        the session's lapse time by Redis's clock (ms), a
+--                       hint; the key exists while the session is not
+--                       ended (no Redis expiry on it: Redis expires keys
+--                       by its own clock)
+--   P:rn                hash  secret -> renewals, counted by keepalive: what
+--                       a waiter watches
+--   P:sessions          the key layout's number ("4"), set by the first
 --                       client; a client of another layout refuses the
---                       prefix (and a client of layout 1, which kept a zset
---                       here, fails on it with WRONGTYPE instead of
---                       granting next to us)
+--                       prefix (layout 3, which judged expiry by TIME, is
+--                       upgraded in place; a client of layout 1, which
+--                       kept a zset here, fails on it with WRONGTYPE
+--                       instead of granting next to us)
 --   P:live              zset  secret -> expiry, the same: the index of
 --                       sessions, to find expired ones (in expiry order, a
 --                       few per call) and list live ones
@@ -38,9 +51,8 @@
 --                       Redis's data reuses one); d = the value;
 --                       o = a cell's owner session, if bound to one
 -- Granted entries are always a prefix of the queue. An entry whose session
--- expired is removed (and its session ended everywhere) when an operation
--- walks past it from the head, when the waiter behind it looks, or when
--- `open` collects expired sessions in expiry order.
+-- ended is removed when an operation walks past it; `open` collects a few
+-- sessions that lapsed a minute ago and hold no entry, in lapse order.
 -- Wake-ups: PUBLISH P:w:<name>\t<seq, 20 digits> when an entry is granted
 -- (only its waiter listens; a tab never occurs in a name, and the padding
 -- keeps a name's channels in queue order), PUBLISH P:ch:<name> on any
@@ -63,8 +75,7 @@ if op == 'join' and (ARGV[10] or '') == '' then
   local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
   local ekey = P .. ':e:' .. name
   if redis.call('EXISTS', ekey) == 0 and (kind ~= 'P' or tonumber(ARGV[6]) <= tonumber(ARGV[7])) then
-    local e = redis.call('GET', P .. ':s:' .. secret)
-    if not e or tonumber(e) <= now then return {'lost'} end
+    if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
     local ckey = P .. ':c:' .. name
     local first = 0
     -- Numbers go to redis.call and back in the reply as they are: Redis
@@ -95,8 +106,7 @@ elseif op == 'leave' then
   -- Fast path: the last hold of the only entry; the queue empties and there
   -- is nobody to grant.
   local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
-  local e = redis.call('GET', P .. ':s:' .. secret)
-  if not e or tonumber(e) <= now then return {'lost'} end
+  if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
   local ekey = P .. ':e:' .. name
   local qkey = P .. ':q:' .. name
   if redis.call('ZCARD', qkey) == 1 and redis.call('HGET', ekey, 'o' .. secret) == seq then
@@ -113,6 +123,7 @@ elseif op == 'leave' then
 end
 
 local SINFO = P .. ':sinfo'
+local RENEWALS = P .. ':rn'
 
 local function k(kind, name) return P .. ':' .. kind .. ':' .. name end
 local function fmt(n) return string.format('%.0f', n) end
@@ -137,7 +148,13 @@ local function expiry(secret)
   return nil
 end
 
+-- Not ended (closed, evicted, or confirmed expired by a watcher).
 local function alive(secret)
+  return expiry(secret) ~= nil
+end
+
+-- Not lapsed by Redis's clock either: the life of a cell bound to it.
+local function unlapsed(secret)
   local e = expiry(secret)
   return e ~= nil and e > now
 end
@@ -172,6 +189,7 @@ local function end_session(secret)
   redis.call('ZREM', SESS, secret)
   redis.call('DEL', k('s', secret))
   redis.call('HDEL', SINFO, secret)
+  redis.call('HDEL', RENEWALS, secret)
   return names
 end
 
@@ -186,9 +204,9 @@ local function touch(name)
   end
 end
 
--- The entry with this seq, with its session's expiry; nil if it is gone.
--- An entry whose session expired is removed on the spot (its session ended
--- everywhere, the names it was in marked for settling), and nil returned.
+-- The entry with this seq, with its session's lapse time; nil if it is
+-- gone. An entry whose session ended is removed on the spot (the rest of
+-- the session cleaned up, the names it was in marked for settling).
 local function entry(name, seq)
   local rec = redis.call('HGET', k('e', name), seq)
   if not rec then
@@ -197,7 +215,7 @@ local function entry(name, seq)
   end
   local r = parse(seq, rec)
   local e = expiry(r.secret)
-  if e == nil or e <= now then
+  if e == nil then
     for _, other in ipairs(end_session(r.secret)) do touch(other) end
     return nil
   end
@@ -226,7 +244,8 @@ end
 -- and bumps the version if anything changed. Reads the granted entries and
 -- the first one that waits, no more. Returns what the walk saw.
 local function settle_one(name, changed)
-  local seen = {count = 0, all_shared = true, permits = 0, blocked = nil, head = nil, min_exp = nil}
+  local seen = {count = 0, all_shared = true, permits = 0, blocked = nil, head = nil, min_exp = nil,
+                granted = {}}
   walk(name, function(r)
     if not seen.head then seen.head = r end
     local ok
@@ -241,6 +260,7 @@ local function settle_one(name, changed)
     if r.kind ~= 'S' then seen.all_shared = false end
     if r.kind == 'P' then seen.permits = seen.permits + r.count end
     if not seen.min_exp or r.exp < seen.min_exp then seen.min_exp = r.exp end
+    seen.granted[#seen.granted + 1] = r
     if r.granted == '' then
       r.granted = fmt(now)
       redis.call('HSET', k('e', name), r.seq, record(r))
@@ -282,13 +302,40 @@ local function settle(name, changed)
   return seen
 end
 
--- Ends a few long-expired sessions, in expiry order, so the tables stay small.
+-- Ends a few sessions that lapsed a minute ago by Redis's clock and hold
+-- no entry (ending one can grant nothing), in lapse order, so the tables
+-- stay small. A session with entries stays until a watcher confirms it.
 local function collect()
-  local dead = redis.call('ZRANGEBYSCORE', SESS, '-inf', fmt(now), 'LIMIT', 0, 16)
-  for _, secret in ipairs(dead) do
-    for _, name in ipairs(end_session(secret)) do touch(name) end
+  local lapsed = redis.call('ZRANGEBYSCORE', SESS, '-inf', fmt(now - 60000), 'LIMIT', 0, 64)
+  local ended = 0
+  for _, secret in ipairs(lapsed) do
+    if ended == 16 then break end
+    if redis.call('SCARD', k('se', secret)) == 0 then
+      end_session(secret)
+      ended = ended + 1
+    end
   end
-  settle_pending(nil)
+end
+
+-- What a waiter watches: the blocking entries as "seq:renewals,…" (a
+-- renewal of any of them changes it), their longest TTL, and their first
+-- lapse time by Redis's clock (a hint of when to look).
+local function watch(list)
+  local parts, ttl, first = {}, 0, nil
+  for _, r in ipairs(list) do
+    parts[#parts + 1] = r.seq .. ':' .. (redis.call('HGET', RENEWALS, r.secret) or '0')
+    local info = redis.call('HGET', SINFO, r.secret)
+    if info then ttl = math.max(ttl, tonumber(split(info)[2]) or 0) end
+    if not first or r.exp < first then first = r.exp end
+  end
+  return table.concat(parts, ','), ttl, first
+end
+
+-- Ends the sessions of `list` (a watcher confirmed them expired).
+local function end_all(list)
+  for _, r in ipairs(list) do
+    for _, other in ipairs(end_session(r.secret)) do touch(other) end
+  end
 end
 
 local function own(secret, name)
@@ -310,8 +357,9 @@ if op == 'open' then
   collect()
   local ttl = tonumber(ARGV[5])
   redis.call('ZADD', SESS, fmt(now + ttl), ARGV[3])
-  redis.call('SET', k('s', ARGV[3]), fmt(now + ttl), 'PX', fmt(ttl + 60000))
+  redis.call('SET', k('s', ARGV[3]), fmt(now + ttl))
   redis.call('HSET', SINFO, ARGV[3], ARGV[4] .. '\t' .. ARGV[5] .. '\t' .. ARGV[6])
+  redis.call('HSET', RENEWALS, ARGV[3], '0')
   return {'ok'}
 
 elseif op == 'keepalive' then
@@ -322,7 +370,8 @@ elseif op == 'keepalive' then
   if not info then return {'lost'} end
   local ttl = tonumber(split(info)[2])
   redis.call('ZADD', SESS, 'XX', fmt(now + ttl), secret)
-  redis.call('SET', k('s', secret), fmt(now + ttl), 'PX', fmt(ttl + 60000))
+  redis.call('SET', k('s', secret), fmt(now + ttl))
+  redis.call('HINCRBY', RENEWALS, secret, 1)
   return {'ok'}
 
 elseif op == 'close' then
@@ -367,7 +416,13 @@ elseif op == 'join' then
   elseif kind == 'X' then granted = seen.count == 0
   elseif kind == 'S' then granted = seen.all_shared
   else granted = seen.permits + count <= limit end
-  if mode == 'ifgranted' and not granted then return {'none'} end
+  if mode == 'ifgranted' and not granted then
+    -- Only holders block (no waiter queued): say what to watch, and
+    -- whether they all lapsed by Redis's clock (worth watching).
+    if seen.blocked then return {'none'} end
+    local fp, ttl, first = watch(seen.granted)
+    return {'none', fp, fmt(ttl), (first and first <= now) and 1 or 0}
+  end
   local ckey = k('c', name)
   local first = 0
   local seq
@@ -434,31 +489,57 @@ elseif op == 'leave' then
   return {'ok', 0}
 
 elseif op == 'look' then
-  -- ARGV: secret, name, seq. Settles (a grant by expiry needs it), then says
-  -- whether the entry is granted; if not, how long until the expiry that
-  -- could change that without a release (the granted entries' first, for
-  -- the next in line; the entry just ahead's, for the others) and whether
-  -- it is next in line (a release may grant it).
-  local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
+  -- ARGV: secret, name, seq, and optionally the fingerprint of the blockers
+  -- the waiter watched for their TTL: if they are still exactly that, they
+  -- are ended. Settles, then says whether the entry is granted; if not:
+  -- how long until the blockers lapse by Redis's clock (a hint), whether
+  -- the entry is next in line (a release may grant it), and what it is
+  -- blocked by (the granted entries, for the next in line; the entry just
+  -- ahead, for the others) as a fingerprint and their longest TTL.
+  local secret, name, seq, expire = ARGV[3], ARGV[4], ARGV[5], ARGV[6] or ''
   if not alive(secret) then return {'lost'} end
   local mine = own(secret, name)
   if not mine or mine.seq ~= seq then return {'notheld'} end
   if mine.granted ~= '' then return {'granted'} end
-  -- Each turn that finds a dead entry ahead removes it, so this ends.
+  -- Each turn ends something (a confirmed blocker, an ended entry), so
+  -- this ends.
   while true do
     local seen = settle(name, false)
     mine = own(secret, name)
     if not mine or mine.seq ~= seq then return {'notheld'} end
     if mine.granted ~= '' then return {'granted'} end
+    local list, next = nil, 0
     if not seen.blocked or seen.blocked.seq == seq then
-      return {'wait', fmt((seen.min_exp or now) - now), 1}
+      list, next = seen.granted, 1
+    else
+      local ahead = redis.call('ZREVRANGEBYSCORE', k('q', name), '(' .. seq, '-inf', 'LIMIT', 0, 1)
+      if #ahead == 0 then return {'wait', '0', 1, '', '0'} end
+      local r = entry(name, ahead[1])
+      if r then list = {r} end
     end
-    -- The live entry just ahead; a dead one is removed, and we look again.
-    local ahead = redis.call('ZREVRANGEBYSCORE', k('q', name), '(' .. seq, '-inf', 'LIMIT', 0, 1)
-    if #ahead == 0 then return {'wait', '0', 1} end
-    local r = entry(name, ahead[1])
-    if r then return {'wait', fmt(r.exp - now), 0} end
+    if list then
+      local fp, ttl, first = watch(list)
+      if expire ~= '' and fp == expire then
+        end_all(list)
+        expire = ''
+      else
+        return {'wait', fmt(math.max((first or now) - now, 0)), next, fp, fmt(ttl)}
+      end
+    end
   end
+
+elseif op == 'expire' then
+  -- ARGV: name, fingerprint. A newcomer's confirmation: the name's holders
+  -- (with no waiter queued) are still exactly what it watched for their
+  -- TTL; then they are ended. Returns how many.
+  local name, expire = ARGV[3], ARGV[4]
+  local seen = settle(name, false)
+  if seen.blocked or #seen.granted == 0 then return {'ok', 0} end
+  local fp = watch(seen.granted)
+  if fp ~= expire then return {'ok', 0} end
+  end_all(seen.granted)
+  settle(name, true)
+  return {'ok', #seen.granted}
 
 elseif op == 'setvalue' then
   -- ARGV: secret, name, seq, value
@@ -474,7 +555,8 @@ elseif op == 'setvalue' then
 
 elseif op == 'queue' then
   -- ARGV: name. Returns version, then 10 fields per entry. A read of the
-  -- whole queue: here every expired entry is removed, not only those ahead.
+  -- whole queue: here every ended entry is removed, not only those ahead.
+  -- A lapsed one stays (its TTL left reads 0) until a watcher confirms it.
   local name = ARGV[3]
   walk(name, function() return true end)
   settle(name, false)
@@ -496,7 +578,7 @@ elseif op == 'queue' then
     out[#out + 1] = label
     out[#out + 1] = redis.call('HGET', k('e', name), 'v' .. r.seq) or ''
     out[#out + 1] = r.granted
-    out[#out + 1] = fmt(r.exp - now)
+    out[#out + 1] = fmt(math.max(r.exp - now, 0))
     out[#out + 1] = fmt(r.holds)
   end
   return out
@@ -511,16 +593,23 @@ elseif op == 'layout' then
   end
   local found = kind == 'string' and redis.call('GET', marker) or '1'
   if found == ARGV[3] then return {'ok'} end
+  -- Layout 3 differs only in judging expiry by TIME: upgraded in place
+  -- (its renewal counters start at 0; its clients refuse the prefix from
+  -- their next connection on).
+  if found == '3' and ARGV[3] == '4' then
+    redis.call('SET', marker, '4')
+    return {'ok'}
+  end
   return {'layout', found}
 
 elseif op == 'version' then
   return {'ok', redis.call('GET', k('c', ARGV[3])) or '0'}
 
 elseif op == 'names' then
-  -- ARGV: prefix. The names where a live session has an entry.
+  -- ARGV: prefix. The names where a session not ended has an entry.
   local out = {'ok'}
   local seen = {}
-  for _, secret in ipairs(redis.call('ZRANGEBYSCORE', SESS, '(' .. fmt(now), '+inf')) do
+  for _, secret in ipairs(redis.call('ZRANGE', SESS, 0, -1)) do
     for _, name in ipairs(redis.call('SMEMBERS', k('se', secret))) do
       if not seen[name] and string.sub(name, 1, #ARGV[3]) == ARGV[3]
           and redis.call('HEXISTS', k('e', name), 'o' .. secret) == 1 then
@@ -575,13 +664,13 @@ elseif op == 'cellget' or op == 'cellput' or op == 'celldel' then
   -- before a loss is never handed out again.
   local stored = tonumber(reg[2] or fmt(tonumber(t[1]) * 1000000 + tonumber(t[2])))
   local current = false
-  if reg[3] and (not reg[4] or alive(reg[4])) then current = stored end
+  if reg[3] and (not reg[4] or unlapsed(reg[4])) then current = stored end
   if op == 'cellget' then
     if current then return {'ok', current, reg[3]} end
     return {'ok'}
   end
   local owner = ARGV[6]
-  if op == 'cellput' and owner ~= '' and not alive(owner) then return {'lost'} end
+  if op == 'cellput' and owner ~= '' and not unlapsed(owner) then return {'lost'} end
   local expected = tonumber(op == 'cellput' and ARGV[5] or ARGV[4])
   if (current or 0) ~= expected then return {'mismatch', current} end
   if op == 'celldel' then

@@ -20,7 +20,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
 use super::codec;
-use super::poll::{self, Listeners, Listening, Look};
+use super::poll::{self, Listeners, Listening, Look, Watch};
 use super::url::{mask_password, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::store::{
@@ -37,7 +37,7 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 /// The script's key layout (see the top of `redis.lua`); kept in the
 /// prefix's `sessions` key, so that clients of different layouts never share
 /// a prefix.
-const KEY_LAYOUT: &str = "3";
+const KEY_LAYOUT: &str = "4";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -47,10 +47,12 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_f
 /// The Redis backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
+        // The server's wall clock only hints; a watcher confirms expiry.
+        watched_expiry: true,
         wake: Wake::pub_sub(POLL_MAX),
         ..Capabilities::durable_store(
             BACKEND,
-            "Redis's TIME, inside each script",
+            "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); Redis's TIME only hints",
             "acquire: 1 (EVALSHA), release: 1, renew: 1",
         )
     }
@@ -100,8 +102,22 @@ fn redis_err(e: redis::RedisError) -> Error {
     Error::backend(BACKEND, e)
 }
 
-/// The script's operations on fences and cells.
-const REGISTER_OPS: &[&str] = &["fence", "cellget", "cellput", "celldel"];
+/// The script's operations whose first argument is the name (the others
+/// start with the session).
+const NAME_FIRST_OPS: &[&str] = &["fence", "cellget", "cellput", "celldel", "expire"];
+
+/// The fingerprint and TTL at `reply[at]` and `reply[at + 1]`, if any.
+fn watch_at(reply: &[Value], at: usize) -> Result<Option<Watch>> {
+    let blockers = reply.get(at).map(text).transpose()?.unwrap_or_default();
+    if blockers.is_empty() {
+        return Ok(None);
+    }
+    let ttl = reply.get(at + 1).map(unsigned).transpose()?.unwrap_or(0);
+    Ok(Some(Watch {
+        blockers,
+        ttl: Duration::from_millis(ttl),
+    }))
+}
 
 fn bad_reply(what: &str) -> Error {
     Error::backend(BACKEND, format!("unexpected reply from the script: {what}"))
@@ -324,9 +340,9 @@ impl RedisStore {
                 ),
             }),
             Some(word @ ("lost" | "notheld" | "conflict")) => {
-                // The name is the first argument of the registers' operations
-                // and the second (after the session) of the others.
-                let at = usize::from(!REGISTER_OPS.contains(&op));
+                // The name is the first argument of some operations and the
+                // second (after the session) of the others.
+                let at = usize::from(!NAME_FIRST_OPS.contains(&op));
                 let name = args
                     .get(at)
                     .map(|s| String::from_utf8_lossy(s).into_owned())
@@ -460,12 +476,14 @@ enum Reply {
 }
 
 /// What one node answered to a join (see [`RedisStore::join_at`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum NodeJoin {
     /// The entry is in the node's queue.
     Placed(Joined),
     /// `JoinMode::IfGranted` and it would not be granted: nothing changed.
-    NotGranted,
+    /// With what to watch when only holders that lapsed by the server's
+    /// clock stand in the way.
+    NotGranted(Option<Watch>),
     /// The proposed seq is not above this one, which the node has already
     /// seen for the name: nothing changed.
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
@@ -577,7 +595,13 @@ impl RedisStore {
         };
         let field = |i: usize| reply.get(i).ok_or_else(|| bad_reply("short join reply"));
         match text(field(0)?)?.as_str() {
-            "none" => Ok(NodeJoin::NotGranted),
+            "none" => Ok(NodeJoin::NotGranted(
+                match reply.get(3).map(number).transpose()? {
+                    // Every holder lapsed by the server's clock: worth watching.
+                    Some(1) => watch_at(&reply, 1)?,
+                    _ => None,
+                },
+            )),
             "behind" => Ok(NodeJoin::Behind(unsigned(field(1)?)?)),
             "ahead" => Ok(NodeJoin::Ahead(unsigned(field(1)?)?)),
             _ => Ok(NodeJoin::Placed(Joined {
@@ -587,6 +611,20 @@ impl RedisStore {
                 first: number(field(4)?)? == 1,
             })),
         }
+    }
+
+    /// Watches `name`'s holders for [`poll::confirm_after`] their TTL, then
+    /// ends them if they are still exactly `watch` (none renewed or left);
+    /// says whether it ended any.
+    pub(crate) async fn confirm_expired(&self, name: &Name, watch: &Watch) -> Result<bool> {
+        tokio::time::sleep(poll::confirm_after(watch.ttl)).await;
+        let reply = self
+            .call(
+                "expire",
+                &[name.as_str().as_bytes(), watch.blockers.as_bytes()],
+            )
+            .await?;
+        Ok(reply.get(1).map(number).transpose()?.unwrap_or(0) > 0)
     }
 
     /// Listens for any change of `name`'s queue on this node (Redlock's).
@@ -622,11 +660,24 @@ impl Store for RedisStore {
 
     async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
         let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
-        match self.join_at(session, name, kind, value, mode, None).await? {
-            NodeJoin::Placed(joined) => Ok(Some(joined)),
-            NodeJoin::NotGranted => Ok(None),
-            NodeJoin::Behind(_) | NodeJoin::Ahead(_) => {
-                Err(bad_reply("a seq was refused that was not proposed"))
+        let mut confirmed = false;
+        loop {
+            match self.join_at(session, name, kind, value, mode, None).await? {
+                NodeJoin::Placed(joined) => return Ok(Some(joined)),
+                // A try-lock held only by holders that lapsed by the
+                // server's clock: that clock alone is not trusted, so watch
+                // them for their TTL, then end them if none renewed, and try
+                // once more.
+                NodeJoin::NotGranted(Some(watch)) if !confirmed => {
+                    confirmed = true;
+                    if !self.confirm_expired(name, &watch).await? {
+                        return Ok(None);
+                    }
+                }
+                NodeJoin::NotGranted(_) => return Ok(None),
+                NodeJoin::Behind(_) | NodeJoin::Ahead(_) => {
+                    return Err(bad_reply("a seq was refused that was not proposed"))
+                }
             }
         }
     }
@@ -659,28 +710,37 @@ impl Store for RedisStore {
             .listen(format!("{channels}{seq:020}"))
             .await
             .in_line(channels);
-        let seq = seq.to_string();
+        let seq = &seq.to_string();
         let pushed = || self.subscribe(None);
-        poll::until_granted(&listening, POLL_MIN, POLL_MAX, pushed, || async {
-            let reply = self
-                .call(
-                    "look",
-                    &[
-                        session.secret().as_bytes(),
-                        name.as_str().as_bytes(),
-                        seq.as_bytes(),
-                    ],
-                )
-                .await?;
-            match reply.first().map(text).transpose()?.as_deref() {
-                Some("granted") => Ok(Look::Granted),
-                Some("wait") => Ok(Look::Wait {
-                    until: poll::next_expiry(reply.get(1).map(number).transpose()?),
-                    next: reply.get(2).map(number).transpose()? == Some(1),
-                }),
-                _ => Err(bad_reply(&format!("{reply:?}"))),
-            }
-        })
+        poll::until_granted(
+            &listening,
+            POLL_MIN,
+            POLL_MAX,
+            pushed,
+            |confirm| async move {
+                let confirm = confirm.unwrap_or_default();
+                let reply = self
+                    .call(
+                        "look",
+                        &[
+                            session.secret().as_bytes(),
+                            name.as_str().as_bytes(),
+                            seq.as_bytes(),
+                            confirm.as_bytes(),
+                        ],
+                    )
+                    .await?;
+                match reply.first().map(text).transpose()?.as_deref() {
+                    Some("granted") => Ok(Look::Granted),
+                    Some("wait") => Ok(Look::Wait {
+                        until: poll::next_expiry(reply.get(1).map(number).transpose()?),
+                        next: reply.get(2).map(number).transpose()? == Some(1),
+                        watch: watch_at(&reply, 3)?,
+                    }),
+                    _ => Err(bad_reply(&format!("{reply:?}"))),
+                }
+            },
+        )
         .await
     }
 

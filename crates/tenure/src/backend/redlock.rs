@@ -42,6 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
+use super::poll::Watch;
 use super::redis::{NodeJoin, RedisStore};
 use super::url::{mask_password, StoreUrl, UrlRules};
 use crate::error::{Error, Result};
@@ -78,6 +79,8 @@ pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "node_timeout", "
 /// The Redlock backend's capabilities.
 pub fn capabilities() -> Capabilities {
     Capabilities {
+        // The server's wall clock only hints; a watcher confirms expiry.
+        watched_expiry: true,
         // Per-node admission cannot bound a count of three or more entries
         // (they need not share a node): no semaphores above one permit.
         permits: false,
@@ -94,7 +97,7 @@ pub fn capabilities() -> Capabilities {
         min_ttl: Duration::from_millis(300),
         ..Capabilities::durable_store(
             BACKEND,
-            "each node's TIME; a majority must agree",
+            "the watching client's monotonic clock, on each node (a majority must agree); the nodes' TIME only hints",
             "acquire: 1 per node in parallel (2 after a clock step), release: 1 per node, renew: 1 per node",
         )
     }
@@ -573,7 +576,7 @@ impl RedlockStore {
                         granted |= bit(i);
                     }
                 }
-                NodeJoin::NotGranted => {}
+                NodeJoin::NotGranted(_) => {}
                 _ => {
                     tally.ok &= !bit(i);
                     tally.failed |= bit(i);
@@ -712,6 +715,7 @@ impl Store for RedlockStore {
         let mut floor = 0;
         let mut ceiling: Option<u64> = None;
         let mut splits = 0;
+        let mut confirmed = false;
         for attempt in 0..PLACE_ATTEMPTS {
             let dead = self.with_session(session, |state| state.dead);
             let seq = self.propose(floor, ceiling)?;
@@ -723,6 +727,7 @@ impl Store for RedlockStore {
                 .await;
             self.mark_dead(session, tally.lost);
             let (mut placed, mut granted, mut first, mut behind) = (0, 0, true, false);
+            let mut lapsed: Vec<(usize, Watch)> = Vec::new();
             for (i, answer) in answers {
                 match answer {
                     NodeJoin::Placed(j) if j.seq == seq => {
@@ -751,7 +756,7 @@ impl Store for RedlockStore {
                         ceiling = Some(ceiling.map_or(c, |old| old.min(c)));
                         behind = true;
                     }
-                    NodeJoin::NotGranted => {}
+                    NodeJoin::NotGranted(watch) => lapsed.extend(watch.map(|w| (i, w))),
                 }
             }
             let enough = match mode {
@@ -786,6 +791,19 @@ impl Store for RedlockStore {
             }
             if mode == JoinMode::IfGranted && !behind {
                 if granted == 0 {
+                    // Held only by holders that lapsed by the nodes' clocks
+                    // on a majority: those clocks alone are not trusted, so
+                    // each node's holders are watched for their TTL, ended
+                    // where none renewed, and the name tried once more.
+                    if !confirmed && lapsed.len() >= majority {
+                        confirmed = true;
+                        let confirms = lapsed.iter().map(|(i, watch)| async move {
+                            let node = self.inner.nodes[*i].get(self.inner.node_timeout).await?;
+                            node.confirm_expired(name, watch).await
+                        });
+                        futures_util::future::join_all(confirms).await;
+                        continue;
+                    }
                     // Refused by every node that answered: it is taken.
                     return Ok(None);
                 }

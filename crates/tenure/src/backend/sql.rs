@@ -12,7 +12,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use super::codec;
-use super::poll::{self, Listeners, Look};
+use super::poll::{self, Listeners, Look, Watch};
 use crate::error::{Error, LostReason, Result};
 use crate::store::{
     Capabilities, CellWrite, Entry, Expect, FenceOp, FenceState, JoinMode, JoinRequest, Joined,
@@ -111,6 +111,12 @@ impl SqlRow {
             Cell::Null => Ok(Vec::new()),
             other => Err(self.wrong(i, "bytes", other)),
         }
+    }
+
+    /// Whether column `i` is there and true (a flag, or a number not 0).
+    pub fn truthy(&self, i: usize) -> bool {
+        matches!(self.cells.get(i), Some(Cell::Flag(true)))
+            || matches!(self.cells.get(i), Some(Cell::Int(n)) if *n != 0)
     }
 
     /// Bytes or NULL.
@@ -267,6 +273,21 @@ impl<D: SqlDriver> SqlStore<D> {
         }
     }
 
+    /// The blockers' fingerprint and TTL at columns `at` and `at + 1`, if any.
+    fn watch_at(&self, row: &SqlRow, at: usize) -> Result<Option<Watch>> {
+        let blockers = match row.cells.get(at) {
+            None | Some(Cell::Null) => String::new(),
+            Some(_) => row.text(at)?,
+        };
+        if blockers.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Watch {
+            blockers,
+            ttl: Duration::from_millis(row.opt_int(at + 1)?.map_or(0, |ms| ms.max(0) as u64)),
+        }))
+    }
+
     /// Wakes this process's observers of `name` after a change made here.
     fn changed(&self, name: &str) {
         if self.driver.wakes_by_hand() {
@@ -285,9 +306,12 @@ impl<D: SqlDriver> SqlStore<D> {
         }
     }
 
+    /// An entry of a queue read; `None` for one whose session ended (the
+    /// name needs a refresh). One that lapsed by the server's clock, which
+    /// only a watcher can confirm expired, shows with no time left.
     fn entry(&self, row: &SqlRow) -> Result<Option<Entry>> {
         let left = row.int(8)?;
-        if left <= 0 {
+        if left < 0 {
             return Ok(None);
         }
         let granted_ms = row.opt_int(7)?;
@@ -361,10 +385,29 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Bytes(request.value),
             Arg::Flag(request.mode == JoinMode::IfGranted),
         ];
-        let row = self.counted().call("join", &args).await?;
-        if self.status(&row, name)? == "none" {
-            return Ok(None);
-        }
+        let mut confirmed = false;
+        let row = loop {
+            let row = self.counted().call("join", &args).await?;
+            if self.status(&row, name)? != "none" {
+                break row;
+            }
+            // A try-lock held only by holders that lapsed by the server's
+            // clock: that clock alone is not trusted, so watch them for
+            // their TTL, end them if none renewed, and try once more.
+            match self.watch_at(&row, 5)? {
+                Some(watch) if row.truthy(7) && !confirmed => {
+                    confirmed = true;
+                    tokio::time::sleep(poll::confirm_after(watch.ttl)).await;
+                    let args = [Arg::Text(name.as_str()), Arg::Text(&watch.blockers)];
+                    let ended = self.counted().call("expire", &args).await?;
+                    if ended.int(1)? == 0 {
+                        return Ok(None);
+                    }
+                    self.wake_next(name.as_str());
+                }
+                _ => return Ok(None),
+            }
+        };
         self.changed(name.as_str());
         Ok(Some(Joined {
             seq: row.count(1)?,
@@ -400,13 +443,21 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         ];
         let (min, max) = self.driver.poll_bounds();
         let pushed = || self.driver.listen();
-        poll::until_granted(&listening, min, max, pushed, || async {
+        let args = &args;
+        poll::until_granted(&listening, min, max, pushed, |confirm| async move {
+            let mut args = args.to_vec();
+            args.push(confirm.as_deref().map_or(Arg::Null, Arg::Text));
             let row = self.counted().call("look", &args).await?;
+            if confirm.is_some() {
+                // Confirmed blockers were ended: others may be next.
+                self.wake_next(name.as_str());
+            }
             Ok(match self.status(&row, name)?.as_str() {
                 "granted" => Look::Granted,
                 _ => Look::Wait {
                     until: poll::next_expiry(row.opt_int(1)?),
                     next: row.flag(2)?,
+                    watch: self.watch_at(&row, 3)?,
                 },
             })
         })

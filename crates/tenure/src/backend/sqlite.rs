@@ -1010,11 +1010,18 @@ impl Store for SqliteStore {
         // made elsewhere only the first waiter of the name here polls.
         let listening = listening.in_line(poll::grant_prefix(name.as_str()));
         let pushed = || async { false };
-        poll::until_granted(&listening, POLL_MIN, POLL_MAX, pushed, || async {
+        // The machine's boot clock judges expiry here: nothing to watch.
+        poll::until_granted(&listening, POLL_MIN, POLL_MAX, pushed, |_| async {
             loop {
                 match self.look(session, name, seq).await? {
                     Look::Granted => return Ok(poll::Look::Granted),
-                    Look::Waiting { until, next } => return Ok(poll::Look::Wait { until, next }),
+                    Look::Waiting { until, next } => {
+                        return Ok(poll::Look::Wait {
+                            until,
+                            next,
+                            watch: None,
+                        })
+                    }
                     // Granted by an expiry nobody has settled yet, or behind
                     // an expired waiter: settle, look again.
                     Look::NeedsSettle { dead_ahead } => {
