@@ -618,3 +618,67 @@ pub async fn holder_paused_past_its_ttl(store: &Arc<dyn Store>, name: &str) -> (
     assert!(granted.token() > token_a);
     (token_a, granted)
 }
+
+/// Two readers hold a name, one crashes, the other keeps renewing; a writer
+/// waits. The crashed reader's lease ends within its TTL and one renew
+/// interval, although its co-holder renews meanwhile: when the live reader
+/// releases, the writer is granted at once, not a TTL later.
+pub async fn check_crashed_co_holder_released(t: &Target) {
+    if !t.store.capabilities().shared {
+        return;
+    }
+    let name = unique("co-holder");
+    let ttl = short_ttl(t, Duration::from_secs(1));
+    let live = Session::with_options(&t.store, SessionOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let read = tenure::RwLock::new(&live, &name)
+        .unwrap()
+        .read()
+        .await
+        .unwrap();
+    // The crashed reader: the raw contract, so nothing of its renews,
+    // releases or closes.
+    let spec = SessionSpec {
+        ttl,
+        label: "crashes".into(),
+    };
+    let dead = t.store.open_session(&spec).await.unwrap();
+    let joined = t
+        .store
+        .join(
+            &dead.key,
+            request(&Name::new(&name).unwrap(), EntryKind::Shared, b""),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(joined.granted);
+    let writer = session(&t.store).await;
+    let waiting = {
+        let (writer, name) = (writer.clone(), name.clone());
+        tokio::spawn(async move { tenure::RwLock::new(&writer, &name).unwrap().write().await })
+    };
+    wait_queue_len(&t.store, &name, 3).await;
+    // Three TTLs: the live reader renews all along.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(
+        !waiting.is_finished(),
+        "the writer was granted beside a live reader"
+    );
+    read.release().await.unwrap();
+    let released = Instant::now();
+    let w = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the writer was granted")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_millis(700),
+        "the writer waited {took:?} after the live reader left: the crashed one was still there"
+    );
+    w.release().await.unwrap();
+    writer.close().await.unwrap();
+    live.close().await.unwrap();
+}

@@ -241,7 +241,8 @@ proc: BEGIN
             IF v_tail_granted IS NOT NULL THEN
                 SET SESSION group_concat_max_len = 16777216;
                 SELECT 'none', NULL, NULL, NULL, NULL,
-                       GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals) ORDER BY e.seq SEPARATOR ','),
+                       GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals, ':', s.expires_ms)
+                                    ORDER BY e.seq SEPARATOR ','),
                        MAX(s.ttl_ms), MAX(s.expires_ms) <= v_now
                   FROM @pentries e JOIN @psessions s ON s.id = e.session WHERE e.name = p_name;
             ELSE
@@ -307,6 +308,7 @@ proc: BEGIN
     DECLARE v_found INT DEFAULT 0;
     DECLARE v_stamped BIGINT DEFAULT NULL;
     DECLARE v_confirm LONGTEXT DEFAULT p_confirm;
+    DECLARE v_ended INT DEFAULT 0;
     DECLARE v_until BIGINT DEFAULT 0;
     DECLARE v_next BOOLEAN DEFAULT TRUE;
     DECLARE v_blockers LONGTEXT DEFAULT '';
@@ -352,20 +354,29 @@ proc: BEGIN
         -- What blocks: every entry ahead for the next in line (all
         -- granted), else the one just ahead.
         SET v_next = v_agranted IS NOT NULL;
+        IF v_confirm IS NOT NULL THEN
+            -- The sessions of the entries still exactly as the watcher saw
+            -- them for their TTL end; the check is in the UPDATE's own
+            -- condition, so a renewal that commits while this waits for the
+            -- row is seen, and wins.
+            UPDATE @psessions s JOIN @pentries e ON e.session = s.id
+               SET s.expires_ms = 0
+             WHERE e.name = p_name AND e.seq < p_seq AND s.expires_ms > 0
+               AND FIND_IN_SET(CONCAT(e.seq, ':', s.renewals, ':', s.expires_ms), v_confirm) > 0;
+            SET v_ended = ROW_COUNT();
+            SET v_confirm = NULL;
+            IF v_ended > 0 THEN
+                CALL @psettle(p_name, TRUE);
+                ITERATE ahead;
+            END IF;
+        END IF;
         SELECT STRAIGHT_JOIN
-               COALESCE(GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals) ORDER BY e.seq SEPARATOR ','), ''),
+               COALESCE(GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals, ':', s.expires_ms)
+                                     ORDER BY e.seq SEPARATOR ','), ''),
                COALESCE(MAX(s.ttl_ms), 0), GREATEST(COALESCE(MIN(s.expires_ms), 0) - @pnow_ms(), 0)
           INTO v_blockers, v_ttl, v_until
           FROM @pentries e JOIN @psessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq < p_seq AND (v_next OR e.seq = v_aseq);
-        IF v_confirm IS NOT NULL AND v_confirm = v_blockers THEN
-            UPDATE @psessions s JOIN @pentries e ON e.session = s.id
-               SET s.expires_ms = 0
-             WHERE e.name = p_name AND e.seq < p_seq AND (v_next OR e.seq = v_aseq);
-            CALL @psettle(p_name, TRUE);
-            SET v_confirm = NULL;
-            ITERATE ahead;
-        END IF;
         LEAVE ahead;
     END LOOP;
     COMMIT;
@@ -374,35 +385,30 @@ END
 ;;
 DROP PROCEDURE IF EXISTS @pexpire
 ;;
--- A newcomer's confirmation: the name's holders (nobody waiting) are still
--- exactly p_blockers, which it watched for their TTL; then their sessions
--- end. Returns how many entries went.
+-- A newcomer's confirmation: of the name's holders (nobody waiting), the
+-- sessions of those still exactly as it watched them for their TTL
+-- (p_blockers) end. Returns how many.
 CREATE PROCEDURE @pexpire(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_blockers LONGTEXT)
 proc: BEGIN
     DECLARE v_waiting INT DEFAULT 0;
-    DECLARE v_blockers LONGTEXT DEFAULT '';
     DECLARE v_n INT DEFAULT 0;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-    SET SESSION group_concat_max_len = 16777216;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
     CALL @plock_name(p_name);
     CALL @psettle(p_name, FALSE);
     SELECT COUNT(*) INTO v_waiting FROM @pentries WHERE name = p_name AND granted_ms IS NULL;
-    SELECT STRAIGHT_JOIN
-           COALESCE(GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals) ORDER BY e.seq SEPARATOR ','), ''),
-           COUNT(*)
-      INTO v_blockers, v_n
-      FROM @pentries e JOIN @psessions s ON s.id = e.session WHERE e.name = p_name;
-    IF v_waiting > 0 OR v_blockers = '' OR v_blockers <> p_blockers THEN
+    IF v_waiting > 0 THEN
         COMMIT;
         SELECT 'ok', 0;
         LEAVE proc;
     END IF;
     UPDATE @psessions s JOIN @pentries e ON e.session = s.id
        SET s.expires_ms = 0
-     WHERE e.name = p_name;
-    CALL @psettle(p_name, TRUE);
+     WHERE e.name = p_name AND s.expires_ms > 0
+       AND FIND_IN_SET(CONCAT(e.seq, ':', s.renewals, ':', s.expires_ms), p_blockers) > 0;
+    SET v_n = ROW_COUNT();
+    IF v_n > 0 THEN CALL @psettle(p_name, TRUE); END IF;
     COMMIT;
     SELECT 'ok', v_n;
 END
@@ -419,7 +425,7 @@ proc: BEGIN
     -- snapshot REPEATABLE READ would keep from before the lock wait).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
-    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > @pnow_ms();
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
     IF v_alive = 0 THEN ROLLBACK; SELECT 'lost'; LEAVE proc; END IF;
     CALL @plock_name(p_name);
     CALL @psettle(p_name, FALSE);

@@ -2,6 +2,7 @@
 //! or pushed notification wakes a waiter at once, a backoff poll catches the
 //! rest (such as a holder that expires silently).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -34,8 +35,8 @@ pub(crate) enum Look {
 /// (a server's wall clock, which anyone can set and which steps).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Watch {
-    /// The blocking entries and their renewal counts, as the store writes
-    /// them: any renewal, release or end of one changes it.
+    /// The blocking entries as the store writes them, comma-separated:
+    /// `seq:renewals:lapse`, which any renewal of one changes.
     pub blockers: String,
     /// Their longest TTL.
     pub ttl: Duration,
@@ -63,10 +64,12 @@ pub(crate) fn confirm_after(ttl: Duration) -> Duration {
 ///
 /// When a look names a [`Watch`] (the store's clock is not trusted with
 /// expiry), expiry is judged by this client's monotonic clock instead: the
-/// waiter remembers when it first saw the blockers' fingerprint, and once
-/// it has seen it unchanged for [`confirm_after`] their TTL it passes the
-/// fingerprint to the next look, which ends them if they are still exactly
-/// that (none renewed). Every holder's own deadline passed by then: its
+/// waiter remembers when it first saw each blocker as it is
+/// (`seq:renewals:lapse`), and passes those it has seen unchanged for
+/// [`confirm_after`] the TTL to the next look, which ends the sessions of
+/// those still exactly so (none renewed), in the same atomic step. Each
+/// blocker is watched on its own: a live co-holder that renews does not
+/// keep a dead one in place. Every holder's own deadline passed by then: its
 /// last renewal came before the waiter first saw the fingerprint. The next
 /// in line looks at least every third of the TTL (a holder's renew
 /// interval), so a crashed holder is released within its TTL and one renew
@@ -86,41 +89,52 @@ where
     HF: Future<Output = bool>,
 {
     let mut backoff = min;
-    // The blockers' fingerprint, their TTL, and when this waiter first saw
-    // that fingerprint (after the look that showed it returned).
-    let mut watched: Option<(String, Duration, Instant)> = None;
+    // Each blocker as the store wrote it ("seq:renewals:lapse"), and when
+    // this waiter first saw it so (after the look that showed it returned);
+    // and the blockers' longest TTL.
+    let mut watched: HashMap<String, Instant> = HashMap::new();
+    let mut ttl = Duration::ZERO;
     loop {
         let notified = listening.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let pushed_now = pushed().await;
-        let confirm = watched
-            .as_ref()
-            .filter(|(_, ttl, since)| since.elapsed() >= confirm_after(*ttl))
-            .map(|(blockers, _, _)| blockers.clone());
+        // A TTL of 0 would be a store that lost a session's record: never
+        // confirm by it.
+        let due: Vec<&str> = watched
+            .iter()
+            .filter(|(_, since)| !ttl.is_zero() && since.elapsed() >= confirm_after(ttl))
+            .map(|(blocker, _)| blocker.as_str())
+            .collect();
+        let confirm = (!due.is_empty()).then(|| due.join(","));
         let (until, next, watch) = match look(confirm).await? {
             Look::Granted => return Ok(()),
             Look::Wait { until, next, watch } => (until, next, watch),
         };
         let seen = Instant::now();
-        watched = match (watch.as_ref(), watched.take()) {
-            (Some(w), _) if w.blockers.is_empty() => None,
-            (Some(w), Some((blockers, ttl, since))) if blockers == w.blockers => {
-                Some((blockers, ttl.max(w.ttl), since))
+        match &watch {
+            Some(w) => {
+                let now: HashMap<String, Instant> = w
+                    .blockers
+                    .split(',')
+                    .filter(|b| !b.is_empty())
+                    .map(|b| (b.to_string(), watched.get(b).copied().unwrap_or(seen)))
+                    .collect();
+                watched = now;
+                ttl = w.ttl;
             }
-            (Some(w), _) => Some((w.blockers.clone(), w.ttl, seen)),
-            (None, _) => None,
-        };
+            None => watched.clear(),
+        }
         let polls = !pushed_now && (next || listening.is_first());
         listening.set_pass_on(!pushed_now);
         // With a watch, the store's expiry is only a hint: look when the
-        // watch is due, and (the next in line) every renew interval.
-        let expiry = match (&watch, &watched) {
-            (Some(_), Some((_, ttl, since))) => {
-                let due = (*since + confirm_after(*ttl)).saturating_duration_since(Instant::now());
-                Some(if next { due.min(*ttl / 3) } else { due })
+        // first blocker is due, and (the next in line) every renew interval.
+        let expiry = match (&watch, watched.values().min()) {
+            (Some(_), Some(first)) if !ttl.is_zero() => {
+                let due = (*first + confirm_after(ttl)).saturating_duration_since(Instant::now());
+                Some(if next { due.min(ttl / 3) } else { due })
             }
-            (Some(_), None) => None,
+            (Some(_), _) => None,
             (None, _) => until.map(|d| d + Duration::from_millis(1)),
         };
         let sleep = match (polls, expiry) {
@@ -167,10 +181,14 @@ where
         if queue.version != version {
             return Ok(queue.version);
         }
+        // Where a watcher confirms expiry, an entry already lapsed by the
+        // store's clock changes only when one does, and that is announced.
+        let watched = store.capabilities().watched_expiry;
         let sleep = if pushed_now {
             queue
                 .entries
                 .iter()
+                .filter(|e| !(watched && e.expires_in.is_zero()))
                 .map(|e| e.expires_in + Duration::from_millis(1))
                 .min()
                 .unwrap_or(OBSERVE_AT_LEAST_EVERY)

@@ -132,20 +132,41 @@ CREATE OR REPLACE FUNCTION @s.unlapsed(p_secret text) RETURNS boolean LANGUAGE s
     SELECT EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > @s.now_ms())
 $$;
 
--- What a watcher watches: the entries of p_name at p_seqs (or all before
--- p_before) as "seq:renewals,…" (a renewal, release or end of any changes
--- it), their longest TTL, and ms until the first lapses by the clock (a
--- hint of when to look).
-CREATE OR REPLACE FUNCTION @s.blockers(p_name text, p_before bigint, p_only bigint,
-    OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT sessions text[])
+-- What a watcher watches: the entries of p_name before p_before (or only
+-- p_only), each as "seq:renewals:lapse" (any renewal changes it, also one
+-- by a client of an older schema, which counts none), comma-separated;
+-- their longest TTL; ms until the first lapses by the clock (a hint of
+-- when to look); and whether all have lapsed.
+DROP FUNCTION IF EXISTS @s.blockers(text, bigint, bigint);
+CREATE FUNCTION @s.blockers(p_name text, p_before bigint, p_only bigint,
+    OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT all_lapsed boolean)
 LANGUAGE sql AS $$
-    SELECT coalesce(string_agg(e.seq || ':' || s.renewals, ',' ORDER BY e.seq), ''),
+    SELECT coalesce(string_agg(e.seq || ':' || s.renewals || ':' || s.expires_ms, ','
+                               ORDER BY e.seq), ''),
            coalesce(max(s.ttl_ms), 0),
            greatest(coalesce(min(s.expires_ms), 0) - @s.now_ms(), 0),
-           array_agg(DISTINCT e.session)
+           coalesce(max(s.expires_ms) <= @s.now_ms(), false)
       FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
      WHERE e.name = p_name AND e.seq < p_before AND (p_only IS NULL OR e.seq = p_only)
 $$;
+
+-- Ends the sessions of p_name's entries before p_before that are still
+-- exactly as a watcher saw them for their TTL (p_confirm: "seq:renewals:
+-- lapse,…"). The check is in the UPDATE's own condition, so a renewal that
+-- commits while this waits for the session's row is seen, and wins.
+-- Returns how many sessions ended.
+CREATE OR REPLACE FUNCTION @s.end_confirmed(p_name text, p_before bigint, p_confirm text)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE @s.sessions s SET expires_ms = 0
+      FROM @s.entries e
+     WHERE e.name = p_name AND e.seq < p_before AND e.session = s.id AND s.expires_ms > 0
+       AND (e.seq || ':' || s.renewals || ':' || s.expires_ms) = ANY(string_to_array(p_confirm, ','));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
 
 DROP FUNCTION IF EXISTS @s.join(text, text, smallint, integer, integer, bytea, boolean);
 CREATE FUNCTION @s.join(p_secret text, p_name text, p_kind smallint, p_count integer,
@@ -229,7 +250,7 @@ BEGIN
         -- Only holders in the way (nobody waits): what to watch, and whether
         -- they all lapsed by the clock (worth watching).
         IF NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name AND e.granted_ms IS NULL) THEN
-            SELECT b.fingerprint, b.ttl_ms, b.until_ms = 0 INTO blockers, ttl_ms, lapsed
+            SELECT b.fingerprint, b.ttl_ms, b.all_lapsed INTO blockers, ttl_ms, lapsed
               FROM @s.blockers(p_name, 9223372036854775807, NULL) b;
         END IF;
         RETURN;
@@ -285,8 +306,8 @@ END $$;
 -- clock (a hint), whether it is next in line (a release may grant it), and
 -- what blocks it (the granted entries, for the next in line; the entry
 -- just ahead, for the others) as a fingerprint and their longest TTL. With
--- p_confirm, the fingerprint of the blockers a waiter watched for their
--- TTL: if they are still exactly that, their sessions are ended first.
+-- p_confirm, the blockers a waiter watched for their TTL: the sessions of
+-- those still exactly so are ended first.
 DROP FUNCTION IF EXISTS @s.look(text, text, bigint);
 DROP FUNCTION IF EXISTS @s.look(text, text, bigint, text);
 CREATE FUNCTION @s.look(p_secret text, p_name text, p_seq bigint, p_confirm text,
@@ -325,37 +346,39 @@ BEGIN
             CONTINUE;
         END IF;
         next := ahead.granted_ms IS NOT NULL;
+        IF confirm IS NOT NULL THEN
+            -- (An entry not among the blockers now is no matter: seen
+            -- unrenewed for its TTL, it is dead all the same.)
+            IF @s.end_confirmed(p_name, p_seq, confirm) > 0 THEN
+                PERFORM @s.settle(p_name, true);
+                confirm := NULL;
+                CONTINUE;
+            END IF;
+            confirm := NULL;
+        END IF;
         SELECT * INTO b FROM @s.blockers(p_name, p_seq,
             CASE WHEN next THEN NULL ELSE ahead.seq END);
-        IF confirm IS NOT NULL AND confirm = b.fingerprint THEN
-            UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(b.sessions);
-            PERFORM @s.settle(p_name, true);
-            confirm := NULL;
-            CONTINUE;
-        END IF;
         until_ms := b.until_ms; blockers := b.fingerprint; ttl_ms := b.ttl_ms;
         RETURN;
     END LOOP;
 END $$;
 
--- A newcomer's confirmation: the name's holders (nobody waiting) are still
--- exactly p_blockers, which it watched for their TTL; then their sessions
--- are ended. Returns how many.
+-- A newcomer's confirmation: of the name's holders (nobody waiting), the
+-- sessions of those still exactly as it watched them for their TTL
+-- (p_blockers) end. Returns how many.
 CREATE OR REPLACE FUNCTION @s.expire(p_name text, p_blockers text) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    b record;
+    n integer;
 BEGIN
     PERFORM @s.lock_name(p_name);
     PERFORM @s.settle(p_name, false);
     IF EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name AND e.granted_ms IS NULL) THEN
         RETURN 0;
     END IF;
-    SELECT * INTO b FROM @s.blockers(p_name, 9223372036854775807, NULL);
-    IF b.fingerprint = '' OR b.fingerprint <> p_blockers THEN RETURN 0; END IF;
-    UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(b.sessions);
-    PERFORM @s.settle(p_name, true);
-    RETURN cardinality(b.sessions);
+    n := @s.end_confirmed(p_name, 9223372036854775807, p_blockers);
+    IF n > 0 THEN PERFORM @s.settle(p_name, true); END IF;
+    RETURN n;
 END $$;
 
 -- Opens a session, and drops a few sessions that ended, or expired a minute
@@ -365,13 +388,20 @@ CREATE OR REPLACE FUNCTION @s.open(p_secret text, p_tag text, p_label text, p_tt
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     now_ms bigint := @s.now_ms();
+    lapsed text[];
 BEGIN
-    DELETE FROM @s.sessions WHERE id IN (
+    SELECT array_agg(id) INTO lapsed FROM (
         SELECT s.id FROM @s.sessions s
          WHERE s.expires_ms < now_ms - 60000
            AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.session = s.id)
          ORDER BY s.expires_ms LIMIT 16
-           FOR UPDATE SKIP LOCKED);
+           FOR UPDATE SKIP LOCKED) c;
+    -- Checked again by a statement of its own (a newer snapshot): an entry
+    -- that a join committed after the one above keeps its session.
+    IF lapsed IS NOT NULL THEN
+        DELETE FROM @s.sessions s WHERE s.id = ANY(lapsed)
+           AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.session = s.id);
+    END IF;
     INSERT INTO @s.sessions (id, tag, label, ttl_ms, expires_ms)
     VALUES (p_secret, p_tag, p_label, p_ttl_ms, now_ms + p_ttl_ms);
 END $$;

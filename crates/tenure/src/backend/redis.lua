@@ -317,25 +317,41 @@ local function collect()
   end
 end
 
--- What a waiter watches: the blocking entries as "seq:renewals,…" (a
--- renewal of any of them changes it), their longest TTL, and their first
--- lapse time by Redis's clock (a hint of when to look).
+-- A blocking entry as a watcher sees it: "seq:renewals:lapse", which any
+-- renewal changes (the lapse time too, also a renewal by a client of an
+-- older layout, which counts none).
+local function seen_as(r)
+  return r.seq .. ':' .. (redis.call('HGET', RENEWALS, r.secret) or '0') .. ':' .. fmt(r.exp)
+end
+
+-- What a waiter watches: the blocking entries, comma-separated, their
+-- longest TTL, their first and last lapse times by Redis's clock (hints).
 local function watch(list)
-  local parts, ttl, first = {}, 0, nil
+  local parts, ttl, first, last = {}, 0, nil, nil
   for _, r in ipairs(list) do
-    parts[#parts + 1] = r.seq .. ':' .. (redis.call('HGET', RENEWALS, r.secret) or '0')
+    parts[#parts + 1] = seen_as(r)
     local info = redis.call('HGET', SINFO, r.secret)
     if info then ttl = math.max(ttl, tonumber(split(info)[2]) or 0) end
     if not first or r.exp < first then first = r.exp end
+    if not last or r.exp > last then last = r.exp end
   end
-  return table.concat(parts, ','), ttl, first
+  return table.concat(parts, ','), ttl, first, last
 end
 
--- Ends the sessions of `list` (a watcher confirmed them expired).
-local function end_all(list)
+-- Ends the sessions of the entries of `list` that are still exactly as a
+-- watcher saw them for their TTL (`confirm`, comma-separated); returns how
+-- many.
+local function end_confirmed(list, confirm)
+  local due = {}
+  for blocker in string.gmatch(confirm, '[^,]+') do due[blocker] = true end
+  local ended = 0
   for _, r in ipairs(list) do
-    for _, other in ipairs(end_session(r.secret)) do touch(other) end
+    if due[seen_as(r)] then
+      for _, other in ipairs(end_session(r.secret)) do touch(other) end
+      ended = ended + 1
+    end
   end
+  return ended
 end
 
 local function own(secret, name)
@@ -420,8 +436,8 @@ elseif op == 'join' then
     -- Only holders block (no waiter queued): say what to watch, and
     -- whether they all lapsed by Redis's clock (worth watching).
     if seen.blocked then return {'none'} end
-    local fp, ttl, first = watch(seen.granted)
-    return {'none', fp, fmt(ttl), (first and first <= now) and 1 or 0}
+    local fp, ttl, _, last = watch(seen.granted)
+    return {'none', fp, fmt(ttl), (last and last <= now) and 1 or 0}
   end
   local ckey = k('c', name)
   local first = 0
@@ -489,9 +505,9 @@ elseif op == 'leave' then
   return {'ok', 0}
 
 elseif op == 'look' then
-  -- ARGV: secret, name, seq, and optionally the fingerprint of the blockers
-  -- the waiter watched for their TTL: if they are still exactly that, they
-  -- are ended. Settles, then says whether the entry is granted; if not:
+  -- ARGV: secret, name, seq, and optionally the blockers the waiter watched
+  -- for their TTL ("seq:renewals:lapse,…"): those still exactly so are
+  -- ended. Settles, then says whether the entry is granted; if not:
   -- how long until the blockers lapse by Redis's clock (a hint), whether
   -- the entry is next in line (a release may grant it), and what it is
   -- blocked by (the granted entries, for the next in line; the entry just
@@ -518,28 +534,26 @@ elseif op == 'look' then
       if r then list = {r} end
     end
     if list then
-      local fp, ttl, first = watch(list)
-      if expire ~= '' and fp == expire then
-        end_all(list)
-        expire = ''
-      else
+      local ended = 0
+      if expire ~= '' then ended = end_confirmed(list, expire) end
+      expire = ''
+      if ended == 0 then
+        local fp, ttl, first = watch(list)
         return {'wait', fmt(math.max((first or now) - now, 0)), next, fp, fmt(ttl)}
       end
     end
   end
 
 elseif op == 'expire' then
-  -- ARGV: name, fingerprint. A newcomer's confirmation: the name's holders
-  -- (with no waiter queued) are still exactly what it watched for their
-  -- TTL; then they are ended. Returns how many.
+  -- ARGV: name, the holders a newcomer watched for their TTL. Those of the
+  -- name's holders (with no waiter queued) still exactly so are ended.
+  -- Returns how many.
   local name, expire = ARGV[3], ARGV[4]
   local seen = settle(name, false)
   if seen.blocked or #seen.granted == 0 then return {'ok', 0} end
-  local fp = watch(seen.granted)
-  if fp ~= expire then return {'ok', 0} end
-  end_all(seen.granted)
-  settle(name, true)
-  return {'ok', #seen.granted}
+  local ended = end_confirmed(seen.granted, expire)
+  if ended > 0 then settle(name, true) end
+  return {'ok', ended}
 
 elseif op == 'setvalue' then
   -- ARGV: secret, name, seq, value

@@ -614,9 +614,14 @@ impl RedisStore {
     }
 
     /// Watches `name`'s holders for [`poll::confirm_after`] their TTL, then
-    /// ends them if they are still exactly `watch` (none renewed or left);
-    /// says whether it ended any.
+    /// ends those still exactly as in `watch` (not renewed); says whether it
+    /// ended any.
     pub(crate) async fn confirm_expired(&self, name: &Name, watch: &Watch) -> Result<bool> {
+        // A TTL of 0 would be a session whose record is gone: never confirm
+        // by it.
+        if watch.ttl.is_zero() {
+            return Ok(false);
+        }
         tokio::time::sleep(poll::confirm_after(watch.ttl)).await;
         let reply = self
             .call(

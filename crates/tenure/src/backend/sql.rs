@@ -395,7 +395,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             // clock: that clock alone is not trusted, so watch them for
             // their TTL, end them if none renewed, and try once more.
             match self.watch_at(&row, 5)? {
-                Some(watch) if row.truthy(7) && !confirmed => {
+                Some(watch) if row.truthy(7) && !confirmed && !watch.ttl.is_zero() => {
                     confirmed = true;
                     tokio::time::sleep(poll::confirm_after(watch.ttl)).await;
                     let args = [Arg::Text(name.as_str()), Arg::Text(&watch.blockers)];
