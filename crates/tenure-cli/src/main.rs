@@ -2,6 +2,7 @@
 
 mod child;
 mod supervise;
+mod torture;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -134,6 +135,21 @@ enum Command {
     /// Read, write or delete a cell: a small value with a version, written by compare-and-set.
     #[command(subcommand)]
     Cell(CellCommand),
+    /// Contend for one lock from many worker processes while injecting faults, and check the history.
+    #[command(
+        after_help = "Example:\n  tenure torture --store postgres://… --clients 6 --duration 2m --report torture.json\n\n\
+        Workers (this binary, as processes) loop: lock, read a fenced register with the token, a\n\
+        random critical section, write it one higher, release. The harness kills (SIGKILL) and\n\
+        pauses (SIGSTOP for 1.5-3 TTLs, some between a read and its write) the holder, keeps the\n\
+        fenced register and an unfenced twin, and checks the whole history: lost acknowledged\n\
+        writes, tokens that go back or repeat, a lower token accepted, overlaps with no pause in\n\
+        force, recovery within TTL + one renew interval, names left behind. Names are under\n\
+        tenure-torture/<run>/. Exit 0 pass, 1 safety violation, 2 liveness or leak failure."
+    )]
+    Torture(torture::TortureArgs),
+    /// One worker of `tenure torture` (run by it).
+    #[command(hide = true)]
+    TortureWorker(torture::WorkerArgs),
     /// Show what each built-in backend can do.
     #[command(after_help = "Example:\n  tenure backends --json")]
     Backends(JsonArg),
@@ -468,6 +484,12 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Release(args) => release(store, args).await,
         Command::Cron(args) => cron(store, args).await,
         Command::Fence(args) => fence(store, args).await,
+        Command::Torture(args) => torture::run(store, &url, args)
+            .await
+            .map_err(|m| Failure::new(exit::USAGE, m)),
+        Command::TortureWorker(args) => torture::worker(store, args)
+            .await
+            .map_err(|m| Failure::new(exit::SOFTWARE, m)),
         Command::Cell(command) => cell(store, command).await,
         Command::Backends(_) | Command::Completions(_) | Command::Man => Ok(0),
     }

@@ -1,0 +1,522 @@
+//! The checker of a torture run: a pure function over the history.
+//!
+//! The harness keeps two registers, each a counter every holder reads and
+//! then writes one higher: the *fenced* one accepts a read or a write only
+//! with a token at least the highest it has seen, the *unfenced twin* takes
+//! the same operations without the check (the control). The history lists
+//! every worker's request, grant, read, write, release and loss, and every
+//! fault, in the order the harness saw them, on its own monotonic clock.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One event of the history, as the harness saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// When, in µs since the run began (the harness's monotonic clock).
+    pub at_us: u64,
+    /// The worker it concerns (none for a fault on the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<u32>,
+    /// What happened.
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// The worker asked for the lock.
+    Request,
+    /// The worker was granted the lock with this token.
+    Grant { token: u64 },
+    /// A read of both registers with the token: the fenced register's
+    /// answer (`None`: refused) and the twin's.
+    Read {
+        token: u64,
+        fenced: Option<u64>,
+        twin: u64,
+    },
+    /// A write of `value` to both registers with the token: whether the
+    /// fenced one accepted it, and what each held before.
+    Write {
+        token: u64,
+        value: u64,
+        accepted: bool,
+        fenced_before: u64,
+        twin_before: u64,
+    },
+    /// The worker released the lock.
+    Release,
+    /// The worker's session was lost (its critical section, if any, ends).
+    Lost,
+    /// The worker's process ended (killed, or done).
+    Exit,
+    /// A fault began.
+    FaultStart { fault: String },
+    /// A fault ended.
+    FaultEnd { fault: String },
+}
+
+/// What the checker found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Findings {
+    /// Grants.
+    pub grants: usize,
+    /// Faults injected.
+    pub faults: usize,
+    /// Must be 0: accepted writes of the fenced register that overwrote a
+    /// newer value (an acknowledged increment lost).
+    pub fenced_lost_writes: usize,
+    /// Must be 0: reads or writes the fenced register accepted with a token
+    /// lower than the highest it had seen.
+    pub fenced_lower_token_accepted: usize,
+    /// Must be 0: a token granted twice.
+    pub duplicate_tokens: usize,
+    /// Must be 0: a grant whose request was sent after an earlier grant was
+    /// acknowledged, with a token not above it.
+    pub tokens_backwards: usize,
+    /// Must be 0: critical sections that overlapped while no pause was in
+    /// force (with no fault, a kill, a partition or a delay, the holder's
+    /// local deadline comes before the store's expiry).
+    pub overlaps_unpaused: usize,
+    /// Measured: critical sections that overlapped while a worker was
+    /// paused (expected: fencing is what makes them harmless).
+    pub overlaps_paused: usize,
+    /// The longest overlap, in ms.
+    pub longest_overlap_ms: f64,
+    /// Measured: the same lost writes on the unfenced twin.
+    pub twin_lost_writes: usize,
+    /// Writes the fenced register refused (late writes of paused holders).
+    pub fenced_refusals: usize,
+    /// Faults after which another worker was granted later than the bound.
+    pub slow_recoveries: usize,
+    /// The longest time from a fault on a holder to the next grant to
+    /// another worker, in ms.
+    pub worst_recovery_ms: f64,
+}
+
+impl Findings {
+    /// Whether a safety rule was broken.
+    pub fn unsafe_run(&self) -> bool {
+        self.fenced_lost_writes
+            + self.fenced_lower_token_accepted
+            + self.duplicate_tokens
+            + self.tokens_backwards
+            + self.overlaps_unpaused
+            > 0
+    }
+}
+
+/// Checks a history. `recovery_bound_us`: the longest a fault on a holder
+/// may keep the lock from everyone else.
+pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
+    let mut f = Findings::default();
+    let mut highest = 0u64;
+    let mut fenced_value = 0u64;
+    let mut twin_value = 0u64;
+    let mut granted_tokens: HashMap<u64, u32> = HashMap::new();
+    // Per worker: when its last request was sent.
+    let mut requested: HashMap<u32, u64> = HashMap::new();
+    // Acknowledged grants so far: (when acknowledged, token).
+    let mut acked: Vec<(u64, u64)> = Vec::new();
+    // Open critical sections: worker -> since.
+    let mut inside: HashMap<u32, u64> = HashMap::new();
+    // Closed critical sections: (worker, from, to).
+    let mut sections: Vec<(u32, u64, u64)> = Vec::new();
+    // Pauses: (worker, from, to).
+    let mut pauses: Vec<(Option<u32>, u64, u64)> = Vec::new();
+    let mut pausing: HashMap<Option<u32>, u64> = HashMap::new();
+    // Faults on a holder: (worker, at).
+    let mut holder_faults: Vec<(u32, u64)> = Vec::new();
+    let end = history.last().map_or(0, |r| r.at_us);
+    for r in history {
+        let w = r.worker;
+        match &r.op {
+            Op::Request => {
+                if let Some(w) = w {
+                    requested.insert(w, r.at_us);
+                }
+            }
+            Op::Grant { token } => {
+                f.grants += 1;
+                let Some(w) = w else { continue };
+                if granted_tokens.insert(*token, w).is_some() {
+                    f.duplicate_tokens += 1;
+                }
+                let sent = requested.get(&w).copied().unwrap_or(0);
+                // Every grant acknowledged before this request was sent.
+                if acked
+                    .iter()
+                    .any(|(at, earlier)| *at < sent && *earlier >= *token)
+                {
+                    f.tokens_backwards += 1;
+                }
+                acked.push((r.at_us, *token));
+                inside.insert(w, r.at_us);
+            }
+            Op::Read { token, fenced, .. } => {
+                if fenced.is_some() {
+                    if *token < highest {
+                        f.fenced_lower_token_accepted += 1;
+                    }
+                    highest = highest.max(*token);
+                }
+            }
+            Op::Write {
+                token,
+                value,
+                accepted,
+                fenced_before,
+                twin_before,
+            } => {
+                if *accepted {
+                    if *token < highest {
+                        f.fenced_lower_token_accepted += 1;
+                    }
+                    highest = highest.max(*token);
+                    // An increment that lands on a value it did not read
+                    // overwrote a newer one.
+                    if *fenced_before >= *value || *fenced_before != fenced_value {
+                        f.fenced_lost_writes += 1;
+                    }
+                    fenced_value = *value;
+                } else {
+                    f.fenced_refusals += 1;
+                }
+                if *twin_before >= *value {
+                    f.twin_lost_writes += 1;
+                }
+                twin_value = *value;
+            }
+            Op::Release | Op::Lost | Op::Exit => {
+                if let Some(w) = w {
+                    if let Some(since) = inside.remove(&w) {
+                        sections.push((w, since, r.at_us));
+                    }
+                }
+            }
+            Op::FaultStart { fault } => {
+                f.faults += 1;
+                if fault == "pause" {
+                    pausing.insert(w, r.at_us);
+                }
+                if let Some(w) = w {
+                    if inside.contains_key(&w) {
+                        holder_faults.push((w, r.at_us));
+                    }
+                }
+            }
+            Op::FaultEnd { fault } => {
+                if fault == "pause" {
+                    if let Some(from) = pausing.remove(&w) {
+                        pauses.push((w, from, r.at_us));
+                    }
+                }
+            }
+        }
+    }
+    let _ = twin_value;
+    for (w, since) in inside {
+        sections.push((w, since, end));
+    }
+    for (w, from) in pausing {
+        pauses.push((w, from, end));
+    }
+    sections.sort_by_key(|s| s.1);
+    for (i, a) in sections.iter().enumerate() {
+        for b in &sections[i + 1..] {
+            if b.1 >= a.2 {
+                break;
+            }
+            if a.0 == b.0 {
+                continue;
+            }
+            let (from, to) = (b.1, a.2.min(b.2));
+            // A section that a pause of its own worker cut through: that
+            // worker may have lost its lease in the pause and acts on when
+            // it wakes, until it finds out (what fencing is for).
+            let paused_in = |s: &(u32, u64, u64)| {
+                pauses
+                    .iter()
+                    .any(|(pw, pf, pt)| *pw == Some(s.0) && *pf < s.2 && *pt > s.1)
+            };
+            let paused = paused_in(a) || paused_in(b);
+            if paused {
+                f.overlaps_paused += 1;
+            } else {
+                f.overlaps_unpaused += 1;
+            }
+            f.longest_overlap_ms = f.longest_overlap_ms.max((to - from) as f64 / 1000.0);
+        }
+    }
+    // Recovery: from a fault on a holder to the next grant to another worker.
+    for (w, at) in holder_faults {
+        let next = history.iter().find_map(|r| match r.op {
+            Op::Grant { .. } if r.at_us > at && r.worker != Some(w) => Some(r.at_us),
+            _ => None,
+        });
+        if let Some(next) = next {
+            let took = next - at;
+            f.worst_recovery_ms = f.worst_recovery_ms.max(took as f64 / 1000.0);
+            if took > recovery_bound_us {
+                f.slow_recoveries += 1;
+            }
+        }
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(at_us: u64, worker: u32, op: Op) -> Record {
+        Record {
+            at_us,
+            worker: Some(worker),
+            op,
+        }
+    }
+
+    /// Worker `w` takes the lock with `token`, increments both registers
+    /// from `v`, and releases, starting at `at`.
+    fn cycle(at: u64, w: u32, token: u64, v: u64) -> Vec<Record> {
+        vec![
+            r(at, w, Op::Request),
+            r(at + 1, w, Op::Grant { token }),
+            r(
+                at + 2,
+                w,
+                Op::Read {
+                    token,
+                    fenced: Some(v),
+                    twin: v,
+                },
+            ),
+            r(
+                at + 3,
+                w,
+                Op::Write {
+                    token,
+                    value: v + 1,
+                    accepted: true,
+                    fenced_before: v,
+                    twin_before: v,
+                },
+            ),
+            r(at + 4, w, Op::Release),
+        ]
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let mut h = cycle(0, 1, 10, 0);
+        h.extend(cycle(10, 2, 11, 1));
+        h.extend(cycle(20, 1, 12, 2));
+        let f = check(&h, 1_000);
+        assert!(!f.unsafe_run(), "{f:?}");
+        assert_eq!((f.grants, f.twin_lost_writes, f.fenced_refusals), (3, 0, 0));
+    }
+
+    #[test]
+    fn catches_a_token_granted_twice() {
+        let mut h = cycle(0, 1, 10, 0);
+        h.extend(cycle(10, 2, 10, 1));
+        assert_eq!(check(&h, 1_000).duplicate_tokens, 1);
+    }
+
+    #[test]
+    fn catches_tokens_going_backwards() {
+        let mut h = cycle(0, 1, 10, 0);
+        h.extend(cycle(10, 2, 9, 1));
+        let f = check(&h, 1_000);
+        assert_eq!(f.tokens_backwards, 1);
+        assert!(f.unsafe_run());
+        // Requests in flight together may be granted in either order.
+        let h = vec![
+            r(0, 1, Op::Request),
+            r(1, 2, Op::Request),
+            r(2, 2, Op::Grant { token: 11 }),
+            r(3, 2, Op::Release),
+            r(4, 1, Op::Grant { token: 10 }),
+            r(5, 1, Op::Release),
+        ];
+        assert_eq!(check(&h, 1_000).tokens_backwards, 0);
+    }
+
+    #[test]
+    fn catches_a_lower_token_accepted_by_the_fence() {
+        let mut h = cycle(0, 1, 10, 0);
+        h.push(r(
+            20,
+            2,
+            Op::Read {
+                token: 9,
+                fenced: Some(1),
+                twin: 1,
+            },
+        ));
+        assert_eq!(check(&h, 1_000).fenced_lower_token_accepted, 1);
+    }
+
+    #[test]
+    fn catches_a_lost_fenced_write() {
+        let mut h = cycle(0, 1, 10, 0);
+        // A write accepted that overwrote the 1 with a 1 again.
+        h.push(r(
+            20,
+            1,
+            Op::Write {
+                token: 10,
+                value: 1,
+                accepted: true,
+                fenced_before: 1,
+                twin_before: 1,
+            },
+        ));
+        let f = check(&h, 1_000);
+        assert_eq!((f.fenced_lost_writes, f.twin_lost_writes), (1, 1));
+    }
+
+    #[test]
+    fn tells_paused_overlaps_from_unpaused_ones() {
+        // 1 holds and is paused; 2 is granted meanwhile; 1's late write is
+        // refused by the fence and lands on the twin.
+        let h = vec![
+            r(0, 1, Op::Request),
+            r(1, 1, Op::Grant { token: 10 }),
+            r(
+                2,
+                1,
+                Op::Read {
+                    token: 10,
+                    fenced: Some(0),
+                    twin: 0,
+                },
+            ),
+            r(
+                3,
+                1,
+                Op::FaultStart {
+                    fault: "pause".into(),
+                },
+            ),
+            r(4, 2, Op::Request),
+            r(50, 2, Op::Grant { token: 11 }),
+            r(
+                51,
+                2,
+                Op::Read {
+                    token: 11,
+                    fenced: Some(0),
+                    twin: 0,
+                },
+            ),
+            r(
+                52,
+                2,
+                Op::Write {
+                    token: 11,
+                    value: 1,
+                    accepted: true,
+                    fenced_before: 0,
+                    twin_before: 0,
+                },
+            ),
+            r(
+                60,
+                1,
+                Op::FaultEnd {
+                    fault: "pause".into(),
+                },
+            ),
+            r(
+                61,
+                1,
+                Op::Write {
+                    token: 10,
+                    value: 1,
+                    accepted: false,
+                    fenced_before: 1,
+                    twin_before: 1,
+                },
+            ),
+            r(62, 1, Op::Lost),
+            r(70, 2, Op::Release),
+        ];
+        let f = check(&h, 100);
+        assert!(!f.unsafe_run(), "{f:?}");
+        assert_eq!((f.overlaps_paused, f.overlaps_unpaused), (1, 0));
+        assert_eq!((f.fenced_refusals, f.twin_lost_writes), (1, 1));
+        assert!((f.worst_recovery_ms - 0.047).abs() < 1e-9, "{f:?}");
+        // The same overlap without a pause is a violation.
+        let unpaused: Vec<Record> = h
+            .into_iter()
+            .filter(|r| !matches!(r.op, Op::FaultStart { .. } | Op::FaultEnd { .. }))
+            .collect();
+        let f = check(&unpaused, 100);
+        assert_eq!(f.overlaps_unpaused, 1);
+        assert!(f.unsafe_run());
+    }
+
+    #[test]
+    fn an_overlap_after_the_pause_ended_is_the_pause_s() {
+        // 1 is paused in its section and goes on after it wakes; 2 is
+        // granted only after the pause ended, while 1 has not noticed.
+        let h = vec![
+            r(0, 1, Op::Grant { token: 10 }),
+            r(
+                1,
+                1,
+                Op::FaultStart {
+                    fault: "pause".into(),
+                },
+            ),
+            r(
+                10,
+                1,
+                Op::FaultEnd {
+                    fault: "pause".into(),
+                },
+            ),
+            r(11, 2, Op::Grant { token: 11 }),
+            r(12, 1, Op::Lost),
+            r(13, 2, Op::Release),
+        ];
+        let f = check(&h, 100);
+        assert_eq!((f.overlaps_paused, f.overlaps_unpaused), (1, 0), "{f:?}");
+    }
+
+    #[test]
+    fn counts_slow_recoveries() {
+        let h = vec![
+            r(0, 1, Op::Request),
+            r(1, 1, Op::Grant { token: 10 }),
+            r(
+                2,
+                1,
+                Op::FaultStart {
+                    fault: "kill".into(),
+                },
+            ),
+            r(3, 1, Op::Exit),
+            r(4, 2, Op::Request),
+            r(5_000, 2, Op::Grant { token: 11 }),
+        ];
+        assert_eq!(check(&h, 1_000).slow_recoveries, 1);
+        assert_eq!(check(&h, 10_000).slow_recoveries, 0);
+    }
+
+    #[test]
+    fn histories_round_trip_as_json_lines() {
+        let h = cycle(0, 1, 10, 0);
+        for rec in &h {
+            let line = serde_json::to_string(rec).unwrap();
+            let back: Record = serde_json::from_str(&line).unwrap();
+            assert_eq!(&back, rec);
+        }
+    }
+}

@@ -1,0 +1,780 @@
+//! `tenure torture`: many worker processes contend for one lock while the
+//! harness injects faults, keeps a fenced register and its unfenced twin,
+//! records the history on its own monotonic clock, and checks it.
+//!
+//! A worker is this binary again (`tenure torture-worker`), so a fault is a
+//! fault of a real process: SIGKILL, or SIGSTOP past its TTL. It talks to
+//! the harness in lines over its stdin and stdout: it tells what happens to
+//! it (`req`, `grant TOKEN`, `release`, `lost`), and asks the harness's
+//! registers (`read TOKEN`, `write TOKEN VALUE`), which answer.
+
+pub mod check;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::time::Instant;
+
+use check::{Findings, Op, Record};
+use tenure::{Error, Mutex, Name, Session, SessionOptions, Store};
+
+/// Client-side faults, safe on anyone's deployment: the default set.
+const CLIENT_FAULTS: &[&str] = &["kill", "pause"];
+
+#[derive(Args, Debug)]
+pub struct TortureArgs {
+    /// Worker processes contending for the lock.
+    #[arg(long, default_value_t = 6)]
+    pub clients: u32,
+    /// How long to run (unless --cycles ends it first).
+    #[arg(long, default_value = "60s", value_parser = crate::parse_duration)]
+    pub duration: Duration,
+    /// Stop after this many grants.
+    #[arg(long)]
+    pub cycles: Option<usize>,
+    /// The workers' session TTL.
+    #[arg(long, default_value = "2s", value_parser = crate::parse_duration)]
+    pub ttl: Duration,
+    /// Faults to inject, comma-separated: kill, pause (the client-side
+    /// faults, the default), or none.
+    #[arg(long, default_value = "kill,pause", value_delimiter = ',')]
+    pub faults: Vec<String>,
+    /// Time between faults.
+    #[arg(long, default_value = "3s", value_parser = crate::parse_duration)]
+    pub fault_interval: Duration,
+    /// Seed of the random choices (faults, critical-section times).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write the report (JSON) here.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
+    /// Write the history (JSON lines) here, to check it again later.
+    #[arg(long)]
+    pub history: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// The lock's name.
+    #[arg(long)]
+    pub name: String,
+    /// Session TTL.
+    #[arg(long, value_parser = crate::parse_duration)]
+    pub ttl: Duration,
+    /// Seed of this worker's critical-section times.
+    #[arg(long)]
+    pub seed: u64,
+}
+
+/// A small deterministic random source (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// A duration from `lo` to `hi`.
+    fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        let span = hi.saturating_sub(lo).as_micros().max(1) as u64;
+        lo + Duration::from_micros(self.next() % span)
+    }
+}
+
+/// The harness's two registers.
+#[derive(Default)]
+struct Registers {
+    highest: u64,
+    fenced: u64,
+    twin: u64,
+}
+
+/// This machine's CLOCK_MONOTONIC in ns: one clock for the harness and its
+/// workers, which stamp their own events when they happen (a grant once the
+/// lock is taken, a release before it is given back), so the order of two
+/// workers' lines through their pipes does not matter.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass and nothing else.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What the harness shares between its tasks.
+struct Shared {
+    start: Instant,
+    start_ns: u64,
+    history: StdMutex<Vec<Record>>,
+    registers: StdMutex<Registers>,
+    /// Per worker: its process id, and the token it holds (0: none).
+    workers: StdMutex<HashMap<u32, (u32, u64)>>,
+    grants: AtomicU64,
+    /// Workers the harness is to pause when they next read.
+    pause_on_read: StdMutex<Vec<u32>>,
+    stopping: AtomicBool,
+}
+
+impl Shared {
+    /// Records an event the harness itself sees happen now.
+    fn record(&self, worker: Option<u32>, op: Op) {
+        self.record_at(mono_ns(), worker, op);
+    }
+
+    /// Records an event stamped at `ns` (CLOCK_MONOTONIC).
+    fn record_at(&self, ns: u64, worker: Option<u32>, op: Op) {
+        let at_us = ns.saturating_sub(self.start_ns) / 1000;
+        let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        history.push(Record { at_us, worker, op });
+    }
+
+    /// The history so far, in time order.
+    fn history(&self) -> Vec<Record> {
+        let mut history = self
+            .history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        // Stable: events of one stamp keep the order they were recorded in.
+        history.sort_by_key(|r| r.at_us);
+        history
+    }
+}
+
+/// Runs the harness; returns the exit code (0 pass, 1 safety violation,
+/// 2 liveness or leak failure).
+pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<u8, String> {
+    if !store.capabilities().multi_process {
+        return Err(format!(
+            "the {} backend lives in one process; torture runs workers as processes: use a store they can share",
+            store.capabilities().backend
+        ));
+    }
+    let faults: Vec<String> = args
+        .faults
+        .iter()
+        .map(|f| f.trim().to_string())
+        .filter(|f| !f.is_empty() && f != "none")
+        .collect();
+    for f in &faults {
+        if !CLIENT_FAULTS.contains(&f.as_str()) {
+            return Err(format!(
+                "unknown or not yet supported fault {f:?}: this build injects {} (or none)",
+                CLIENT_FAULTS.join(", ")
+            ));
+        }
+    }
+    let min_ttl = store.capabilities().min_ttl;
+    if args.ttl < min_ttl {
+        return Err(format!(
+            "--ttl {:?} is shorter than the {} backend's shortest, {min_ttl:?}",
+            args.ttl,
+            store.capabilities().backend
+        ));
+    }
+    if args.clients < 2 {
+        return Err("--clients must be at least 2: torture needs contention".into());
+    }
+    let run_id = tenure::store::random_hex(4).map_err(|e| e.to_string())?;
+    let prefix = format!("tenure-torture/{run_id}/");
+    let name = format!("{prefix}lock");
+    let shared = Arc::new(Shared {
+        start: Instant::now(),
+        start_ns: mono_ns(),
+        history: StdMutex::new(Vec::new()),
+        registers: StdMutex::new(Registers::default()),
+        workers: StdMutex::new(HashMap::new()),
+        grants: AtomicU64::new(0),
+        pause_on_read: StdMutex::new(Vec::new()),
+        stopping: AtomicBool::new(false),
+    });
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let mut tasks = Vec::new();
+    for id in 0..args.clients {
+        let (shared, exe, url, name) = (shared.clone(), exe.clone(), url.to_string(), name.clone());
+        let (ttl, seed) = (args.ttl, args.seed);
+        tasks.push(tokio::spawn(async move {
+            keep_worker(shared, exe, url, name, ttl, seed, id).await
+        }));
+    }
+    let deadline = Instant::now() + args.duration;
+    let mut rng = Rng::new(args.seed);
+    let mut next_fault = Instant::now() + args.fault_interval;
+    let mut last_progress = Instant::now();
+    let mut turn = 0usize;
+    loop {
+        let grants = shared.grants.load(Ordering::Relaxed) as usize;
+        if Instant::now() >= deadline || args.cycles.is_some_and(|c| grants >= c) {
+            break;
+        }
+        if !faults.is_empty() && Instant::now() >= next_fault {
+            let fault = faults[turn % faults.len()].clone();
+            turn += 1;
+            inject(&shared, &fault, args.ttl, &mut rng).await;
+            next_fault =
+                Instant::now() + rng.between(args.fault_interval / 2, args.fault_interval * 3 / 2);
+        }
+        if last_progress.elapsed() >= Duration::from_secs(2) {
+            last_progress = Instant::now();
+            let history = shared.history();
+            let f = check::check(&history, bound(args.ttl).as_micros() as u64);
+            eprintln!(
+                "torture: {:>5.1}s  grants {}  faults {}  violations {}",
+                shared.start.elapsed().as_secs_f64(),
+                f.grants,
+                f.faults,
+                violations(&f)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Stop: SIGTERM, so each worker releases and closes its session.
+    shared.stopping.store(true, Ordering::SeqCst);
+    for (pid, _) in workers(&shared).values() {
+        signal(*pid, libc::SIGCONT);
+        signal(*pid, libc::SIGTERM);
+    }
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+    }
+    let leaked = leaks(&store, &prefix, args.ttl).await?;
+    let history = shared.history();
+    let findings = check::check(&history, bound(args.ttl).as_micros() as u64);
+    let code = if findings.unsafe_run() {
+        1
+    } else if findings.slow_recoveries > 0 || leaked > 0 {
+        2
+    } else {
+        0
+    };
+    let verdict = ["pass", "safety violation", "liveness or leak failure"][code as usize];
+    print_summary(&findings, leaked, args.ttl, verdict);
+    if let Some(path) = &args.history {
+        let mut out = String::new();
+        for r in &history {
+            out.push_str(&serde_json::to_string(r).map_err(|e| e.to_string())?);
+            out.push('\n');
+        }
+        std::fs::write(path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.report {
+        let report = Report {
+            store: tenure::mask_password(url),
+            seed: args.seed,
+            clients: args.clients,
+            ttl_ms: args.ttl.as_millis() as u64,
+            faults,
+            fault_interval_ms: args.fault_interval.as_millis() as u64,
+            recovery_bound_ms: bound(args.ttl).as_millis() as u64,
+            findings,
+            leaked_names: leaked,
+            verdict,
+        };
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(code)
+}
+
+/// The report, as JSON.
+#[derive(Serialize)]
+struct Report {
+    store: String,
+    seed: u64,
+    clients: u32,
+    ttl_ms: u64,
+    faults: Vec<String>,
+    fault_interval_ms: u64,
+    recovery_bound_ms: u64,
+    findings: Findings,
+    leaked_names: usize,
+    verdict: &'static str,
+}
+
+/// The longest a fault on a holder may keep the lock from everyone else:
+/// its TTL and one renew interval, the watchers' 1 % and 10 ms, and a
+/// second for processes to start and stores to answer under load.
+fn bound(ttl: Duration) -> Duration {
+    ttl + ttl / 3 + ttl / 100 + Duration::from_millis(10) + Duration::from_secs(1)
+}
+
+fn violations(f: &Findings) -> usize {
+    f.fenced_lost_writes
+        + f.fenced_lower_token_accepted
+        + f.duplicate_tokens
+        + f.tokens_backwards
+        + f.overlaps_unpaused
+}
+
+fn workers(shared: &Shared) -> HashMap<u32, (u32, u64)> {
+    shared
+        .workers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) with a pid of a child of ours; no memory is touched.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// One fault: on the holder if there is one, else on a random worker.
+async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng) {
+    let all = workers(shared);
+    if all.is_empty() {
+        return;
+    }
+    let holder = all
+        .iter()
+        .find(|(_, (_, token))| *token != 0)
+        .map(|(id, _)| *id);
+    let mut ids: Vec<u32> = all.keys().copied().collect();
+    ids.sort_unstable();
+    let target = holder.unwrap_or(ids[(rng.next() % ids.len() as u64) as usize]);
+    let Some((pid, _)) = all.get(&target).copied() else {
+        return;
+    };
+    match fault {
+        "kill" => {
+            shared.record(
+                Some(target),
+                Op::FaultStart {
+                    fault: "kill".into(),
+                },
+            );
+            signal(pid, libc::SIGKILL);
+            // The worker's task records its exit and starts it again.
+        }
+        "pause" => {
+            // Every other pause lands between a holder's read and its write
+            // (its late write then meets the fence); the others wherever
+            // the worker is (in its critical section, or waiting).
+            if rng.next() % 2 == 0 {
+                shared
+                    .pause_on_read
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(target);
+            } else {
+                pause(shared.clone(), target, pid, ttl, rng.next());
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Stops a worker for 1.5–3 TTLs, in the background.
+fn pause(shared: Arc<Shared>, id: u32, pid: u32, ttl: Duration, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let length = rng.between(ttl * 3 / 2, ttl * 3);
+    shared.record(
+        Some(id),
+        Op::FaultStart {
+            fault: "pause".into(),
+        },
+    );
+    signal(pid, libc::SIGSTOP);
+    tokio::spawn(async move {
+        tokio::time::sleep(length).await;
+        signal(pid, libc::SIGCONT);
+        shared.record(
+            Some(id),
+            Op::FaultEnd {
+                fault: "pause".into(),
+            },
+        );
+    });
+}
+
+/// Runs worker `id`, and again whenever its process dies, until the harness
+/// stops.
+async fn keep_worker(
+    shared: Arc<Shared>,
+    exe: std::path::PathBuf,
+    url: String,
+    name: String,
+    ttl: Duration,
+    seed: u64,
+    id: u32,
+) {
+    let mut life = 0u64;
+    while !shared.stopping.load(Ordering::SeqCst) {
+        life += 1;
+        let child = Command::new(&exe)
+            .arg("--store")
+            .arg(&url)
+            .arg("torture-worker")
+            .arg("--name")
+            .arg(&name)
+            .arg("--ttl")
+            .arg(format!("{}ms", ttl.as_millis()))
+            .arg("--seed")
+            .arg((seed ^ (u64::from(id) << 32) ^ life).to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn();
+        let Ok(mut child) = child else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let pid = child.id().unwrap_or(0);
+        shared
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, (pid, 0));
+        serve(&shared, id, pid, ttl, &mut child).await;
+        let _ = child.wait().await;
+        shared.record(Some(id), Op::Exit);
+        let was = shared
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        if was.is_some() && !shared.stopping.load(Ordering::SeqCst) {
+            shared.record(
+                Some(id),
+                Op::FaultEnd {
+                    fault: "kill".into(),
+                },
+            );
+        }
+    }
+}
+
+/// Reads a worker's lines until it exits, recording them and answering its
+/// reads and writes.
+async fn serve(shared: &Arc<Shared>, id: u32, pid: u32, ttl: Duration, child: &mut Child) {
+    let (Some(stdout), Some(mut stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return;
+    };
+    let mut lines = BufReader::new(stdout).lines();
+    let mut rng = Rng::new(u64::from(pid));
+    while let Ok(Some(line)) = lines.next_line().await {
+        // "<the worker's stamp, ns> <what> <numbers…>"; reads and writes
+        // are stamped by the harness as it applies them, in their order.
+        let all: Vec<&str> = line.split_whitespace().collect();
+        let Some((stamp, words)) = all.split_first() else {
+            continue;
+        };
+        let stamp = stamp.parse::<u64>().unwrap_or_else(|_| mono_ns());
+        let number = |i: usize| words.get(i).and_then(|w| w.parse::<u64>().ok());
+        match (words.first().copied(), number(1), number(2)) {
+            (Some("req"), _, _) => shared.record_at(stamp, Some(id), Op::Request),
+            (Some("grant"), Some(token), _) => {
+                shared.grants.fetch_add(1, Ordering::Relaxed);
+                set_token(shared, id, token);
+                shared.record_at(stamp, Some(id), Op::Grant { token });
+            }
+            (Some("release"), _, _) => {
+                set_token(shared, id, 0);
+                shared.record_at(stamp, Some(id), Op::Release);
+            }
+            (Some("lost"), _, _) => {
+                set_token(shared, id, 0);
+                shared.record_at(stamp, Some(id), Op::Lost);
+            }
+            (Some("read"), Some(token), _) => {
+                let answer = {
+                    let mut regs = shared.registers.lock().unwrap_or_else(|e| e.into_inner());
+                    let fenced = (token >= regs.highest).then(|| {
+                        regs.highest = token;
+                        regs.fenced
+                    });
+                    shared.record(
+                        Some(id),
+                        Op::Read {
+                            token,
+                            fenced,
+                            twin: regs.twin,
+                        },
+                    );
+                    match fenced {
+                        Some(v) => format!("ok {v} {}\n", regs.twin),
+                        None => format!("refused {} {}\n", regs.highest, regs.twin),
+                    }
+                };
+                let paused = {
+                    let mut queue = shared
+                        .pause_on_read
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    let at = queue.iter().position(|w| *w == id);
+                    at.map(|i| queue.remove(i)).is_some()
+                };
+                if paused {
+                    pause(shared.clone(), id, pid, ttl, rng.next());
+                }
+                if reply(&mut stdin, &answer).await.is_err() {
+                    return;
+                }
+            }
+            (Some("write"), Some(token), Some(value)) => {
+                let answer = {
+                    let mut regs = shared.registers.lock().unwrap_or_else(|e| e.into_inner());
+                    let accepted = token >= regs.highest;
+                    let (fenced_before, twin_before) = (regs.fenced, regs.twin);
+                    if accepted {
+                        regs.highest = token;
+                        regs.fenced = value;
+                    }
+                    regs.twin = value;
+                    shared.record(
+                        Some(id),
+                        Op::Write {
+                            token,
+                            value,
+                            accepted,
+                            fenced_before,
+                            twin_before,
+                        },
+                    );
+                    if accepted {
+                        "ok\n"
+                    } else {
+                        "refused\n"
+                    }
+                };
+                if reply(&mut stdin, answer).await.is_err() {
+                    return;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn set_token(shared: &Shared, id: u32, token: u64) {
+    if let Some(entry) = shared
+        .workers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(&id)
+    {
+        entry.1 = token;
+    }
+}
+
+async fn reply(stdin: &mut ChildStdin, line: &str) -> std::io::Result<()> {
+    stdin.write_all(line.as_bytes()).await?;
+    stdin.flush().await
+}
+
+/// Names the run left in the store. Workers that were killed leave their
+/// sessions behind; a try-lock watches and ends them (as any newcomer's
+/// would), then every name must be gone.
+async fn leaks(store: &Arc<dyn Store>, prefix: &str, ttl: Duration) -> Result<usize, String> {
+    let deadline = Instant::now() + ttl * 4 + Duration::from_secs(5);
+    loop {
+        let names = store.names(prefix).await.map_err(|e| e.to_string())?;
+        if names.is_empty() {
+            return Ok(0);
+        }
+        if Instant::now() >= deadline {
+            return Ok(names.len());
+        }
+        let session = Session::with_options(store, SessionOptions::new().ttl(ttl))
+            .await
+            .map_err(|e| e.to_string())?;
+        for name in &names {
+            if let Ok(Some(guard)) = Mutex::new(&session, name.as_str())
+                .map_err(|e| e.to_string())?
+                .try_lock()
+                .await
+            {
+                let _ = guard.release().await;
+            }
+        }
+        let _ = session.close().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn print_summary(f: &Findings, leaked: usize, ttl: Duration, verdict: &str) {
+    let rows: Vec<(&str, String, &str)> = vec![
+        ("grants", f.grants.to_string(), ""),
+        ("faults injected", f.faults.to_string(), ""),
+        (
+            "fenced: lost acknowledged writes",
+            f.fenced_lost_writes.to_string(),
+            "must be 0",
+        ),
+        (
+            "fenced: lower token accepted",
+            f.fenced_lower_token_accepted.to_string(),
+            "must be 0",
+        ),
+        (
+            "duplicate tokens",
+            f.duplicate_tokens.to_string(),
+            "must be 0",
+        ),
+        (
+            "tokens backwards",
+            f.tokens_backwards.to_string(),
+            "must be 0",
+        ),
+        (
+            "overlaps, no pause in force",
+            f.overlaps_unpaused.to_string(),
+            "must be 0",
+        ),
+        (
+            "overlaps under a pause",
+            f.overlaps_paused.to_string(),
+            "expected",
+        ),
+        (
+            "longest overlap (ms)",
+            format!("{:.1}", f.longest_overlap_ms),
+            "",
+        ),
+        (
+            "fenced: late writes refused",
+            f.fenced_refusals.to_string(),
+            "",
+        ),
+        (
+            "unfenced twin: lost writes",
+            f.twin_lost_writes.to_string(),
+            "the control",
+        ),
+        (
+            "worst recovery (ms)",
+            format!("{:.0}", f.worst_recovery_ms),
+            "",
+        ),
+        (
+            "recoveries over the bound",
+            f.slow_recoveries.to_string(),
+            "must be 0",
+        ),
+        ("names left in the store", leaked.to_string(), "must be 0"),
+    ];
+    println!("torture: TTL {ttl:?}, recovery bound {:?}", bound(ttl));
+    for (what, figure, rule) in rows {
+        println!("  {what:<36} {figure:>8}  {rule}");
+    }
+    println!("verdict: {verdict}");
+}
+
+/// The worker: lock, read, a random critical section, write, release; a
+/// new session after a lost one; on SIGTERM, close the session and go.
+pub async fn worker(store: Arc<dyn Store>, args: WorkerArgs) -> Result<u8, String> {
+    let name = Name::new(&args.name).map_err(|e| e.to_string())?;
+    let mut rng = Rng::new(args.seed);
+    // SIGTERM from the harness: finish cleanly (close the session).
+    let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    let (stop, mut term) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        signal.recv().await;
+        let _ = stop.send(true);
+    });
+    let stdin = tokio::io::stdin();
+    let mut answers = BufReader::new(stdin).lines();
+    let mut out = tokio::io::stdout();
+    let mut session: Option<Session> = None;
+    loop {
+        let s = match &session {
+            Some(s) if !s.is_lost() => s.clone(),
+            _ => {
+                let opened = tokio::select! {
+                    s = Session::with_options(&store, SessionOptions::new().ttl(args.ttl)) => s,
+                    _ = term.changed() => return Ok(0),
+                };
+                match opened {
+                    Ok(s) => {
+                        session = Some(s.clone());
+                        s
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+            }
+        };
+        say(&mut out, "req").await?;
+        let mutex = Mutex::new(&s, name.as_str()).map_err(|e| e.to_string())?;
+        let guard = tokio::select! {
+            g = mutex.lock() => g,
+            _ = term.changed() => {
+                let _ = s.close().await;
+                return Ok(0);
+            }
+        };
+        let guard = match guard {
+            Ok(g) => g,
+            Err(Error::SessionLost(_)) => {
+                say(&mut out, "lost").await?;
+                continue;
+            }
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let token = guard.token();
+        say(&mut out, &format!("grant {token}")).await?;
+        say(&mut out, &format!("read {token}")).await?;
+        let answer = answers
+            .next_line()
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
+        let words: Vec<&str> = answer.split_whitespace().collect();
+        let value = match words.as_slice() {
+            ["ok", fenced, _] => fenced.parse::<u64>().unwrap_or(0),
+            ["refused", _, twin] => twin.parse::<u64>().unwrap_or(0),
+            _ => return Ok(0),
+        };
+        tokio::time::sleep(rng.between(Duration::from_millis(2), Duration::from_millis(30))).await;
+        say(&mut out, &format!("write {token} {}", value + 1)).await?;
+        let _ = answers.next_line().await.map_err(|e| e.to_string())?;
+        if s.is_lost() {
+            say(&mut out, "lost").await?;
+            drop(guard);
+            continue;
+        }
+        // The critical section ends here, before the lock is given back
+        // (a release the store has not seen yet holds nothing more).
+        say(&mut out, "release").await?;
+        let _ = guard.release().await;
+        if *term.borrow() {
+            let _ = s.close().await;
+            return Ok(0);
+        }
+    }
+}
+
+/// Tells the harness `line`, stamped now.
+async fn say(out: &mut tokio::io::Stdout, line: &str) -> Result<(), String> {
+    out.write_all(format!("{} {line}\n", mono_ns()).as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    out.flush().await.map_err(|e| e.to_string())
+}
