@@ -16,6 +16,10 @@ fn torture(url: String, seed: u64) {
 }
 
 fn torture_with(url: String, seed: u64, ttl: &str) {
+    torture_run(url, seed, ttl, &[])
+}
+
+fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) {
     let env = Env::with_url(url);
     let report = env.path("report.json");
     let history = env.path("history.jsonl");
@@ -37,7 +41,8 @@ fn torture_with(url: String, seed: u64, ttl: &str) {
             cmd.arg("--report")
                 .arg(&report)
                 .arg("--history")
-                .arg(&history);
+                .arg(&history)
+                .args(extra);
             cmd
         },
         Duration::from_secs(90),
@@ -131,6 +136,40 @@ fn zookeeper() {
         return;
     };
     torture(ensemble.url(), 7);
+}
+
+/// A nemesis that steps the server's wall clock 30 s forward (libfaketime)
+/// and back again, taking turns with the client faults: still no overlap
+/// outside a pause, and every recovery within its bound.
+fn clock_jumps(url: String, clock_file: &std::path::Path, seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("nemesis");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nset -e\ncase \"$1\" in\n  start) printf '+30\\n' > {f}.tmp ;;\n  stop) printf '+0\\n' > {f}.tmp ;;\nesac\nmv {f}.tmp {f}\n",
+            f = clock_file.display()
+        ),
+    )
+    .unwrap();
+    let cmd = format!("sh {}", script.display());
+    torture_run(url, seed, "1s", &["--nemesis-exec", &cmd]);
+}
+
+#[test]
+fn postgres_with_clock_jumps() {
+    let Some(server) = PostgresServer::start_with_clock_or_skip() else {
+        return;
+    };
+    clock_jumps(server.url(), server.clock().unwrap().file(), 8);
+}
+
+#[test]
+fn mysql_with_clock_jumps() {
+    let Some(server) = MariaDbServer::start_with_clock_or_skip() else {
+        return;
+    };
+    clock_jumps(server.url(), server.clock().unwrap().file(), 9);
 }
 
 /// Memory lives in one process: refused with a clear message.

@@ -502,6 +502,12 @@ impl SteppableClock {
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
     }
 
+    /// The file libfaketime reads the offset from (a line such as `+30`),
+    /// for a test that steps the clock from another process.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
     /// Steps the server's wall clock by `seconds` (negative: back).
     pub fn step(&self, seconds: i64) {
         let now = self

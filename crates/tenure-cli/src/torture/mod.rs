@@ -58,6 +58,12 @@ pub struct TortureArgs {
     /// Write the history (JSON lines) here, to check it again later.
     #[arg(long)]
     pub history: Option<std::path::PathBuf>,
+    /// Your own fault, taking its turn with the others: run as
+    /// `sh -c "CMD start"` to begin it and `sh -c "CMD stop"` 1.5-3 TTLs
+    /// later (pause your server, step its clock, cut a link…). Overlaps
+    /// during it must be 0.
+    #[arg(long, value_name = "CMD")]
+    pub nemesis_exec: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -166,14 +172,14 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             store.capabilities().backend
         ));
     }
-    let faults: Vec<String> = args
+    let mut faults: Vec<String> = args
         .faults
         .iter()
         .map(|f| f.trim().to_string())
         .filter(|f| !f.is_empty() && f != "none")
         .collect();
     for f in &faults {
-        if !CLIENT_FAULTS.contains(&f.as_str()) {
+        if !CLIENT_FAULTS.contains(&f.as_str()) && f != "nemesis" {
             return Err(format!(
                 "unknown or not yet supported fault {f:?}: this build injects {} (or none)",
                 CLIENT_FAULTS.join(", ")
@@ -187,6 +193,9 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             args.ttl,
             store.capabilities().backend
         ));
+    }
+    if args.nemesis_exec.is_some() {
+        faults.push("nemesis".into());
     }
     if args.clients < 2 {
         return Err("--clients must be at least 2: torture needs contention".into());
@@ -218,6 +227,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     let mut next_fault = Instant::now() + args.fault_interval;
     let mut last_progress = Instant::now();
     let mut turn = 0usize;
+    let mut nemeses = Vec::new();
     loop {
         let grants = shared.grants.load(Ordering::Relaxed) as usize;
         if Instant::now() >= deadline || args.cycles.is_some_and(|c| grants >= c) {
@@ -226,7 +236,13 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         if !faults.is_empty() && Instant::now() >= next_fault {
             let fault = faults[turn % faults.len()].clone();
             turn += 1;
-            inject(&shared, &fault, args.ttl, &mut rng).await;
+            match (&args.nemesis_exec, fault.as_str()) {
+                (Some(cmd), "nemesis") => {
+                    let length = rng.between(args.ttl * 3 / 2, args.ttl * 3);
+                    nemeses.push(tokio::spawn(nemesis(shared.clone(), cmd.clone(), length)));
+                }
+                _ => inject(&shared, &fault, args.ttl, &mut rng).await,
+            }
             next_fault =
                 Instant::now() + rng.between(args.fault_interval / 2, args.fault_interval * 3 / 2);
         }
@@ -243,6 +259,10 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A fault of the user's in force is ended first.
+    for nemesis in nemeses {
+        let _ = nemesis.await;
     }
     // Stop: SIGTERM, so each worker releases and closes its session.
     shared.stopping.store(true, Ordering::SeqCst);
@@ -281,6 +301,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             ttl_ms: args.ttl.as_millis() as u64,
             faults,
             fault_interval_ms: args.fault_interval.as_millis() as u64,
+            nemesis: args.nemesis_exec.is_some(),
             recovery_bound_ms: bound(args.ttl).as_millis() as u64,
             findings,
             leaked_names: leaked,
@@ -301,6 +322,9 @@ struct Report {
     ttl_ms: u64,
     faults: Vec<String>,
     fault_interval_ms: u64,
+    /// Whether a `--nemesis-exec` fault took turns (its command is not
+    /// shown: it may hold secrets).
+    nemesis: bool,
     recovery_bound_ms: u64,
     findings: Findings,
     leaked_names: usize,
@@ -382,6 +406,41 @@ async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng)
         }
         _ => {}
     }
+}
+
+/// The user's fault: `CMD start`, `length`, `CMD stop` (each bounded to
+/// 30 s).
+async fn nemesis(shared: Arc<Shared>, cmd: String, length: Duration) {
+    let run = |phase: &'static str| {
+        let cmd = format!("{cmd} {phase}");
+        async move {
+            let child = Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .status();
+            match tokio::time::timeout(Duration::from_secs(30), child).await {
+                Ok(Ok(status)) if status.success() => {}
+                other => eprintln!("torture: nemesis {phase}: {other:?}"),
+            }
+        }
+    };
+    shared.record(
+        None,
+        Op::FaultStart {
+            fault: "nemesis".into(),
+        },
+    );
+    run("start").await;
+    tokio::time::sleep(length).await;
+    run("stop").await;
+    shared.record(
+        None,
+        Op::FaultEnd {
+            fault: "nemesis".into(),
+        },
+    );
 }
 
 /// Stops a worker for 1.5–3 TTLs, in the background.
