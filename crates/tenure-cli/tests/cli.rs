@@ -740,3 +740,117 @@ fn cell_get_put_delete_with_versions() {
     let out = env.run(&["cell", "get", "config"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
 }
+
+/// A catalogue of bad input across the CLI (and the library under it):
+/// names, TTLs, durations, URLs, credentials, tokens, versions, values,
+/// permit counts, cron expressions, time zones, flags. Each is exit 64
+/// with a message, no panic, and the password never shows.
+#[test]
+fn bad_input_catalogue_exits_64_with_a_message_and_no_secret() {
+    let env = Env::sqlite();
+    let long_name = "n".repeat(300);
+    let long_value = "v".repeat(64 * 1024 + 1);
+    let cases: Vec<Vec<&str>> = vec![
+        // Names.
+        vec!["lock", "", "--", "true"],
+        vec!["lock", &long_name, "--", "true"],
+        vec!["lock", "a\u{1}b", "--", "true"],
+        vec!["elect", ""],
+        vec!["leader", ""],
+        vec!["fence", "", "5"],
+        vec!["cell", "get", ""],
+        // TTLs and durations.
+        vec!["lock", "x", "--ttl", "0s", "--", "true"],
+        vec!["lock", "x", "--ttl", "5parsecs", "--", "true"],
+        vec!["lock", "x", "--ttl", "-1s", "--", "true"],
+        vec!["lock", "x", "--ttl", "100000d", "--", "true"],
+        vec!["lock", "x", "--wait", "soon", "--", "true"],
+        vec![
+            "lock",
+            "x",
+            "--ttl",
+            "1s",
+            "--kill-grace",
+            "1s",
+            "--",
+            "true",
+        ],
+        vec!["elect", "x", "--ttl", "0s"],
+        vec!["torture", "--ttl", "1ms", "--duration", "1s"],
+        // Commands and flags.
+        vec!["lock", "x"],
+        vec!["lock", "x", "--wait", "1s", "--no-wait", "--", "true"],
+        vec!["release", "x"],
+        vec!["frobnicate"],
+        vec!["status", "--colour"],
+        vec!["torture", "--clients", "1", "--duration", "1s"],
+        vec!["torture", "--faults", "meteor", "--duration", "1s"],
+        // Tokens, versions, values.
+        vec!["fence", "x", "0"],
+        vec!["fence", "x", "-5"],
+        vec!["fence", "x", "ten"],
+        vec!["fence", "x", "99999999999999999999"],
+        vec!["cell", "put", "x", "v"],
+        vec!["cell", "put", "x", "v", "--if-version", "0"],
+        vec!["cell", "put", "x", "", "--if-absent"],
+        vec!["cell", "put", "x", &long_value, "--if-absent"],
+        vec!["cell", "delete", "x", "--if-version", "one"],
+        // Cron expressions and time zones.
+        vec!["cron", "every minute", "job", "--", "true"],
+        vec!["cron", "0 0 31 2 *", "job", "--", "true"],
+        vec![
+            "cron",
+            "* * * * *",
+            "job",
+            "--tz",
+            "Mars/Olympus",
+            "--",
+            "true",
+        ],
+        vec!["cron", "* * * * *", "job", "--at-most", "0s", "--", "true"],
+        vec![
+            "cron",
+            "* * * * *",
+            "job",
+            "--mode",
+            "sometimes",
+            "--",
+            "true",
+        ],
+        // Completions of a shell nobody has.
+        vec!["completions", "cmd.exe"],
+    ];
+    assert!(cases.len() >= 30);
+    for args in &cases {
+        let out = env.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{:?}: {out:?}", &args[..2]);
+        assert!(!stderr.trim().is_empty(), "{:?}: no message", &args[..2]);
+        assert!(!stderr.contains("panicked"), "{:?}: {stderr}", &args[..2]);
+    }
+    // URLs and credentials: the password never reaches the output.
+    for url in [
+        "postgres://bob:hunter2@127.0.0.1:1/db?sslmode=sometimes",
+        "redis://:hunter2@127.0.0.1:1/db?prefix=",
+        "mysql://bob:hunter2@127.0.0.1:1/db?bogus=1",
+        "etcd://bob:hunter2@db",
+        "zk://bob:hunter2@127.0.0.1:1/path?max_sessions=lots",
+        "redlock://:hunter2@127.0.0.1:1",
+        "sqlite://",
+        "ftp://bob:hunter2@host/x",
+        "",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(["--store", url, "status"])
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(64), "{url}: {all}");
+        assert!(!all.contains("hunter2"), "{url}: {all}");
+        assert!(!all.contains("panicked"), "{url}: {all}");
+    }
+}
