@@ -757,18 +757,31 @@ pub struct MariaDbServer {
     port: u16,
     dir: tempfile::TempDir,
     clock: Option<SteppableClock>,
+    tls: Option<TlsFiles>,
     child: Option<Child>,
 }
 
 impl MariaDbServer {
     /// Starts one, or `None` (after [`missing`]) without the binaries.
     pub fn start_or_skip() -> Option<MariaDbServer> {
-        Self::start_inner(false)
+        Self::start_inner(false, false)
     }
 
     /// Starts one whose wall clock the test steps ([`Self::clock`]).
     pub fn start_with_clock_or_skip() -> Option<MariaDbServer> {
-        Self::start_inner(true)
+        Self::start_inner(true, false)
+    }
+
+    /// Starts one that accepts connections only over TLS, with a
+    /// certificate of a test CA; its [`MariaDbServer::url`] asks for
+    /// `ssl-mode=VERIFY_IDENTITY` with that CA.
+    pub fn start_tls_or_skip() -> Option<MariaDbServer> {
+        Self::start_inner(false, true)
+    }
+
+    /// The TLS files of a server started with [`Self::start_tls_or_skip`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// The steppable clock of a server started with one.
@@ -776,7 +789,7 @@ impl MariaDbServer {
         self.clock.as_ref()
     }
 
-    fn start_inner(steppable: bool) -> Option<MariaDbServer> {
+    fn start_inner(steppable: bool, tls: bool) -> Option<MariaDbServer> {
         let install = find("mariadb-install-db", &["/usr/bin/mariadb-install-db"]);
         let server = find("mariadbd", &["/usr/sbin/mariadbd"]);
         let client = find("mariadb", &["/usr/bin/mariadb"]);
@@ -811,10 +824,20 @@ impl MariaDbServer {
         } else {
             None
         };
+        let tls = if tls {
+            let files = TlsFiles::make(dir.path())?;
+            for f in [&files.cert, &files.key, &files.ca] {
+                std::os::unix::fs::chown(f, Some(user.0), Some(user.1)).expect("chown");
+            }
+            Some(files)
+        } else {
+            None
+        };
         let mut server = MariaDbServer {
             port: free_port(),
             dir,
             clock,
+            tls,
             child: None,
         };
         server.launch();
@@ -862,6 +885,12 @@ impl MariaDbServer {
         if let Some(clock) = &self.clock {
             clock.apply(&mut cmd);
         }
+        if let Some(tls) = &self.tls {
+            cmd.arg(format!("--ssl-cert={}", tls.cert.display()))
+                .arg(format!("--ssl-key={}", tls.key.display()))
+                .arg(format!("--ssl-ca={}", tls.ca.display()))
+                .arg("--require-secure-transport=ON");
+        }
         self.child = Some(spawn_tied(cmd).expect("spawn mariadbd"));
         assert!(
             wait_for_port(self.port, Duration::from_secs(20)),
@@ -876,7 +905,14 @@ impl MariaDbServer {
 
     /// A `mysql://` URL with the right password.
     pub fn url(&self) -> String {
-        format!("mysql://tenure:{PASSWORD}@127.0.0.1:{}/tenure", self.port)
+        match &self.tls {
+            Some(tls) => format!(
+                "mysql://tenure:{PASSWORD}@127.0.0.1:{}/tenure?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+                self.port,
+                tls.ca.display()
+            ),
+            None => format!("mysql://tenure:{PASSWORD}@127.0.0.1:{}/tenure", self.port),
+        }
     }
 
     /// SIGKILLs the server.

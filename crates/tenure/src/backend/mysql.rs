@@ -42,6 +42,8 @@ const RETRIES: usize = 5;
 // Besides our own options, the driver's own that we pass on.
 pub(crate) const URL: UrlRules = UrlRules::servers(&[
     "prefix",
+    "ssl-mode",
+    "ssl-ca",
     "tcp_keepalive",
     "tcp_nodelay",
     "stmt_cache_size",
@@ -92,6 +94,12 @@ fn my_err(e: mysql_async::Error) -> Error {
         mysql_async::Error::Server(s) if matches!(s.code, 1205 | 1213 | 1040 | 1053) => {
             Error::unavailable(BACKEND, e)
         }
+        // A certificate that is not trusted, or names another host: trying
+        // again does not help.
+        #[cfg(feature = "tls")]
+        mysql_async::Error::Io(mysql_async::IoError::Tls(t)) => {
+            Error::backend(BACKEND, format!("TLS: {t}"))
+        }
         mysql_async::Error::Io(_) | mysql_async::Error::Driver(_) => Error::unavailable(BACKEND, e),
         _ => Error::backend(BACKEND, e),
     }
@@ -122,13 +130,61 @@ fn parse_url(url: &StoreUrl) -> Result<(mysql_async::Opts, String)> {
         url.userinfo_as_written(),
         url.authority(),
         url.path(),
-        url.driver_query(&["prefix"])
+        url.driver_query(&["prefix", "ssl-mode", "ssl-ca"])
     );
     let opts = mysql_async::Opts::from_url(&cleaned).map_err(|e| url.invalid(e.to_string()))?;
+    let opts: mysql_async::Opts = mysql_async::OptsBuilder::from_opts(opts)
+        .ssl_opts(ssl_opts(url)?)
+        .into();
     if opts.db_name().is_none() {
         return Err(url.invalid("no database: use mysql://user:password@host:port/DATABASE"));
     }
     Ok((opts, prefix.to_string()))
+}
+
+/// TLS as the MySQL client's own options say (`ssl-mode`, `ssl-ca`):
+/// DISABLED (the default), REQUIRED (encrypted, the certificate not
+/// checked), VERIFY_CA (signed by `ssl-ca` or a system root), or
+/// VERIFY_IDENTITY (that, and for this host). PREFERRED, which falls back to
+/// plain text without a word, is refused.
+fn ssl_opts(url: &StoreUrl) -> Result<Option<mysql_async::SslOpts>> {
+    let mode = url
+        .option("ssl-mode")
+        .map(str::to_ascii_uppercase)
+        .unwrap_or_else(|| "DISABLED".into());
+    let ca = url.option("ssl-ca");
+    if let Some(ca) = ca {
+        if std::fs::metadata(ca).is_err() {
+            return Err(url.invalid(format!("ssl-ca={ca:?} is not a readable file")));
+        }
+    }
+    let checked = |verify_host: bool| -> Result<Option<mysql_async::SslOpts>> {
+        if !cfg!(feature = "tls") {
+            return Err(Error::BackendDisabled {
+                backend: "mysql over TLS",
+                feature: "tls",
+            });
+        }
+        let mut ssl = mysql_async::SslOpts::default();
+        if let Some(ca) = ca {
+            ssl = ssl.with_root_certs(vec![std::path::PathBuf::from(ca).into()]);
+        }
+        Ok(Some(ssl.with_danger_skip_domain_validation(!verify_host)))
+    };
+    match mode.as_str() {
+        "DISABLED" => Ok(None),
+        "REQUIRED" => checked(false).map(|ssl| {
+            ssl.map(|s| s.with_danger_accept_invalid_certs(true))
+        }),
+        "VERIFY_CA" => checked(false),
+        "VERIFY_IDENTITY" => checked(true),
+        "PREFERRED" => Err(url.invalid(
+            "ssl-mode=PREFERRED falls back to plain text silently: choose REQUIRED, VERIFY_CA, VERIFY_IDENTITY or DISABLED",
+        )),
+        other => Err(url.invalid(format!(
+            "ssl-mode={other:?}: one of DISABLED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY"
+        ))),
+    }
 }
 
 /// A value as the core reads it.
