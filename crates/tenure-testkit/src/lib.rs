@@ -1231,11 +1231,28 @@ struct ZkNode {
 pub struct ZkEnsemble {
     dir: tempfile::TempDir,
     nodes: Vec<ZkNode>,
+    tls: Option<TlsFiles>,
 }
 
 impl ZkEnsemble {
     /// Starts `servers` servers, or `None` (after [`missing`]) without ZooKeeper.
     pub fn start_or_skip(servers: usize) -> Option<ZkEnsemble> {
+        Self::start_with(servers, false)
+    }
+
+    /// One server that takes clients only over TLS (its secure client port,
+    /// Netty, a PEM certificate of a test CA; no plain client port); its
+    /// [`ZkEnsemble::url`] is `zks://…?tls_ca=…`.
+    pub fn start_tls_or_skip() -> Option<ZkEnsemble> {
+        Self::start_with(1, true)
+    }
+
+    /// The test CA and the server's certificate, when it serves over TLS.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    fn start_with(servers: usize, tls: bool) -> Option<ZkEnsemble> {
         if find("zkServer.sh", &["/usr/share/zookeeper/bin/zkServer.sh"]).is_none()
             || find("java", &["/usr/bin/java"]).is_none()
         {
@@ -1243,6 +1260,10 @@ impl ZkEnsemble {
             return None;
         }
         let dir = memory_dir();
+        let tls = match tls {
+            true => Some(TlsFiles::make(dir.path())?),
+            false => None,
+        };
         let quorum: Vec<(u16, u16)> = (0..servers).map(|_| (free_port(), free_port())).collect();
         let mut nodes = Vec::new();
         for i in 0..servers {
@@ -1250,9 +1271,29 @@ impl ZkEnsemble {
             std::fs::create_dir_all(&data).expect("zk dir");
             std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("myid");
             let client_port = free_port();
+            let listen = match &tls {
+                None => format!("clientPort={client_port}\nclientPortAddress=127.0.0.1\n"),
+                // ZooKeeper reads PEM key and trust stores (3.5.6 and
+                // later); the key store holds the certificate and its key.
+                Some(files) => {
+                    let both = data.join("server-cert-and-key.pem");
+                    let mut pem = std::fs::read(&files.cert).expect("read cert");
+                    pem.extend(std::fs::read(&files.key).expect("read key"));
+                    std::fs::write(&both, pem).expect("write cert and key");
+                    format!(
+                        "secureClientPort={client_port}\nsecureClientPortAddress=127.0.0.1\n\
+                         serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                         ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+                         ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+                         ssl.clientAuth=none\n",
+                        both.display(),
+                        files.ca.display()
+                    )
+                }
+            };
             let mut cfg = format!(
-                "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client_port}\n\
-                 clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+                "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\n{listen}\
+                 admin.enableServer=false\n\
                  4lw.commands.whitelist=srvr,ruok\nmaxClientCnxns=0\nforceSync=no\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
                 data.display()
             );
@@ -1267,7 +1308,7 @@ impl ZkEnsemble {
                 child: None,
             });
         }
-        let mut ensemble = ZkEnsemble { dir, nodes };
+        let mut ensemble = ZkEnsemble { dir, nodes, tls };
         for i in 0..servers {
             ensemble.launch(i);
         }
@@ -1282,15 +1323,21 @@ impl ZkEnsemble {
 
     fn launch(&mut self, i: usize) {
         let data = self.dir.path().join(format!("zk{i}"));
+        let mut jvm_flags = "-Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1".to_string();
+        if self.tls.is_some() {
+            // Netty's server needs netty-codec, which Debian's zookeeper.jar
+            // does not list in its class path; a later -cp wins over the
+            // script's own.
+            jvm_flags.push_str(
+                " -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/netty-codec.jar",
+            );
+        }
         let mut cmd = Command::new("/usr/share/zookeeper/bin/zkServer.sh");
         cmd.arg("start-foreground")
             .arg(data.join("zoo.cfg"))
             .env("ZOO_LOG_DIR", &data)
             .env("ZOO_LOG4J_PROP", "ERROR,CONSOLE")
-            .env(
-                "JVMFLAGS",
-                "-Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
-            )
+            .env("JVMFLAGS", jvm_flags)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         self.nodes[i].child = Some(spawn_tied(cmd).expect("spawn ZooKeeper"));
@@ -1311,6 +1358,36 @@ impl ZkEnsemble {
     /// Server `i`'s mode (`standalone`, `leader` or `follower`) if it serves.
     pub fn mode(&self, i: usize) -> Option<String> {
         use std::io::{Read, Write};
+        if let Some(files) = &self.tls {
+            // `srvr` over TLS, through openssl's client.
+            let mut child = Command::new("openssl")
+                .args(["s_client", "-quiet", "-verify_return_error", "-CAfile"])
+                .arg(&files.ca)
+                .arg("-connect")
+                .arg(format!("127.0.0.1:{}", self.nodes[i].client_port))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?;
+            let mut stdin = child.stdin.take()?;
+            let _ = stdin.write_all(b"srvr");
+            let mut stdout = child.stdout.take()?;
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut out = String::new();
+                let _ = stdout.read_to_string(&mut out);
+                let _ = tx.send(out);
+            });
+            let out = rx.recv_timeout(Duration::from_secs(3)).unwrap_or_default();
+            drop(stdin);
+            let _ = child.kill();
+            let _ = child.wait();
+            return out
+                .lines()
+                .find_map(|l| l.strip_prefix("Mode: "))
+                .map(str::to_string);
+        }
         let mut stream =
             std::net::TcpStream::connect(("127.0.0.1", self.nodes[i].client_port)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -1339,7 +1416,10 @@ impl ZkEnsemble {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.client_port))
             .collect();
-        format!("zk://{}", hosts.join(","))
+        match &self.tls {
+            None => format!("zk://{}", hosts.join(",")),
+            Some(tls) => format!("zks://{}?tls_ca={}", hosts.join(","), tls.ca.display()),
+        }
     }
 
     /// Server `i`'s client port.

@@ -151,7 +151,7 @@ pub fn backends() -> &'static [Backend] {
         backend!(
             "zookeeper",
             "zookeeper",
-            ["zk", "zookeeper"],
+            ["zk", "zookeeper", "zks"],
             "zk://host:2181,host:2181/app",
             zookeeper::ZkStore
         ),
@@ -237,6 +237,7 @@ mod tests {
         assert_eq!(backend_for("sqlite:///a.db").unwrap().name, "sqlite");
         assert_eq!(backend_for("MEMORY://").unwrap().name, "memory");
         assert_eq!(backend_for("rediss://h:1").unwrap().name, "redis");
+        assert_eq!(backend_for("zks://h:1").unwrap().name, "zookeeper");
         assert!(backend_for("localhost:6379").is_err());
         let err = backend_for("ftp://u:pw@h/").unwrap_err().to_string();
         assert!(!err.contains("pw@"), "{err}");

@@ -1,5 +1,7 @@
 //! `zk://[user:password@]host:port[,host:port…][/path]`: ZooKeeper, the
 //! recipe of Curator's `InterProcessMutex` over the tenure contract.
+//! `zks://…?tls_ca=PATH` connects to the servers' secure client port over
+//! TLS (the `tls` feature), trusting that CA and checking the host name.
 //!
 //! - A tenure session is a ZooKeeper session of its own (one client
 //!   connection), with the TTL as its session timeout; a server that
@@ -121,7 +123,7 @@ const SEEN_BYTES: usize = 4 << 20;
 const SCAN_BATCH: usize = 256;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules::servers(&["max_sessions"]);
+pub(crate) const URL: UrlRules = UrlRules::servers(&["max_sessions", "tls_ca"]);
 
 /// How many sessions a store opens at most unless its URL says otherwise
 /// (`max_sessions=N`, 0 for no limit). Each session is a ZooKeeper
@@ -164,6 +166,8 @@ struct Inner {
     /// Connect string (no chroot: paths below are absolute).
     hosts: String,
     auth: Option<Vec<u8>>,
+    /// `zks://`: how to connect over TLS.
+    tls: Option<Tls>,
     base: String,
     url: String,
     caps: Capabilities,
@@ -587,10 +591,30 @@ struct Parsed {
     auth: Option<Vec<u8>>,
     base: String,
     max_sessions: usize,
+    /// `zks://`: the CA file to trust.
+    tls_ca: Option<String>,
 }
 
 fn parse_url(url: &StoreUrl) -> Result<Parsed> {
     url.servers("server")?;
+    let tls = url.scheme() == "zks";
+    if tls && !cfg!(feature = "tls") {
+        return Err(Error::BackendDisabled {
+            backend: "zookeeper over TLS (zks://)",
+            feature: "tls",
+        });
+    }
+    let tls_ca = match url.option("tls_ca") {
+        Some(path) if !tls => {
+            return Err(url.invalid(format!("tls_ca={path} goes with zks:// only")))
+        }
+        Some("") | None if tls => {
+            return Err(url.invalid(
+                "zks:// needs tls_ca=PATH: the ZooKeeper client trusts only the CA it is given",
+            ))
+        }
+        other => other.map(str::to_string),
+    };
     let base = match url.path().trim_end_matches('/') {
         "" => "/tenure".to_string(),
         p if p
@@ -620,15 +644,141 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         auth,
         base,
         max_sessions,
+        tls_ca,
     })
+}
+
+/// TLS to the servers' secure client port (`zks://`): the client library's
+/// options, and the same trust for [`Tls::diagnose`].
+#[derive(Clone)]
+struct Tls {
+    #[cfg(feature = "tls")]
+    options: zk::TlsOptions,
+    #[cfg(feature = "tls")]
+    probe: Arc<rustls::ClientConfig>,
+    #[cfg(feature = "tls")]
+    servers: Vec<(String, u16)>,
+}
+
+#[cfg(not(feature = "tls"))]
+impl Tls {
+    fn load(_url: &StoreUrl, _ca: &str) -> Result<Tls> {
+        Err(Error::BackendDisabled {
+            backend: "zookeeper over TLS (zks://)",
+            feature: "tls",
+        })
+    }
+
+    fn connector(&self, connector: zk::Connector) -> zk::Connector {
+        connector
+    }
+
+    async fn connect(&self, connector: zk::Connector, hosts: &str) -> ZkResult<zk::Client> {
+        connector.connect(hosts).await
+    }
+
+    async fn diagnose(&self) -> Option<Error> {
+        None
+    }
+}
+
+#[cfg(feature = "tls")]
+impl Tls {
+    /// Reads the CA file `ca` (a bad one is a bad URL).
+    fn load(url: &StoreUrl, ca: &str) -> Result<Tls> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::CertificateDer;
+        let pem =
+            std::fs::read_to_string(ca).map_err(|e| url.invalid(format!("tls_ca={ca}: {e}")))?;
+        let options = zk::TlsOptions::new()
+            .with_pem_ca(&pem)
+            .map_err(|e| url.invalid(format!("tls_ca={ca}: {e}")))?;
+        // The library builds its rustls configuration with the process's
+        // default crypto provider; with more than one compiled in (etcd's
+        // TLS brings ring) there is none until someone installs one.
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = (*provider).clone().install_default();
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            let cert = cert.map_err(|e| url.invalid(format!("tls_ca={ca}: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| url.invalid(format!("tls_ca={ca}: {e}")))?;
+        }
+        let probe = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::backend(BACKEND, format!("TLS: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Tls {
+            options,
+            probe: Arc::new(probe),
+            servers: url.servers("server")?,
+        })
+    }
+
+    fn connector(&self, connector: zk::Connector) -> zk::Connector {
+        connector.with_tls(self.options.clone())
+    }
+
+    async fn connect(&self, connector: zk::Connector, hosts: &str) -> ZkResult<zk::Client> {
+        connector.secure_connect(hosts).await
+    }
+
+    /// Why no server could be reached over TLS, if a server answered but
+    /// its certificate is not trusted (the client library reports only
+    /// that no host could be reached): a handshake of our own with each
+    /// server, with the same trust, each bounded by [`CONNECT_TIMEOUT`].
+    async fn diagnose(&self) -> Option<Error> {
+        for (host, port) in &self.servers {
+            let config = self.probe.clone();
+            let (host, port) = (host.clone(), *port);
+            let shown = format!("{host}:{port}");
+            let handshake = tokio::task::spawn_blocking(move || handshake(config, &host, port));
+            if let Ok(Ok(Some(reason))) = tokio::time::timeout(CONNECT_TIMEOUT, handshake).await {
+                return Some(Error::backend(BACKEND, format!("TLS: {shown}: {reason}")));
+            }
+        }
+        None
+    }
+}
+
+/// A TLS handshake with `host:port`: the reason the server's certificate
+/// is refused, or `None` if it is accepted or the server cannot be reached.
+#[cfg(feature = "tls")]
+fn handshake(config: Arc<rustls::ClientConfig>, host: &str, port: u16) -> Option<String> {
+    use std::net::ToSocketAddrs;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).ok()?;
+    let addr = (host, port).to_socket_addrs().ok()?.next()?;
+    let mut socket = std::net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).ok()?;
+    socket.set_read_timeout(Some(CONNECT_TIMEOUT)).ok()?;
+    socket.set_write_timeout(Some(CONNECT_TIMEOUT)).ok()?;
+    let mut conn = rustls::ClientConnection::new(config, name).ok()?;
+    while conn.is_handshaking() {
+        if let Err(e) = conn.complete_io(&mut socket) {
+            // rustls's own refusals come as InvalidData; the rest is I/O.
+            return match e.kind() {
+                std::io::ErrorKind::InvalidData => Some(e.to_string()),
+                _ => None,
+            };
+        }
+    }
+    None
 }
 
 impl ZkStore {
     pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
         let parsed = parse_url(&url)?;
+        let tls = match &parsed.tls_ca {
+            Some(ca) => Some(Tls::load(&url, ca)?),
+            None => None,
+        };
         let admin = connect(
             &parsed.hosts,
             parsed.auth.as_deref(),
+            tls.as_ref(),
             Duration::from_secs(10),
         )
         .await?;
@@ -636,6 +786,7 @@ impl ZkStore {
             inner: Arc::new(Inner {
                 hosts: parsed.hosts,
                 auth: parsed.auth,
+                tls,
                 base: parsed.base,
                 url: url.masked().to_string(),
                 caps: capabilities(),
@@ -1161,7 +1312,12 @@ impl ZkStore {
     }
 }
 
-async fn connect(hosts: &str, auth: Option<&[u8]>, timeout: Duration) -> Result<zk::Client> {
+async fn connect(
+    hosts: &str,
+    auth: Option<&[u8]>,
+    tls: Option<&Tls>,
+    timeout: Duration,
+) -> Result<zk::Client> {
     let mut connector = zk::Client::connector()
         .with_session_timeout(timeout)
         .with_connection_timeout(CONNECT_TIMEOUT.min(timeout));
@@ -1169,13 +1325,34 @@ async fn connect(hosts: &str, auth: Option<&[u8]>, timeout: Duration) -> Result<
         connector = connector.with_auth("digest", auth);
     }
     let connector = connector.with_fail_eagerly();
-    tokio::time::timeout(
-        CONNECT_TIMEOUT + Duration::from_secs(1),
-        connector.connect(hosts),
-    )
-    .await
-    .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
-    .map_err(zk_err)
+    let connected = match tls {
+        None => {
+            tokio::time::timeout(
+                CONNECT_TIMEOUT + Duration::from_secs(1),
+                connector.connect(hosts),
+            )
+            .await
+        }
+        Some(tls) => {
+            tokio::time::timeout(
+                CONNECT_TIMEOUT + Duration::from_secs(1),
+                tls.connect(tls.connector(connector), hosts),
+            )
+            .await
+        }
+    };
+    let e = match connected {
+        Ok(Ok(client)) => return Ok(client),
+        Ok(Err(e)) => zk_err(e),
+        Err(_) => Error::unavailable(BACKEND, "connect timed out"),
+    };
+    // Over TLS, an untrusted certificate is not worth retrying: say so.
+    if let (true, Some(tls)) = (e.is_temporary(), tls) {
+        if let Some(refused) = tls.diagnose().await {
+            return Err(refused);
+        }
+    }
+    Err(e)
 }
 
 /// A version for a queue: a hash of its children's ids and data versions.
@@ -1195,7 +1372,13 @@ impl Store for ZkStore {
 
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         let _slot = self.reserve_session()?;
-        let client = connect(&self.inner.hosts, self.inner.auth.as_deref(), spec.ttl).await?;
+        let client = connect(
+            &self.inner.hosts,
+            self.inner.auth.as_deref(),
+            self.inner.tls.as_ref(),
+            spec.ttl,
+        )
+        .await?;
         let negotiated = client.session_timeout();
         if negotiated < spec.ttl {
             return Err(Error::InvalidArgument {
@@ -1987,6 +2170,22 @@ mod tests {
         assert_eq!(parse("zk://a:1").unwrap().base, "/tenure");
         for bad in ["zk://a", "zk://a:1/x/../y", "zk://a:1?x=1", "zk://a:1//x"] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+        // TLS: zks:// with its CA; the CA only with zks://.
+        let p = parse("zks://a:1/app?tls_ca=/ca.pem");
+        match cfg!(feature = "tls") {
+            true => assert_eq!(p.unwrap().tls_ca.as_deref(), Some("/ca.pem")),
+            false => assert!(matches!(
+                p,
+                Err(Error::BackendDisabled { feature: "tls", .. })
+            )),
+        }
+        assert!(matches!(
+            parse("zk://a:1?tls_ca=/ca.pem"),
+            Err(Error::InvalidUrl { .. })
+        ));
+        if cfg!(feature = "tls") {
+            assert!(matches!(parse("zks://a:1"), Err(Error::InvalidUrl { .. })));
         }
     }
 }
