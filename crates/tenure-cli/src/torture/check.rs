@@ -93,6 +93,9 @@ pub struct Findings {
     pub fenced_refusals: usize,
     /// Faults after which another worker was granted later than the bound.
     pub slow_recoveries: usize,
+    /// Faults on a holder followed by another fault before anyone else was
+    /// granted: their recovery is not held to the one-fault bound.
+    pub compound_faults: usize,
     /// The longest time from a fault on a holder to the next grant to
     /// another worker, in ms.
     pub worst_recovery_ms: f64,
@@ -252,13 +255,22 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
             f.longest_overlap_ms = f.longest_overlap_ms.max((to - from) as f64 / 1000.0);
         }
     }
-    // Recovery: from a fault on a holder to the next grant to another worker.
+    // Recovery: from a fault on a holder to the next grant to another
+    // worker, when no other fault came in between (a paused next waiter,
+    // say, holds the queue up on its own).
     for (w, at) in holder_faults {
         let next = history.iter().find_map(|r| match r.op {
             Op::Grant { .. } if r.at_us > at && r.worker != Some(w) => Some(r.at_us),
             _ => None,
         });
         if let Some(next) = next {
+            let compound = history
+                .iter()
+                .any(|r| matches!(r.op, Op::FaultStart { .. }) && r.at_us > at && r.at_us < next);
+            if compound {
+                f.compound_faults += 1;
+                continue;
+            }
             let took = next - at;
             f.worst_recovery_ms = f.worst_recovery_ms.max(took as f64 / 1000.0);
             if took > recovery_bound_us {
@@ -508,6 +520,20 @@ mod tests {
         ];
         assert_eq!(check(&h, 1_000).slow_recoveries, 1);
         assert_eq!(check(&h, 10_000).slow_recoveries, 0);
+        // A second fault before the next grant: not held to one fault's bound.
+        let mut two = h.clone();
+        two.insert(
+            4,
+            r(
+                4,
+                3,
+                Op::FaultStart {
+                    fault: "pause".into(),
+                },
+            ),
+        );
+        let f = check(&two, 1_000);
+        assert_eq!((f.slow_recoveries, f.compound_faults), (0, 1), "{f:?}");
     }
 
     #[test]

@@ -58,6 +58,10 @@ pub struct TortureArgs {
     /// Write the history (JSON lines) here, to check it again later.
     #[arg(long)]
     pub history: Option<std::path::PathBuf>,
+    /// Check a history a run wrote (--history) again, with this --ttl's
+    /// bound, instead of running; exit as the run would.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub check: Option<std::path::PathBuf>,
     /// Your own fault, taking its turn with the others: run as
     /// `sh -c "CMD start"` to begin it and `sh -c "CMD stop"` 1.5-3 TTLs
     /// later (pause your server, step its clock, cut a link…). Overlaps
@@ -166,6 +170,9 @@ impl Shared {
 /// Runs the harness; returns the exit code (0 pass, 1 safety violation,
 /// 2 liveness or leak failure).
 pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<u8, String> {
+    if let Some(path) = &args.check {
+        return recheck(path, args.ttl);
+    }
     if !store.capabilities().multi_process {
         return Err(format!(
             "the {} backend lives in one process; torture runs workers as processes: use a store they can share",
@@ -310,6 +317,34 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
+    Ok(code)
+}
+
+/// Checks a saved history again.
+fn recheck(path: &std::path::Path, ttl: Duration) -> Result<u8, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut history = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let record: Record = serde_json::from_str(line)
+            .map_err(|e| format!("{}:{}: not a history line: {e}", path.display(), i + 1))?;
+        history.push(record);
+    }
+    history.sort_by_key(|r| r.at_us);
+    let findings = check::check(&history, bound(ttl).as_micros() as u64);
+    let code = if findings.unsafe_run() {
+        1
+    } else if findings.slow_recoveries > 0 {
+        2
+    } else {
+        0
+    };
+    let verdict = ["pass", "safety violation", "liveness failure"][code as usize];
+    print_summary(&findings, 0, ttl, verdict);
     Ok(code)
 }
 
@@ -730,6 +765,11 @@ fn print_summary(f: &Findings, leaked: usize, ttl: Duration, verdict: &str) {
             "recoveries over the bound",
             f.slow_recoveries.to_string(),
             "must be 0",
+        ),
+        (
+            "faults during another's recovery",
+            f.compound_faults.to_string(),
+            "not bounded",
         ),
         ("names left in the store", leaked.to_string(), "must be 0"),
     ];
