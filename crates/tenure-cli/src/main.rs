@@ -61,7 +61,7 @@ Exit codes (the same in every subcommand):
     after_help = EXIT_CODES
 )]
 struct Cli {
-    /// Store URL: sqlite:///path.db, memory://, postgres://…, redis://…, etcd://…, zk://…
+    /// Store URL: sqlite:///path.db, memory://, postgres://…, mysql://…, redis://…, redlock://…, etcd://…, zk://… (TLS: rediss://, redlocks://, etcds://, zks://, postgres ?sslmode=, mysql ?ssl-mode=)
     #[arg(long, global = true, env = "TENURE_STORE", hide_env_values = true)]
     store: Option<String>,
 

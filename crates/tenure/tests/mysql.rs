@@ -232,3 +232,32 @@ async fn server_clock_steps_neither_grant_twice_nor_delay_a_release() {
     let clock = server.clock().unwrap();
     tenure_testkit::conformance::check_server_clock_steps(&store, |s| clock.step(s)).await;
 }
+
+/// Opening a session collects a few sessions that lapsed a minute ago and
+/// hold nothing, oldest first; one that still has an entry stays (only a
+/// watcher may end it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_collects_lapsed_sessions_that_hold_nothing() {
+    use mysql_async::prelude::Queryable;
+    let Some(server) = shared() else { return };
+    let url = format!("{}?prefix=collect_", server.url());
+    let store = tenure::open(&url).await.unwrap();
+    let mut conn = raw_conn(server).await;
+    conn.query_drop(
+        "INSERT INTO collect_sessions (id, tag, label, ttl_ms, expires_ms) VALUES
+           ('lapsed-empty', 'a', '', 1000, 1000),
+           ('lapsed-holding', 'b', '', 1000, 1000);
+         INSERT INTO collect_names (name, last_seq, version) VALUES ('held', 1, 1);
+         INSERT INTO collect_entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+           VALUES ('held', 1, 'lapsed-holding', 0, 1, 1, 1, '', 1000);",
+    )
+    .await
+    .unwrap();
+    let s = Session::new(&store).await.unwrap();
+    let left: Vec<String> = conn
+        .query("SELECT id FROM collect_sessions WHERE id LIKE 'lapsed-%' ORDER BY id")
+        .await
+        .unwrap();
+    assert_eq!(left, vec!["lapsed-holding".to_string()]);
+    s.close().await.unwrap();
+}

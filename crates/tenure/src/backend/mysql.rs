@@ -305,14 +305,13 @@ impl SqlDriver for Mysql {
     }
 
     async fn open(&self, secret: &str, tag: &str, label: &str, ttl_ms: i64) -> Result<()> {
-        let p = &self.inner.prefix;
-        let mut conn = self.conn().await?;
-        conn.exec_drop(
-            format!("INSERT INTO {p}sessions (id, tag, label, ttl_ms, expires_ms) VALUES (?, ?, ?, ?, {NOW_MS} + ?)"),
-            (secret, tag, label, ttl_ms, ttl_ms),
-        )
-        .await
-        .map_err(my_err)
+        let args = [
+            Arg::Text(secret),
+            Arg::Text(tag),
+            Arg::Text(label),
+            Arg::Int(ttl_ms),
+        ];
+        self.call("open", &args).await.map(|_| ())
     }
 
     async fn keep_alive(&self, secret: &str) -> Result<bool> {

@@ -23,19 +23,26 @@ CREATE TABLE IF NOT EXISTS @psessions (
     label VARCHAR(255) NOT NULL,
     ttl_ms BIGINT NOT NULL,
     expires_ms BIGINT NOT NULL,
-    renewals BIGINT NOT NULL DEFAULT 0
+    renewals BIGINT NOT NULL DEFAULT 0,
+    KEY by_expiry (expires_ms)
 ) ENGINE=InnoDB
 ;;
 DROP PROCEDURE IF EXISTS @padd_renewals
 ;;
--- Tables of schema 4 and before have no renewal counter (MySQL has no ADD
--- COLUMN IF NOT EXISTS).
+-- Tables of schema 4 and before have no renewal counter and no index by
+-- expiry (MySQL has no ADD COLUMN IF NOT EXISTS).
 CREATE PROCEDURE @padd_renewals()
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM information_schema.columns
                     WHERE table_schema = DATABASE() AND table_name = '@psessions'
                       AND column_name = 'renewals') THEN
         ALTER TABLE @psessions ADD COLUMN renewals BIGINT NOT NULL DEFAULT 0;
+    END IF;
+    -- `open` collects lapsed sessions in lapse order.
+    IF NOT EXISTS (SELECT 1 FROM information_schema.statistics
+                    WHERE table_schema = DATABASE() AND table_name = '@psessions'
+                      AND index_name = 'by_expiry') THEN
+        ALTER TABLE @psessions ADD KEY by_expiry (expires_ms);
     END IF;
 END
 ;;
@@ -509,6 +516,24 @@ BEGIN
     CALL @psettle(p_name, TRUE);
     COMMIT;
     SELECT 'ok', v_n;
+END
+;;
+DROP PROCEDURE IF EXISTS @popen
+;;
+-- Opens a session, and collects a few sessions that lapsed a minute ago by
+-- the server's clock and hold no entry (ending one can grant nothing),
+-- oldest first, so the table stays small.
+CREATE PROCEDURE @popen(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_tag VARCHAR(32),
+    IN p_label VARCHAR(255), IN p_ttl_ms BIGINT)
+BEGIN
+    DECLARE v_now BIGINT DEFAULT @pnow_ms();
+    DELETE FROM @psessions
+     WHERE expires_ms < v_now - 60000
+       AND NOT EXISTS (SELECT 1 FROM @pentries e WHERE e.session = @psessions.id)
+     ORDER BY expires_ms LIMIT 16;
+    INSERT INTO @psessions (id, tag, label, ttl_ms, expires_ms)
+    VALUES (p_secret, p_tag, p_label, p_ttl_ms, v_now + p_ttl_ms);
+    SELECT 'ok';
 END
 ;;
 DROP PROCEDURE IF EXISTS @pfence
