@@ -562,7 +562,7 @@ fn validate(command: &Command) -> Result<(), Failure> {
         }
         Command::Cell(CellCommand::Put(args)) => {
             Name::new(&args.name)?;
-            check_value(&args.value)?;
+            tenure::store::check_value(args.value.as_bytes())?;
             if let Some(v) = &args.if_version {
                 positive("--if-version", v)?;
             }
@@ -968,21 +968,6 @@ fn positive(what: &str, text: &str) -> Result<u64, Failure> {
             ),
         )
     })
-}
-
-/// A cell's value from the command line: 1 byte to the largest a value may be.
-fn check_value(value: &str) -> Result<(), Failure> {
-    let max = tenure::store::MAX_VALUE_LEN;
-    if value.is_empty() || value.len() > max {
-        return Err(Failure::new(
-            exit::USAGE,
-            format!(
-                "VALUE must be 1 to {max} bytes, not {} (to remove a value, use `tenure cell delete`)",
-                value.len()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// A fence's or a cell's name used as the other is bad input here: exit 64,

@@ -3,9 +3,8 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::fence::check_value;
 use crate::session::Session;
-use crate::store::{CellWrite, Expect, Name, Store, Versioned};
+use crate::store::{check_value, CellWrite, Expect, Name, Store, Versioned};
 
 /// A small value in the store with a version, the database's optimistic lock
 /// (`update … set version = version + 1 where id = ? and version = ?`) on

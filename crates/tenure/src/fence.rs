@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::store::{FenceOp, FenceState, Name, Store, MAX_VALUE_LEN};
+use crate::store::{check_value, FenceOp, FenceState, Name, Store};
 
 /// A fenced register in the store: it admits a fencing token only if it is at
 /// least the highest it has admitted, so once a later holder of a lock has
@@ -81,7 +81,8 @@ impl Fence {
     /// # Errors
     ///
     /// As [`Fence::admit`]; [`Error::InvalidArgument`] for an empty value or
-    /// one longer than [`MAX_VALUE_LEN`](crate::store::MAX_VALUE_LEN) bytes.
+    /// one longer than [`MAX_VALUE_LEN`](crate::store::MAX_VALUE_LEN) bytes
+    /// ([`check_value`]).
     ///
     /// # Cancel safety
     ///
@@ -133,26 +134,6 @@ fn check_token(token: u64) -> Result<()> {
             reason: format!(
                 "{token} is above the largest token a store hands out ({})",
                 i64::MAX
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// A value a fence or a cell can keep: 1 to [`MAX_VALUE_LEN`] bytes.
-pub(crate) fn check_value(value: &[u8]) -> Result<()> {
-    if value.is_empty() {
-        return Err(Error::InvalidArgument {
-            what: "value",
-            reason: "a value must not be empty (delete the cell instead)".into(),
-        });
-    }
-    if value.len() > MAX_VALUE_LEN {
-        return Err(Error::InvalidArgument {
-            what: "value",
-            reason: format!(
-                "{} bytes is more than the {MAX_VALUE_LEN} bytes a value may have",
-                value.len()
             ),
         });
     }

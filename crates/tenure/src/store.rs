@@ -259,6 +259,28 @@ pub struct Queue {
 /// 1.5 MiB, ZooKeeper's 1 MiB, a Redis or SQL row far more).
 pub const MAX_VALUE_LEN: usize = 64 * 1024;
 
+/// Checks a value a fence or a cell is to keep: 1 to [`MAX_VALUE_LEN`]
+/// bytes, else [`Error::InvalidArgument`] (the CLI checks with this before it
+/// opens a store).
+pub fn check_value(value: &[u8]) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::InvalidArgument {
+            what: "value",
+            reason: "a value must not be empty (delete the cell instead)".into(),
+        });
+    }
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::InvalidArgument {
+            what: "value",
+            reason: format!(
+                "{} bytes is more than the {MAX_VALUE_LEN} bytes a value may have",
+                value.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// What [`Store::fence`] is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceOp<'a> {

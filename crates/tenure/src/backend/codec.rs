@@ -3,7 +3,7 @@
 //! status words that server-side code answers with.
 
 use crate::error::{Error, LostReason, Result};
-use crate::store::EntryKind;
+use crate::store::{CellWrite, EntryKind};
 
 /// The letters of the kinds, by [`kind_code`]'s number: exclusive, shared,
 /// permits.
@@ -83,6 +83,23 @@ pub(crate) fn status_error(
             reason: inline.or(detail).unwrap_or_default(),
         },
         _ => Error::backend(backend, format!("unexpected status {status:?}")),
+    }
+}
+
+/// A cell write's answer, as every store's routine gives it: `ok` and the
+/// new version, or `mismatch` and the current one (none: no value).
+pub(crate) fn cell_write(
+    backend: &'static str,
+    status: Option<&str>,
+    version: Option<u64>,
+) -> Result<CellWrite> {
+    match (status, version) {
+        (Some("ok"), Some(version)) => Ok(CellWrite::Done(version)),
+        (Some("mismatch"), current) => Ok(CellWrite::Mismatch(current)),
+        (status, _) => Err(Error::backend(
+            backend,
+            format!("a cell write answered {status:?} without a version"),
+        )),
     }
 }
 

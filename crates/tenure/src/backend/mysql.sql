@@ -477,7 +477,6 @@ DROP PROCEDURE IF EXISTS @prefresh
 ;;
 CREATE PROCEDURE @prefresh(IN p_name VARCHAR(255) CHARACTER SET utf8mb4)
 BEGIN
-    DECLARE v_now BIGINT;
     DECLARE v_dead INT DEFAULT 0;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     -- Each read must see what the previous lock holder committed (not the

@@ -49,6 +49,23 @@ pub(crate) fn confirm_after(ttl: Duration) -> Duration {
     ttl + ttl / 100 + Duration::from_millis(10)
 }
 
+/// A newcomer's confirmation (a try-lock that found only holders lapsed
+/// by the store's clock): watches them for [`confirm_after`] their TTL, then
+/// runs `expire`, which ends those still as in `watch`; says whether any
+/// ended. A TTL of 0 would be a store that lost a session's record: never
+/// confirmed by.
+pub(crate) async fn confirm_lapsed<F, Fut>(watch: &Watch, expire: F) -> Result<bool>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    if watch.ttl.is_zero() {
+        return Ok(false);
+    }
+    tokio::time::sleep(confirm_after(watch.ttl)).await;
+    expire().await
+}
+
 /// Looks until granted, and between looks sleeps until one of:
 /// - `listening` is notified (a grant the store pushed, or a local change),
 /// - the expiry the look named (so a holder that dies silently is noticed),

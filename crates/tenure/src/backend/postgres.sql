@@ -440,11 +440,9 @@ END $$;
 -- reader reads the whole queue anyway and must not find it again.
 CREATE OR REPLACE FUNCTION @s.refresh(p_name text) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    now_ms bigint;
     dead text[];
 BEGIN
     PERFORM @s.lock_name(p_name);
-    now_ms := @s.now_ms();
     SELECT array_agg(s.id) INTO dead FROM @s.sessions s
      WHERE s.expires_ms <= 0
        AND s.id IN (SELECT e.session FROM @s.entries e WHERE e.name = p_name);

@@ -617,19 +617,12 @@ impl RedisStore {
     /// ends those still exactly as in `watch` (not renewed); says whether it
     /// ended any.
     pub(crate) async fn confirm_expired(&self, name: &Name, watch: &Watch) -> Result<bool> {
-        // A TTL of 0 would be a session whose record is gone: never confirm
-        // by it.
-        if watch.ttl.is_zero() {
-            return Ok(false);
-        }
-        tokio::time::sleep(poll::confirm_after(watch.ttl)).await;
-        let reply = self
-            .call(
-                "expire",
-                &[name.as_str().as_bytes(), watch.blockers.as_bytes()],
-            )
-            .await?;
-        Ok(reply.get(1).map(number).transpose()?.unwrap_or(0) > 0)
+        poll::confirm_lapsed(watch, || async {
+            let args = [name.as_str().as_bytes(), watch.blockers.as_bytes()];
+            let reply = self.call("expire", &args).await?;
+            Ok(reply.get(1).map(number).transpose()?.unwrap_or(0) > 0)
+        })
+        .await
     }
 
     /// Listens for any change of `name`'s queue on this node (Redlock's).
@@ -878,9 +871,6 @@ fn cell_write(reply: Vec<Value>) -> Result<CellWrite> {
         None | Some(Value::Nil) => None,
         Some(v) => Some(unsigned(v)?),
     };
-    match (reply.first().map(text).transpose()?.as_deref(), version) {
-        (Some("ok"), Some(version)) => Ok(CellWrite::Done(version)),
-        (Some("mismatch"), current) => Ok(CellWrite::Mismatch(current)),
-        _ => Err(bad_reply(&format!("{reply:?}"))),
-    }
+    let status = reply.first().map(text).transpose()?;
+    codec::cell_write(BACKEND, status.as_deref(), version)
 }

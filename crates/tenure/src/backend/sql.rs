@@ -263,14 +263,8 @@ impl<D: SqlDriver> SqlStore<D> {
 
     fn cell_write(&self, row: &SqlRow, name: &Name) -> Result<CellWrite> {
         let current = row.opt_int(1)?.map(to_u64).transpose()?;
-        match (self.register_status(row, name)?.as_str(), current) {
-            ("ok", Some(version)) => Ok(CellWrite::Done(version)),
-            ("mismatch", current) => Ok(CellWrite::Mismatch(current)),
-            (status, _) => Err(Error::backend(
-                self.driver.backend(),
-                format!("a cell write answered {status:?} without a version"),
-            )),
-        }
+        let status = self.register_status(row, name)?;
+        codec::cell_write(self.driver.backend(), Some(&status), current)
     }
 
     /// The blockers' fingerprint and TTL at columns `at` and `at + 1`, if any.
@@ -395,12 +389,14 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             // clock: that clock alone is not trusted, so watch them for
             // their TTL, end them if none renewed, and try once more.
             match self.watch_at(&row, 5)? {
-                Some(watch) if row.truthy(7) && !confirmed && !watch.ttl.is_zero() => {
+                Some(watch) if row.truthy(7) && !confirmed => {
                     confirmed = true;
-                    tokio::time::sleep(poll::confirm_after(watch.ttl)).await;
-                    let args = [Arg::Text(name.as_str()), Arg::Text(&watch.blockers)];
-                    let ended = self.counted().call("expire", &args).await?;
-                    if ended.int(1)? == 0 {
+                    let ended = poll::confirm_lapsed(&watch, || async {
+                        let args = [Arg::Text(name.as_str()), Arg::Text(&watch.blockers)];
+                        Ok(self.counted().call("expire", &args).await?.int(1)? > 0)
+                    })
+                    .await?;
+                    if !ended {
                         return Ok(None);
                     }
                     self.wake_next(name.as_str());

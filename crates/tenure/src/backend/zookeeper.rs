@@ -1019,6 +1019,36 @@ impl ZkStore {
     /// it is remembered already (calls finish in any order; `mzxid` orders
     /// them, even across a node deleted and made again by hand). A read
     /// replaces whatever was remembered.
+    /// A fence just written with `token` as its highest: remembered, and
+    /// the answer.
+    fn admitted(
+        &self,
+        name: &Name,
+        data_version: i32,
+        mzxid: i64,
+        token: u64,
+        value: Option<Vec<u8>>,
+    ) -> FenceState {
+        self.remember(
+            name,
+            Node {
+                data_version,
+                mzxid,
+                reg: Reg::Fence {
+                    highest: token,
+                    value: value.clone(),
+                },
+                markers: Vec::new(),
+            },
+            false,
+        );
+        FenceState {
+            admitted: true,
+            highest: token,
+            value,
+        }
+    }
+
     fn remember(&self, name: &Name, node: Node, read: bool) {
         let mut seen = self.seen();
         if let Some(old) = seen.nodes.get(name) {
@@ -1234,26 +1264,11 @@ impl ZkStore {
                 let data = encode_fence(token, value);
                 match call_raw(admin.create(&path, &data, &persistent)).await? {
                     Ok((stat, _)) => {
+                        // (A create's stat only orders what this store
+                        // remembers.)
+                        let mzxid = if stat.is_invalid() { -1 } else { stat.mzxid };
                         let value = value.map(<[u8]>::to_vec);
-                        self.remember(
-                            name,
-                            Node {
-                                data_version: 0,
-                                // Only orders what this store remembers.
-                                mzxid: if stat.is_invalid() { -1 } else { stat.mzxid },
-                                reg: Reg::Fence {
-                                    highest: token,
-                                    value: value.clone(),
-                                },
-                                markers: Vec::new(),
-                            },
-                            false,
-                        );
-                        return Ok(FenceState {
-                            admitted: true,
-                            highest: token,
-                            value,
-                        });
+                        return Ok(self.admitted(name, 0, mzxid, token, value));
                     }
                     Err(zk::Error::NoNode) => {
                         self.make_register_dir().await?;
@@ -1284,26 +1299,7 @@ impl ZkStore {
             let value = value.map(<[u8]>::to_vec).or(old);
             let data = encode_fence(token, value.as_deref());
             match call_raw(admin.set_data(&path, &data, Some(version))).await? {
-                Ok(stat) => {
-                    self.remember(
-                        name,
-                        Node {
-                            data_version: stat.version,
-                            mzxid: stat.mzxid,
-                            reg: Reg::Fence {
-                                highest: token,
-                                value: value.clone(),
-                            },
-                            markers: Vec::new(),
-                        },
-                        false,
-                    );
-                    return Ok(FenceState {
-                        admitted: true,
-                        highest: token,
-                        value,
-                    });
-                }
+                Ok(stat) => return Ok(self.admitted(name, stat.version, stat.mzxid, token, value)),
                 Err(zk::Error::BadVersion | zk::Error::NoNode) => self.forget_seen(name),
                 Err(e) => return Err(zk_err(e)),
             }
