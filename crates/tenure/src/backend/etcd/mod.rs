@@ -41,7 +41,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
+mod rpc;
+
+use rpc::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
     LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, TxnResponse, WatchOptions,
@@ -103,11 +105,10 @@ struct Keeper {
 
 store_debug!(EtcdStore: url, prefix);
 
-fn etcd_err(e: etcd_client::Error) -> Error {
-    use etcd_client::Error as E;
+fn etcd_err(e: rpc::Error) -> Error {
     use tonic::Code;
     match e {
-        E::GRpcStatus(status) => {
+        rpc::Error::Status(status) => {
             let message = status.message().to_string();
             let auth = message.contains("authentication failed")
                 || message.contains("invalid auth token")
@@ -131,17 +132,15 @@ fn etcd_err(e: etcd_client::Error) -> Error {
                 _ => Error::backend(BACKEND, message),
             }
         }
-        E::TransportError(e) => Error::unavailable(BACKEND, e.to_string()),
-        E::IoError(e) => Error::unavailable(BACKEND, e.to_string()),
-        E::LeaseKeepAliveError(e) if e.contains("not found") => lost(),
-        E::LeaseKeepAliveError(e) | E::WatchError(e) => Error::unavailable(BACKEND, e),
-        other => Error::backend(BACKEND, other.to_string()),
+        rpc::Error::Transport(e) => Error::unavailable(BACKEND, e),
+        rpc::Error::Stream(e) if e.contains("not found") => lost(),
+        rpc::Error::Stream(e) => Error::unavailable(BACKEND, e),
     }
 }
 
 /// Whether a call failed because the lease it names does not exist.
-fn lease_not_found(e: &etcd_client::Error) -> bool {
-    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::NotFound)
+fn lease_not_found(e: &rpc::Error) -> bool {
+    matches!(e, rpc::Error::Status(s) if s.code() == tonic::Code::NotFound)
 }
 
 fn bad(what: impl std::fmt::Display) -> Error {
@@ -150,7 +149,7 @@ fn bad(what: impl std::fmt::Display) -> Error {
 
 /// Bounds a unary call.
 async fn call<T>(
-    fut: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    fut: impl std::future::Future<Output = std::result::Result<T, rpc::Error>>,
 ) -> Result<T> {
     tokio::time::timeout(CALL_TIMEOUT, fut)
         .await
@@ -314,12 +313,12 @@ impl EtcdStore {
         }
         #[cfg(feature = "tls")]
         if let Some(ca) = &parsed.tls {
-            let mut config = etcd_client::TlsOptions::new();
+            let mut config = rpc::TlsOptions::new();
             match ca {
                 Some(path) => {
                     let pem = std::fs::read(path)
                         .map_err(|e| url.invalid(format!("tls_ca={path}: {e}")))?;
-                    config = config.ca_certificate(etcd_client::Certificate::from_pem(pem));
+                    config = config.ca_certificate(rpc::Certificate::from_pem(pem));
                 }
                 None => config = config.with_native_roots(),
             }
