@@ -1,5 +1,14 @@
 //! `tenure`: run a command under a distributed lock, or only while leader.
 
+/// `println!` that a closed stdout (`tenure backends | head -1`) does not
+/// turn into a panic: the rest of the output is dropped and the command
+/// goes on (a lock held meanwhile is still released as usual).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
 mod child;
 mod supervise;
 mod torture;
@@ -542,11 +551,30 @@ fn man_page() -> Result<u8, Failure> {
 fn write_stdout(bytes: &[u8]) -> Result<u8, Failure> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(bytes)
-        .and_then(|()| stdout.flush())
-        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot write to stdout: {e}")))?;
-    Ok(0)
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        // The reader stopped reading (`| head`): not this command's failure.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        Err(e) => Err(Failure::new(
+            exit::SOFTWARE,
+            format!("cannot write to stdout: {e}"),
+        )),
+        Ok(()) => Ok(0),
+    }
+}
+
+/// One line to stdout for [`outln!`]; a reader that went away is ignored.
+fn print_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout
+        .write_fmt(line)
+        .and_then(|()| stdout.write_all(b"\n"))
+        .and_then(|()| stdout.flush());
+    if let Err(e) = written {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("tenure: cannot write to stdout: {e}");
+        }
+    }
 }
 
 /// Checks what can be checked without the store, so a mistake is reported
@@ -805,7 +833,7 @@ async fn elect(store: std::sync::Arc<dyn Store>, args: ElectArgs) -> Result<u8, 
     };
     tracing::info!(name = %args.name, token = term.token(), "elected");
     if args.command.is_empty() {
-        println!("elected {}", term.token());
+        outln!("elected {}", term.token());
         let lost = term.lost();
         tokio::select! {
             reason = lost => {
@@ -932,7 +960,7 @@ async fn leader(store: std::sync::Arc<dyn Store>, args: LeaderArgs) -> Result<u8
     let name = Name::new(&args.name)?;
     if !args.watch {
         let leader = tenure::leader(store.as_ref(), &name).await?;
-        println!("{}", leader_line(&name, &leader, args.json));
+        outln!("{}", leader_line(&name, &leader, args.json));
         return Ok(if leader.is_some() { 0 } else { exit::NO_LEADER });
     }
     let mut observer = tenure::Observer::new(store, name.clone());
@@ -941,7 +969,7 @@ async fn leader(store: std::sync::Arc<dyn Store>, args: LeaderArgs) -> Result<u8
         tokio::select! {
             next = observer.next() => {
                 let leader = next?;
-                println!("{}", leader_line(&name, &leader, args.json));
+                outln!("{}", leader_line(&name, &leader, args.json));
             }
             _ = signals.recv() => return Ok(0),
         }
@@ -988,7 +1016,7 @@ async fn fence(store: std::sync::Arc<dyn Store>, args: FenceArgs) -> Result<u8, 
         Err(e) => return Err(register_failure(e)),
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "fence": fence.name().as_str(),
@@ -999,7 +1027,7 @@ async fn fence(store: std::sync::Arc<dyn Store>, args: FenceArgs) -> Result<u8, 
         );
     } else {
         let word = if admitted { "admitted" } else { "stale" };
-        println!("{word} token={token} highest={highest}");
+        outln!("{word} token={token} highest={highest}");
     }
     if admitted {
         Ok(0)
@@ -1032,7 +1060,7 @@ async fn cell(store: std::sync::Arc<dyn Store>, command: CellCommand) -> Result<
                         }
                     }
                 }
-                println!("{out}");
+                outln!("{out}");
             } else if let Some(v) = &got {
                 let mut out = format!("version={}\n", v.version).into_bytes();
                 out.extend_from_slice(&v.value);
@@ -1051,14 +1079,14 @@ async fn cell(store: std::sync::Arc<dyn Store>, command: CellCommand) -> Result<
                 .put(args.value.as_bytes(), expect)
                 .await
                 .map_err(register_failure)?;
-            println!("version={version}");
+            outln!("version={version}");
             Ok(0)
         }
         CellCommand::Delete(args) => {
             let version = positive("--if-version", &args.if_version)?;
             let cell = tenure::Cell::new(&store, &args.name)?;
             cell.delete(version).await.map_err(register_failure)?;
-            println!("deleted version={version}");
+            outln!("deleted version={version}");
             Ok(0)
         }
     }
@@ -1087,9 +1115,9 @@ async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8
                 .collect();
             all.push(serde_json::json!({ "name": name.as_str(), "entries": entries }));
         } else {
-            println!("{name}");
+            outln!("{name}");
             for e in &queue.entries {
-                println!(
+                outln!(
                     "  {:<6} token={} {:?} label={} session={} ttl_left={}",
                     if e.granted { "holder" } else { "waiter" },
                     e.seq,
@@ -1104,7 +1132,7 @@ async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8
         }
     }
     if args.json {
-        println!("{}", serde_json::Value::Array(all));
+        outln!("{}", serde_json::Value::Array(all));
     }
     Ok(0)
 }
@@ -1118,7 +1146,7 @@ async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<
         ));
     }
     let evicted = store.evict(&name).await?;
-    println!("evicted {evicted} session(s) holding {name}");
+    outln!("evicted {evicted} session(s) holding {name}");
     Ok(0)
 }
 
@@ -1149,22 +1177,24 @@ fn backends(json: bool) -> Result<u8, Failure> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        outln!("{}", serde_json::Value::Array(rows));
     } else {
         for c in &all {
-            println!("{}", c.backend);
-            println!(
+            outln!("{}", c.backend);
+            outln!(
                 "  fencing={} durable={} multi_process={} fifo={} shared={} permits={} grant_times={} exact_first={}",
                 c.fencing, c.durable, c.multi_process, c.fifo, c.shared, c.permits, c.grant_times, c.exact_first
             );
-            println!(
+            outln!(
                 "  fences={} fence_values={} cells={}",
-                c.fences, c.fence_values, c.cells
+                c.fences,
+                c.fence_values,
+                c.cells
             );
-            println!("  wake: {:?}", c.wake);
-            println!("  clock: {}", c.clock);
-            println!("  ttl: {:?}..={:?}", c.min_ttl, c.max_ttl);
-            println!("  cost: {}", c.round_trips);
+            outln!("  wake: {:?}", c.wake);
+            outln!("  clock: {}", c.clock);
+            outln!("  ttl: {:?}..={:?}", c.min_ttl, c.max_ttl);
+            outln!("  cost: {}", c.round_trips);
         }
     }
     Ok(0)

@@ -287,10 +287,90 @@ fn backends_lists_the_capability_matrix() {
         .iter()
         .map(|b| b["backend"].as_str().unwrap())
         .collect();
-    assert!(
-        names.contains(&"memory") && names.contains(&"sqlite"),
-        "{names:?}"
-    );
+    // Exactly the backends this build's features name: the default build
+    // has all eight (etcd needs no protoc).
+    let built = [
+        ("memory", true),
+        ("sqlite", cfg!(feature = "sqlite")),
+        ("redis", cfg!(feature = "redis")),
+        ("redlock", cfg!(feature = "redlock")),
+        ("postgres", cfg!(feature = "postgres")),
+        ("mysql", cfg!(feature = "mysql")),
+        ("etcd", cfg!(feature = "etcd")),
+        ("zookeeper", cfg!(feature = "zookeeper")),
+    ];
+    let mut expected: Vec<&str> = built.iter().filter(|b| b.1).map(|b| b.0).collect();
+    let mut names = names;
+    expected.sort_unstable();
+    names.sort_unstable();
+    assert_eq!(names, expected);
+}
+
+/// `tenure backends | head -1`, made certain: stdout is a pipe whose
+/// reading end is closed before tenure starts, so every write fails with
+/// EPIPE. No panic, and the command still succeeds.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe() fills two descriptors that nothing else owns.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: each descriptor is owned once, here.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read_end);
+    for args in [
+        &["backends"][..],
+        &["completions", "bash"][..],
+        &["man"][..],
+    ] {
+        let child = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(write_end.try_clone().unwrap()))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let (done, watchdog) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if watchdog.recv_timeout(Duration::from_secs(20)).is_err() {
+                signal(pid, libc::SIGKILL);
+            }
+        });
+        let out = child.wait_with_output().unwrap();
+        let _ = done.send(());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn the_default_build_has_every_backend() {
+    // The default feature list itself (etcd was left out while its client
+    // needed protoc): every backend and TLS.
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .expect("the CLI's Cargo.toml");
+    let default = manifest
+        .lines()
+        .find(|l| l.starts_with("default = ["))
+        .expect("a default feature list");
+    for feature in [
+        "sqlite",
+        "redis",
+        "redlock",
+        "postgres",
+        "mysql",
+        "etcd",
+        "zookeeper",
+        "tls",
+    ] {
+        assert!(
+            default.contains(&format!("\"{feature}\"")),
+            "{feature} missing from {default}"
+        );
+    }
 }
 
 #[test]

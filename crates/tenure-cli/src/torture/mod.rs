@@ -773,11 +773,11 @@ fn print_summary(f: &Findings, leaked: usize, ttl: Duration, verdict: &str) {
         ),
         ("names left in the store", leaked.to_string(), "must be 0"),
     ];
-    println!("torture: TTL {ttl:?}, recovery bound {:?}", bound(ttl));
+    outln!("torture: TTL {ttl:?}, recovery bound {:?}", bound(ttl));
     for (what, figure, rule) in rows {
-        println!("  {what:<36} {figure:>8}  {rule}");
+        outln!("  {what:<36} {figure:>8}  {rule}");
     }
-    println!("verdict: {verdict}");
+    outln!("verdict: {verdict}");
 }
 
 /// The worker: lock, read, a random critical section, write, release; a
