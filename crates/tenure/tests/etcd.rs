@@ -124,3 +124,292 @@ async fn a_queue_longer_than_one_transaction_reads_whole() {
         session.close().await.unwrap();
     }
 }
+
+/// `?layout=etcd`: the whole suite again, on the keys of etcd's own
+/// `concurrency` recipe (shared and permit entries are refused, typed).
+mod recipe_layout {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use tenure::{Election, Mutex, Session};
+
+    async fn target() -> Option<tenure_testkit::conformance::Target> {
+        let server = super::shared()?;
+        Some(tenure_testkit::conformance::Target::new(recipe_url(&server.url())).await)
+    }
+
+    fn recipe_url(url: &str) -> String {
+        format!("{url}?layout=etcd")
+    }
+
+    tenure_testkit::conformance_tests!(target());
+
+    /// An `etcdctl` child, killed when dropped; its stdout lines arrive on
+    /// a channel.
+    struct Etcdctl {
+        child: Child,
+        lines: mpsc::Receiver<String>,
+    }
+
+    impl Etcdctl {
+        /// `etcdctl --endpoints=… ARGS`, or `None` (after the test kit's
+        /// `missing`, which fails on CI) without `etcdctl`.
+        fn start(url: &str, args: &[&str]) -> Option<Etcdctl> {
+            if !std::path::Path::new("/usr/bin/etcdctl").is_file() {
+                tenure_testkit::missing("etcdctl", "etcd-client");
+                return None;
+            }
+            let endpoint = url.trim_start_matches("etcd://");
+            let mut child = Command::new("/usr/bin/etcdctl")
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints=http://{endpoint}"))
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("etcdctl starts");
+            let stdout = child.stdout.take().expect("a stdout");
+            let (tx, lines) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            Some(Etcdctl { child, lines })
+        }
+
+        /// The next line, within `within`.
+        fn line(&self, within: Duration) -> Option<String> {
+            self.lines.recv_timeout(within).ok()
+        }
+
+        /// Lines until one equals `want`, within `within`.
+        fn wait_for(&self, want: &str, within: Duration) -> bool {
+            let deadline = Instant::now() + within;
+            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                match self.line(left) {
+                    Some(l) if l == want => return true,
+                    Some(_) => {}
+                    None => return false,
+                }
+            }
+            false
+        }
+
+        /// SIGINT: etcdctl unlocks (resigns) and closes its session.
+        fn interrupt(&mut self) {
+            let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+        }
+
+        /// Waits for the exit, within `within`.
+        fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+            let deadline = Instant::now() + within;
+            while Instant::now() < deadline {
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    return Some(status);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        }
+    }
+
+    impl Drop for Etcdctl {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Runs `f` on a blocking thread (etcdctl's output is read by blocking).
+    async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        tokio::task::spawn_blocking(f).await.expect("joined")
+    }
+
+    /// `etcdctl lock NAME` and a tenure mutex on the same name exclude each
+    /// other and hand over to each other, both ways; tenure's token is the
+    /// key's create revision, above the etcdctl key's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcdctl_lock_and_tenure_exclude_each_other() {
+        let Some(server) = super::shared() else {
+            return;
+        };
+        let url = server.url();
+        let store = tenure::open(&recipe_url(&url)).await.unwrap();
+        let s = Session::new(&store).await.unwrap();
+        let name = format!("interop-lock-{}", std::process::id());
+
+        // tenure first: etcdctl waits, then gets it on release.
+        let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+        let Some(ctl) = Etcdctl::start(&url, &["lock", &name]) else {
+            return;
+        };
+        let waiting = blocking(move || {
+            let early = ctl.line(Duration::from_millis(1500));
+            (ctl, early)
+        })
+        .await;
+        let (ctl, early) = waiting;
+        assert_eq!(early, None, "etcdctl got the lock while tenure held it");
+        let token = g.token();
+        g.release().await.unwrap();
+        let (mut ctl, key) = blocking(move || {
+            let key = ctl.line(Duration::from_secs(10));
+            (ctl, key)
+        })
+        .await;
+        let key = key.expect("etcdctl got the lock after tenure's release");
+        assert!(key.starts_with(&format!("{name}/")), "{key}");
+
+        // etcdctl holds: tenure's try fails, its wait ends when etcdctl
+        // unlocks.
+        assert!(Mutex::new(&s, &name)
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none());
+        let s2 = s.clone();
+        let name2 = name.clone();
+        let waiter = tokio::spawn(async move {
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                Mutex::new(&s2, &name2).unwrap().lock(),
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(
+            !waiter.is_finished(),
+            "tenure got the lock while etcdctl held it"
+        );
+        ctl.interrupt();
+        let g = waiter
+            .await
+            .unwrap()
+            .expect("tenure got the lock after etcdctl's unlock")
+            .unwrap();
+        assert!(g.token() > token, "{} after {token}", g.token());
+        assert!(ctl.exited(Duration::from_secs(10)).is_some());
+        g.release().await.unwrap();
+        s.close().await.unwrap();
+    }
+
+    /// `etcdctl elect NAME` and a tenure election see one leader, both ways;
+    /// `etcdctl elect --listen` prints tenure's proclaimed value.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcdctl_elect_and_tenure_see_one_leader() {
+        let Some(server) = super::shared() else {
+            return;
+        };
+        let url = server.url();
+        let store = tenure::open(&recipe_url(&url)).await.unwrap();
+        let s = Session::new(&store).await.unwrap();
+        let name = format!("interop-elect-{}", std::process::id());
+        let election = Election::new(&s, &name).unwrap();
+
+        // tenure leads; a listener sees its value, then its proclaim.
+        let term = election.campaign("tenure-first").await.unwrap();
+        let Some(listen) = Etcdctl::start(&url, &["elect", "--listen", &name]) else {
+            return;
+        };
+        let listen = blocking(move || {
+            assert!(
+                listen.wait_for("tenure-first", Duration::from_secs(10)),
+                "etcdctl elect --listen did not print tenure's value"
+            );
+            listen
+        })
+        .await;
+        term.proclaim("tenure-proclaimed").await.unwrap();
+        let listen = blocking(move || {
+            assert!(
+                listen.wait_for("tenure-proclaimed", Duration::from_secs(10)),
+                "etcdctl elect --listen did not print tenure's proclaim"
+            );
+            listen
+        })
+        .await;
+
+        // etcdctl campaigns: it waits while tenure leads, wins on resign.
+        let Some(candidate) = Etcdctl::start(&url, &["elect", &name, "from-etcdctl"]) else {
+            return;
+        };
+        let candidate = blocking(move || {
+            assert_eq!(
+                candidate.line(Duration::from_millis(1500)),
+                None,
+                "etcdctl was elected while tenure led"
+            );
+            candidate
+        })
+        .await;
+        assert_eq!(
+            election.leader().await.unwrap().map(|l| l.value),
+            Some(b"tenure-proclaimed".to_vec())
+        );
+        term.resign().await.unwrap();
+        let (mut candidate, listen) = blocking(move || {
+            assert!(
+                candidate.wait_for("from-etcdctl", Duration::from_secs(10)),
+                "etcdctl was not elected after tenure resigned"
+            );
+            assert!(
+                listen.wait_for("from-etcdctl", Duration::from_secs(10)),
+                "the listener did not see etcdctl's term"
+            );
+            (candidate, listen)
+        })
+        .await;
+        drop(listen);
+
+        // etcdctl leads: tenure sees it, cannot win, and wins once it
+        // resigns.
+        let leader = election.leader().await.unwrap().expect("a leader");
+        assert_eq!(leader.value, b"from-etcdctl".to_vec());
+        assert!(election
+            .try_campaign("tenure-again")
+            .await
+            .unwrap()
+            .is_none());
+        candidate.interrupt();
+        let term = tokio::time::timeout(Duration::from_secs(20), election.campaign("tenure-again"))
+            .await
+            .expect("tenure elected after etcdctl resigned")
+            .unwrap();
+        assert!(term.token() > leader.token);
+        assert!(candidate.exited(Duration::from_secs(10)).is_some());
+        term.resign().await.unwrap();
+        s.close().await.unwrap();
+    }
+
+    /// What etcd's recipe cannot hold is refused, typed; tenure's own keys
+    /// (sessions, fences, cells) stay under its prefix.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shared_and_permits_are_unsupported() {
+        let Some(server) = super::shared() else {
+            return;
+        };
+        let store = tenure::open(&recipe_url(&server.url())).await.unwrap();
+        let caps = store.capabilities();
+        assert!(!caps.shared && !caps.permits && caps.fencing && caps.fifo);
+        let s = Session::new(&store).await.unwrap();
+        let r = tenure::Semaphore::new(&s, "recipe-sem", 2)
+            .unwrap()
+            .try_acquire()
+            .await;
+        assert!(matches!(r, Err(tenure::Error::Unsupported { .. })), "{r:?}");
+        let bad = tenure::open(&format!("{}?layout=zk", server.url())).await;
+        assert!(
+            matches!(bad, Err(tenure::Error::InvalidUrl { .. })),
+            "{bad:?}"
+        );
+    }
+}

@@ -68,7 +68,7 @@ const MAX_TXN_OPS: usize = 128;
 const CAS_ATTEMPTS: usize = 16;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]);
+pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca", "layout"]);
 
 /// The etcd backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -83,6 +83,45 @@ pub fn capabilities() -> Capabilities {
     }
 }
 
+/// Where a name's queue lives in etcd's keyspace (`?layout=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// tenure's own: `PREFIX/n/NAME\0q<lease>`, the entry's kind in its
+    /// value; every kind of entry.
+    Tenure,
+    /// etcd's `concurrency` recipe (`etcdctl lock`/`elect`, Go's `Mutex` and
+    /// `Election`): `NAME/<lease in hex>`, the value the user's own;
+    /// exclusive entries only. A hold count and the join's nonce live in
+    /// tenure's own `PREFIX/h/NAME\0<lease>`, which etcd's recipe never reads.
+    Etcd,
+}
+
+/// The capabilities of a store with `layout`.
+fn capabilities_of(layout: Layout) -> Capabilities {
+    match layout {
+        Layout::Tenure => capabilities(),
+        Layout::Etcd => Capabilities {
+            shared: false,
+            permits: false,
+            ..capabilities()
+        },
+    }
+}
+
+/// A hold count with its layout's formatting: etcd's layout pads it to ten
+/// digits, so that etcd's byte-wise compare (`< 0000000002`) tells one hold
+/// from more, and the join's nonce follows it.
+fn aux_value(holds: u32, nonce: &str) -> Vec<u8> {
+    format!("{holds:010}\t{nonce}").into_bytes()
+}
+
+fn parse_aux(raw: &[u8]) -> Result<(u32, String)> {
+    let text = std::str::from_utf8(raw).map_err(|_| bad("a hold count"))?;
+    let (n, nonce) = text.split_once('\t').unwrap_or((text, ""));
+    let n = n.parse::<u32>().map_err(|_| bad("a hold count"))?;
+    Ok((n, nonce.to_string()))
+}
+
 /// A store in one etcd cluster.
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -92,6 +131,7 @@ pub struct EtcdStore {
 struct Inner {
     client: Client,
     prefix: String,
+    layout: Layout,
     url: String,
     caps: Capabilities,
     keepers: tokio::sync::Mutex<HashMap<i64, Arc<tokio::sync::Mutex<Keeper>>>>,
@@ -164,6 +204,7 @@ struct Parsed {
     endpoints: Vec<String>,
     user: Option<(String, String)>,
     prefix: String,
+    layout: Layout,
     /// `etcds://`: TLS, trusting the system's roots or this CA file. Read
     /// only with the `tls` feature (without it, `etcds://` is refused).
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
@@ -195,6 +236,15 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         Some(p) if !p.is_empty() && !p.contains('\0') => p,
         Some(p) => return Err(url.invalid(format!("prefix={p:?} must be non-empty"))),
     };
+    let layout = match url.option("layout") {
+        None | Some("tenure") => Layout::Tenure,
+        Some("etcd") => Layout::Etcd,
+        Some(other) => {
+            return Err(url.invalid(format!(
+                "layout={other:?}: the layouts are `tenure` (the default) and `etcd`"
+            )))
+        }
+    };
     let ca = match url.option("tls_ca") {
         Some(path) if !tls || path.is_empty() => {
             return Err(url.invalid("tls_ca=PATH goes with etcds:// only"))
@@ -205,6 +255,7 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         endpoints,
         user,
         prefix: prefix.to_string(),
+        layout,
         tls: tls.then_some(ca),
     })
 }
@@ -295,9 +346,18 @@ fn revision_of(resp: &TxnResponse) -> i64 {
     resp.header().map(|h| h.revision()).unwrap_or(0)
 }
 
-fn get_kvs(op: Option<&TxnOpResponse>) -> Result<&[KeyValue]> {
+/// The keys a read in a transaction found; a nested transaction of reads
+/// (etcd's layout reads a name as two ranges) answers all of them, in order.
+fn get_kvs(op: Option<&TxnOpResponse>) -> Result<Vec<KeyValue>> {
     match op {
-        Some(TxnOpResponse::Get(g)) => Ok(g.kvs()),
+        Some(TxnOpResponse::Get(g)) => Ok(g.kvs().to_vec()),
+        Some(TxnOpResponse::Txn(inner)) if inner.succeeded() => {
+            let mut all = Vec::new();
+            for op in inner.op_responses() {
+                all.extend(get_kvs(Some(&op))?);
+            }
+            Ok(all)
+        }
         _ => Err(bad("a transaction without its read")),
     }
 }
@@ -342,8 +402,9 @@ impl EtcdStore {
             inner: Arc::new(Inner {
                 client,
                 prefix: parsed.prefix,
+                layout: parsed.layout,
                 url: url.masked().to_string(),
-                caps: capabilities(),
+                caps: capabilities_of(parsed.layout),
                 keepers: tokio::sync::Mutex::new(HashMap::new()),
                 wakeups: AtomicU64::new(0),
             }),
@@ -387,29 +448,82 @@ impl EtcdStore {
         self.key(&format!("si/{lease:016x}"))
     }
 
-    /// Every key of a name (its entries and hold counts) starts with this.
+    /// Every key of a name (its entries and, in tenure's layout, hold
+    /// counts) starts with this.
     fn name_prefix(&self, name: &Name) -> Vec<u8> {
-        let mut k = self.key(&format!("n/{name}"));
-        k.push(0);
-        k
+        match self.inner.layout {
+            Layout::Tenure => {
+                let mut k = self.key(&format!("n/{name}"));
+                k.push(0);
+                k
+            }
+            Layout::Etcd => format!("{name}/").into_bytes(),
+        }
     }
 
     fn queue_prefix(&self, name: &Name) -> Vec<u8> {
         let mut k = self.name_prefix(name);
-        k.push(b'q');
+        if self.inner.layout == Layout::Tenure {
+            k.push(b'q');
+        }
         k
     }
 
     fn entry_key(&self, name: &Name, lease: i64) -> Vec<u8> {
         let mut k = self.queue_prefix(name);
-        k.extend_from_slice(format!("{lease:016x}").as_bytes());
+        match self.inner.layout {
+            Layout::Tenure => k.extend_from_slice(format!("{lease:016x}").as_bytes()),
+            // As etcd's recipe names it (Go's `%x` of the lease).
+            Layout::Etcd => k.extend_from_slice(format!("{lease:x}").as_bytes()),
+        }
         k
     }
 
     fn holds_key(&self, name: &Name, lease: i64) -> Vec<u8> {
-        let mut k = self.name_prefix(name);
-        k.extend_from_slice(format!("h{lease:016x}").as_bytes());
+        match self.inner.layout {
+            Layout::Tenure => {
+                let mut k = self.name_prefix(name);
+                k.extend_from_slice(format!("h{lease:016x}").as_bytes());
+                k
+            }
+            Layout::Etcd => {
+                let mut k = self.aux_prefix(name);
+                k.extend_from_slice(format!("{lease:016x}").as_bytes());
+                k
+            }
+        }
+    }
+
+    /// etcd's layout: where a name's hold counts and nonces live.
+    fn aux_prefix(&self, name: &Name) -> Vec<u8> {
+        let mut k = self.key(&format!("h/{name}"));
+        k.push(0);
         k
+    }
+
+    /// A hold count as this layout writes it.
+    fn holds_value(&self, holds: u32, nonce: &str) -> Vec<u8> {
+        match self.inner.layout {
+            Layout::Tenure => holds.to_string().into_bytes(),
+            Layout::Etcd => aux_value(holds, nonce),
+        }
+    }
+
+    /// An entry's value as this layout writes it.
+    fn encode_entry(&self, kind: EntryKind, nonce: &str, value: &[u8]) -> Vec<u8> {
+        match self.inner.layout {
+            Layout::Tenure => encode(kind, nonce, value),
+            Layout::Etcd => value.to_vec(),
+        }
+    }
+
+    /// An entry's kind, nonce and value (etcd's layout: always exclusive;
+    /// the nonce is in the hold-count key).
+    fn decode_entry(&self, raw: &[u8]) -> Result<(EntryKind, String, Vec<u8>)> {
+        match self.inner.layout {
+            Layout::Tenure => decode(raw),
+            Layout::Etcd => Ok((EntryKind::Exclusive, String::new(), raw.to_vec())),
+        }
     }
 
     fn seen_key(&self, name: &Name) -> Vec<u8> {
@@ -437,19 +551,28 @@ impl EtcdStore {
         ]);
         let resp = retrying(|| self.txn(txn.clone())).await?;
         let ops = resp.op_responses();
-        let kind = register_kind(get_kvs(ops.first())?)?;
+        let kind = register_kind(&get_kvs(ops.first())?)?;
         Ok((kind, get_kvs(ops.get(1))?.to_vec()))
     }
 
     fn read_op(&self, name: &Name) -> TxnOp {
-        TxnOp::get(
+        let queue = TxnOp::get(
             self.name_prefix(name),
             Some(
                 GetOptions::new()
                     .with_prefix()
                     .with_sort(SortTarget::Create, SortOrder::Ascend),
             ),
-        )
+        );
+        match self.inner.layout {
+            Layout::Tenure => queue,
+            // Two ranges, read as one (a nested transaction, whose answers
+            // [`get_kvs`] joins): the queue, then the hold counts.
+            Layout::Etcd => TxnOp::txn(Txn::new().and_then(vec![
+                queue,
+                TxnOp::get(self.aux_prefix(name), Some(GetOptions::new().with_prefix())),
+            ])),
+        }
     }
 
     /// The latest entries of `name`'s queue by create revision, newest
@@ -493,6 +616,9 @@ impl EtcdStore {
 
     /// The queue from a read of [`Self::name_prefix`].
     fn parse_read(&self, name: &Name, kvs: &[KeyValue], revision: i64) -> Result<Read> {
+        if self.inner.layout == Layout::Etcd {
+            return self.parse_recipe_read(name, kvs, revision);
+        }
         let qp = self.queue_prefix(name);
         let np = self.name_prefix(name);
         let mut rows = Vec::new();
@@ -500,7 +626,7 @@ impl EtcdStore {
         for kv in kvs {
             let key = kv.key();
             if let Some(hex) = key.strip_prefix(qp.as_slice()) {
-                let (kind, nonce, value) = decode(kv.value())?;
+                let (kind, nonce, value) = self.decode_entry(kv.value())?;
                 rows.push(Row {
                     key: key.to_vec(),
                     seq: u64::try_from(kv.create_revision()).map_err(bad)?,
@@ -535,6 +661,96 @@ impl EtcdStore {
         })
     }
 
+    /// [`Self::parse_read`] in etcd's layout: the entries are the keys
+    /// `NAME/<hex>` (a key deeper under `NAME/` is another name's), then
+    /// the hold counts.
+    fn parse_recipe_read(&self, name: &Name, kvs: &[KeyValue], revision: i64) -> Result<Read> {
+        let qp = self.queue_prefix(name);
+        let ap = self.aux_prefix(name);
+        let mut rows = Vec::new();
+        let mut holds = HashMap::new();
+        let mut nonces = HashMap::new();
+        for kv in kvs {
+            let key = kv.key();
+            if let Some(hex) = key.strip_prefix(ap.as_slice()) {
+                let (n, nonce) = parse_aux(kv.value())?;
+                let lease = lease_of(hex)?;
+                holds.insert(lease, (n, kv.mod_revision()));
+                nonces.insert(lease, nonce);
+            } else if let Some(hex) = key.strip_prefix(qp.as_slice()) {
+                let Ok(lease) = lease_of(hex) else {
+                    continue;
+                };
+                rows.push(Row {
+                    key: key.to_vec(),
+                    seq: u64::try_from(kv.create_revision()).map_err(bad)?,
+                    mod_rev: kv.mod_revision(),
+                    lease,
+                    kind: EntryKind::Exclusive,
+                    nonce: String::new(),
+                    value: kv.value().to_vec(),
+                    holds: 1,
+                });
+            }
+        }
+        for row in &mut rows {
+            if let Some((n, _)) = holds.get(&row.lease) {
+                row.holds = *n;
+            }
+            if let Some(nonce) = nonces.remove(&row.lease) {
+                row.nonce = nonce;
+            }
+        }
+        let kinds: Vec<EntryKind> = rows.iter().map(|r| r.kind).collect();
+        Ok(Read {
+            granted: crate::queue::grants(&kinds),
+            rows,
+            revision,
+            holds,
+        })
+    }
+
+    /// [`Store::names`] in etcd's layout: every key `NAME/<hex>` outside
+    /// tenure's own prefix (one keys-only read of the range that starts
+    /// with `prefix`: the whole keyspace for an empty one).
+    async fn recipe_names(&self, prefix: &str) -> Result<Vec<Name>> {
+        let options = GetOptions::new().with_keys_only();
+        let options = if prefix.is_empty() {
+            options.with_range(vec![0])
+        } else {
+            options.with_prefix()
+        };
+        let start = if prefix.is_empty() {
+            vec![0]
+        } else {
+            prefix.as_bytes().to_vec()
+        };
+        let resp = call(self.client().get(start, Some(options))).await?;
+        let own = self.key("");
+        let mut names = Vec::new();
+        for kv in resp.kvs() {
+            let key = kv.key();
+            if key.starts_with(&own) {
+                continue;
+            }
+            let Some(slash) = key.iter().rposition(|b| *b == b'/') else {
+                continue;
+            };
+            if lease_of(&key[slash + 1..]).is_err() {
+                continue;
+            }
+            let Ok(text) = std::str::from_utf8(&key[..slash]) else {
+                continue;
+            };
+            if let Ok(name) = Name::new(text) {
+                names.push(name);
+            }
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
     /// Reads the session's secret and the name's queue in one transaction;
     /// a session whose secret is gone is lost.
     async fn read(&self, lease: i64, name: &Name) -> Result<Read> {
@@ -547,7 +763,7 @@ impl EtcdStore {
         if get_kvs(ops.first())?.is_empty() {
             return Err(lost());
         }
-        self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))
+        self.parse_read(name, &get_kvs(ops.get(1))?, revision_of(&resp))
     }
 
     /// The session's entry is at `i` of `read`: this join's own earlier
@@ -603,7 +819,7 @@ impl EtcdStore {
                 ])
                 .and_then(vec![TxnOp::put(
                     self.holds_key(name, lease),
-                    (holds + 1).to_string(),
+                    self.holds_value(holds + 1, &row.nonce),
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
             let resp = call(self.client().txn(txn)).await?;
@@ -654,7 +870,7 @@ impl EtcdStore {
             return Err(lost());
         }
         let mine = match get_kvs(ops.get(1))?.first() {
-            Some(kv) if kv.create_revision() == rev => decode(kv.value())?.0,
+            Some(kv) if kv.create_revision() == rev => self.decode_entry(kv.value())?.0,
             _ => return Err(Error::NotHeld("the entry is no longer in the queue")),
         };
         if mine == EntryKind::Exclusive {
@@ -937,6 +1153,12 @@ impl Store for EtcdStore {
 
     async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
         let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
+        if self.inner.layout == Layout::Etcd && kind != EntryKind::Exclusive {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "shared and permit entries with ?layout=etcd (etcd's lock recipe has only exclusive keys)",
+            });
+        }
         let (lease, secret) = split_key(session)?;
         let entry = self.entry_key(name, lease);
         let qp = self.queue_prefix(name);
@@ -980,7 +1202,7 @@ impl Store for EtcdStore {
                     if !others.is_empty() {
                         let kinds = others
                             .iter()
-                            .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                            .map(|kv| self.decode_entry(kv.value()).map(|(kind, _, _)| kind))
                             .collect::<Result<Vec<_>>>()?;
                         crate::queue::check_compatible(name, kind, kinds)?;
                         return Ok(None);
@@ -1023,7 +1245,7 @@ impl Store for EtcdStore {
                 TxnOp::put(self.seen_key(name), "", None),
                 TxnOp::put(
                     entry.clone(),
-                    encode(kind, &nonce, value),
+                    self.encode_entry(kind, &nonce, value),
                     Some(PutOptions::new().with_lease(lease)),
                 ),
             ];
@@ -1033,6 +1255,14 @@ impl Store for EtcdStore {
                 then.extend([self.latest_op(name, 2, None), self.head_op(name)]);
             } else {
                 then.push(self.read_op(name));
+            }
+            if self.inner.layout == Layout::Etcd {
+                // Last, so the answers above keep their places.
+                then.push(TxnOp::put(
+                    self.holds_key(name, lease),
+                    aux_value(1, &nonce),
+                    Some(PutOptions::new().with_lease(lease)),
+                ));
             }
             let txn = Txn::new().when(when).and_then(then).or_else(if exclusive {
                 vec![
@@ -1073,7 +1303,7 @@ impl Store for EtcdStore {
                     // any one stands for them).
                     let others = get_kvs(ops.get(2))?
                         .iter()
-                        .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                        .map(|kv| self.decode_entry(kv.value()).map(|(kind, _, _)| kind))
                         .collect::<Result<Vec<_>>>()?;
                     crate::queue::check_compatible(name, kind, others)?;
                     return Ok(None);
@@ -1091,12 +1321,12 @@ impl Store for EtcdStore {
                 let ahead = latest
                     .iter()
                     .filter(|kv| kv.key() != entry.as_slice())
-                    .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                    .map(|kv| self.decode_entry(kv.value()).map(|(kind, _, _)| kind))
                     .collect::<Result<Vec<_>>>()?;
                 let head = get_kvs(ops.get(4))?
                     .iter()
                     .filter(|kv| kv.key() != entry.as_slice())
-                    .map(|kv| decode(kv.value()).map(|(kind, _, _)| kind))
+                    .map(|kv| self.decode_entry(kv.value()).map(|(kind, _, _)| kind))
                     .collect::<Result<Vec<_>>>()?;
                 let others = ahead.iter().chain(&head).copied();
                 if let Err(e) = crate::queue::check_compatible(name, kind, others) {
@@ -1114,7 +1344,7 @@ impl Store for EtcdStore {
                 if get_kvs(ops.first())?.is_empty() {
                     return Err(lost());
                 }
-                let read = self.parse_read(name, get_kvs(ops.get(1))?, revision_of(&resp))?;
+                let read = self.parse_read(name, &get_kvs(ops.get(1))?, revision_of(&resp))?;
                 if let Some(i) = read.position(lease) {
                     return self
                         .join_existing(session, name, kind, mode, read, i, unsure, &nonce)
@@ -1124,7 +1354,7 @@ impl Store for EtcdStore {
                 continue;
             }
             let first = get_kvs(ops.first())?.is_empty();
-            let read = self.parse_read(name, get_kvs(ops.get(3))?, revision_of(&resp))?;
+            let read = self.parse_read(name, &get_kvs(ops.get(3))?, revision_of(&resp))?;
             let i = read
                 .position(lease)
                 .ok_or_else(|| bad("the new entry is not in the queue"))?;
@@ -1158,13 +1388,26 @@ impl Store for EtcdStore {
         for _ in 0..CAS_ATTEMPTS {
             // The usual case, one hold: delete the entry if it is still the
             // one acquired with this seq.
+            let (one_hold, then) = match self.inner.layout {
+                Layout::Tenure => (
+                    Compare::create_revision(holds_key.clone(), CompareOp::Equal, 0),
+                    vec![TxnOp::delete(entry.clone(), None)],
+                ),
+                Layout::Etcd => (
+                    Compare::value(holds_key.clone(), CompareOp::Less, aux_value(2, "")),
+                    vec![
+                        TxnOp::delete(entry.clone(), None),
+                        TxnOp::delete(holds_key.clone(), None),
+                    ],
+                ),
+            };
             let txn = Txn::new()
                 .when(vec![
                     self.secret_matches(lease, secret),
                     Compare::create_revision(entry.clone(), CompareOp::Equal, seq),
-                    Compare::create_revision(holds_key.clone(), CompareOp::Equal, 0),
+                    one_hold,
                 ])
-                .and_then(vec![TxnOp::delete(entry.clone(), None)])
+                .and_then(then)
                 .or_else(vec![
                     TxnOp::get(self.secret_key(lease), None),
                     TxnOp::get(entry.clone(), None),
@@ -1193,18 +1436,25 @@ impl Store for EtcdStore {
                 }
                 return Err(Error::NotHeld("this session holds no such entry"));
             }
-            let Some(h) = get_kvs(ops.get(2))?.first() else {
+            let holds_kvs = get_kvs(ops.get(2))?;
+            let Some(h) = holds_kvs.first() else {
                 continue;
             };
-            let holds = std::str::from_utf8(h.value())
-                .ok()
-                .and_then(|v| v.parse::<u32>().ok())
-                .ok_or_else(|| bad("a hold count"))?;
+            let (holds, nonce) = match self.inner.layout {
+                Layout::Tenure => std::str::from_utf8(h.value())
+                    .ok()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .map(|n| (n, String::new()))
+                    .ok_or_else(|| bad("a hold count"))?,
+                Layout::Etcd => parse_aux(h.value())?,
+            };
             let left = holds.saturating_sub(1);
-            let change = if left > 1 {
+            // tenure's layout keeps no count for one hold; etcd's keeps the
+            // nonce with it until the entry goes.
+            let change = if left > 1 || self.inner.layout == Layout::Etcd {
                 TxnOp::put(
                     holds_key.clone(),
-                    left.to_string(),
+                    self.holds_value(left, &nonce),
                     Some(PutOptions::new().with_lease(lease)),
                 )
             } else {
@@ -1308,7 +1558,7 @@ impl Store for EtcdStore {
                 ])
                 .and_then(vec![TxnOp::put(
                     row.key.clone(),
-                    encode(row.kind, &row.nonce, value),
+                    self.encode_entry(row.kind, &row.nonce, value),
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
             if call(self.client().txn(txn)).await?.succeeded() {
@@ -1349,6 +1599,9 @@ impl Store for EtcdStore {
     }
 
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+        if self.inner.layout == Layout::Etcd {
+            return self.recipe_names(prefix).await;
+        }
         let start = self.key(&format!("n/{prefix}"));
         let resp = call(self.client().get(
             start,
@@ -1381,7 +1634,7 @@ impl Store for EtcdStore {
                 .txn(Txn::new().and_then(vec![self.read_op(name)])),
         )
         .await?;
-        let read = self.parse_read(name, get_kvs(resp.op_responses().first())?, 0)?;
+        let read = self.parse_read(name, &get_kvs(resp.op_responses().first())?, 0)?;
         let mut leases: Vec<i64> = read
             .rows
             .iter()
@@ -1450,7 +1703,7 @@ impl Store for EtcdStore {
         if admitted {
             let value = match new {
                 Some(value) => Some(value.to_vec()),
-                None => stored_value(get_kvs(ops.get(1))?),
+                None => stored_value(&get_kvs(ops.get(1))?),
             };
             return Ok(FenceState {
                 admitted,
@@ -1458,11 +1711,11 @@ impl Store for EtcdStore {
                 value,
             });
         }
-        match register_kind(get_kvs(ops.first())?)? {
+        match register_kind(&get_kvs(ops.first())?)? {
             Some(Register::Fence(highest)) if highest > token => Ok(FenceState {
                 admitted,
                 highest,
-                value: stored_value(get_kvs(ops.get(1))?),
+                value: stored_value(&get_kvs(ops.get(1))?),
             }),
             Some(Register::Cell) => Err(kind_conflict(name, Register::Cell)),
             _ => Err(bad("a fence refused a token at least its highest")),
@@ -1563,7 +1816,7 @@ impl Store for EtcdStore {
         if done {
             return Ok(CellWrite::Done(written_at(&resp)?));
         }
-        let kind = register_kind(get_kvs(ops.first())?)?;
+        let kind = register_kind(&get_kvs(ops.first())?)?;
         if let Some(fence @ Register::Fence(_)) = kind {
             return Err(kind_conflict(name, fence));
         }
@@ -1573,7 +1826,7 @@ impl Store for EtcdStore {
                 return Err(lost());
             }
         }
-        cell_mismatch(kind, get_kvs(ops.get(1))?)
+        cell_mismatch(kind, &get_kvs(ops.get(1))?)
     }
 
     async fn cell_delete(&self, name: &Name, version: u64) -> Result<CellWrite> {
@@ -1596,11 +1849,11 @@ impl Store for EtcdStore {
             return Ok(CellWrite::Done(written_at(&resp)?));
         }
         let ops = resp.op_responses();
-        let kind = register_kind(get_kvs(ops.first())?)?;
+        let kind = register_kind(&get_kvs(ops.first())?)?;
         if let Some(fence @ Register::Fence(_)) = kind {
             return Err(kind_conflict(name, fence));
         }
-        cell_mismatch(kind, get_kvs(ops.get(1))?)
+        cell_mismatch(kind, &get_kvs(ops.get(1))?)
     }
 }
 
@@ -1609,7 +1862,7 @@ impl EtcdStore {
     async fn queue_at(&self, name: &Name) -> Result<(Queue, i64)> {
         let resp = retrying(|| self.txn(Txn::new().and_then(vec![self.read_op(name)]))).await?;
         let revision = revision_of(&resp);
-        let read = self.parse_read(name, get_kvs(resp.op_responses().first())?, revision)?;
+        let read = self.parse_read(name, &get_kvs(resp.op_responses().first())?, revision)?;
         let version = fingerprint(&read);
         // Labels and time left, per session.
         let mut leases: Vec<i64> = read.rows.iter().map(|r| r.lease).collect();
@@ -1700,6 +1953,21 @@ mod tests {
         assert!(!e.to_string().contains("hunter2"));
         assert_eq!(parse("etcds://a:1").is_ok(), cfg!(feature = "tls"));
         assert!(parse("etcd://a:1?tls_ca=/x").is_err());
+        assert_eq!(parse("etcd://a:1").unwrap().layout, Layout::Tenure);
+        assert_eq!(parse("etcd://a:1?layout=etcd").unwrap().layout, Layout::Etcd);
+        assert!(parse("etcd://a:1?layout=zk").is_err());
+    }
+
+    #[test]
+    fn hold_counts_order_as_numbers_in_etcds_layout() {
+        // leave's one-hold compare: value < aux_value(2, "").
+        let two = aux_value(2, "");
+        assert!(aux_value(1, "nonce") < two);
+        for n in [2, 10, 11, 123_456] {
+            assert!(aux_value(n, "n") >= two, "{n}");
+        }
+        assert_eq!(parse_aux(&aux_value(12, "ab")).unwrap(), (12, "ab".to_string()));
+        assert!(parse_aux(b"x\ty").is_err());
     }
 
     #[test]
