@@ -1954,7 +1954,10 @@ mod tests {
         assert_eq!(parse("etcds://a:1").is_ok(), cfg!(feature = "tls"));
         assert!(parse("etcd://a:1?tls_ca=/x").is_err());
         assert_eq!(parse("etcd://a:1").unwrap().layout, Layout::Tenure);
-        assert_eq!(parse("etcd://a:1?layout=etcd").unwrap().layout, Layout::Etcd);
+        assert_eq!(
+            parse("etcd://a:1?layout=etcd").unwrap().layout,
+            Layout::Etcd
+        );
         assert!(parse("etcd://a:1?layout=zk").is_err());
     }
 
@@ -1966,7 +1969,10 @@ mod tests {
         for n in [2, 10, 11, 123_456] {
             assert!(aux_value(n, "n") >= two, "{n}");
         }
-        assert_eq!(parse_aux(&aux_value(12, "ab")).unwrap(), (12, "ab".to_string()));
+        assert_eq!(
+            parse_aux(&aux_value(12, "ab")).unwrap(),
+            (12, "ab".to_string())
+        );
         assert!(parse_aux(b"x\ty").is_err());
     }
 

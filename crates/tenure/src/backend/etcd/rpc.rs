@@ -960,9 +960,6 @@ impl KeyValue {
     pub fn mod_revision(&self) -> i64 {
         self.mod_revision
     }
-    pub fn lease(&self) -> i64 {
-        self.lease
-    }
 }
 
 /// A range read's answer.
