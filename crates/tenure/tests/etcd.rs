@@ -406,6 +406,14 @@ mod recipe_layout {
             .try_acquire()
             .await;
         assert!(matches!(r, Err(tenure::Error::Unsupported { .. })), "{r:?}");
+        // A name over tenure's own keys (sessions' secrets) is refused.
+        for name in ["tenure", "tenure/sk", "tenure/si/x"] {
+            let r = Mutex::new(&s, name).unwrap().try_lock().await;
+            assert!(
+                matches!(r, Err(tenure::Error::InvalidName { .. })),
+                "{name}: {r:?}"
+            );
+        }
         let bad = tenure::open(&format!("{}?layout=zk", server.url())).await;
         assert!(
             matches!(bad, Err(tenure::Error::InvalidUrl { .. })),

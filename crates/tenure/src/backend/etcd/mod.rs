@@ -494,6 +494,22 @@ impl EtcdStore {
         }
     }
 
+    /// etcd's layout: a name whose keys would mix with tenure's own (the
+    /// prefix's) is refused: its queue would read sessions' secrets.
+    fn check_recipe_name(&self, name: &Name) -> Result<()> {
+        if self.inner.layout != Layout::Etcd {
+            return Ok(());
+        }
+        let (n, p) = (format!("{name}/"), format!("{}/", self.inner.prefix));
+        if n.starts_with(&p) || p.starts_with(&n) {
+            return Err(Error::InvalidName {
+                name: name.to_string(),
+                reason: "with ?layout=etcd a name must not overlap the store's own ?prefix= (default `tenure`)",
+            });
+        }
+        Ok(())
+    }
+
     /// etcd's layout: where a name's hold counts and nonces live.
     fn aux_prefix(&self, name: &Name) -> Vec<u8> {
         let mut k = self.key(&format!("h/{name}"));
@@ -662,8 +678,8 @@ impl EtcdStore {
     }
 
     /// [`Self::parse_read`] in etcd's layout: the entries are the keys
-    /// `NAME/<hex>` (a key deeper under `NAME/` is another name's), then
-    /// the hold counts.
+    /// under `NAME/` (as etcd's recipe reads them: `a/b`'s keys are in
+    /// `a`'s queue too), then the hold counts.
     fn parse_recipe_read(&self, name: &Name, kvs: &[KeyValue], revision: i64) -> Result<Read> {
         let qp = self.queue_prefix(name);
         let ap = self.aux_prefix(name);
@@ -677,15 +693,15 @@ impl EtcdStore {
                 let lease = lease_of(hex)?;
                 holds.insert(lease, (n, kv.mod_revision()));
                 nonces.insert(lease, nonce);
-            } else if let Some(hex) = key.strip_prefix(qp.as_slice()) {
-                let Ok(lease) = lease_of(hex) else {
-                    continue;
-                };
+            } else if key.starts_with(&qp) {
+                // As in etcd's recipe, every key under `NAME/` is an entry
+                // (the range reads above count them all), whose session is
+                // the lease it is on, whatever its key says.
                 rows.push(Row {
                     key: key.to_vec(),
                     seq: u64::try_from(kv.create_revision()).map_err(bad)?,
                     mod_rev: kv.mod_revision(),
-                    lease,
+                    lease: kv.lease(),
                     kind: EntryKind::Exclusive,
                     nonce: String::new(),
                     value: kv.value().to_vec(),
@@ -730,15 +746,12 @@ impl EtcdStore {
         let mut names = Vec::new();
         for kv in resp.kvs() {
             let key = kv.key();
-            if key.starts_with(&own) {
+            if key.starts_with(&own) || kv.lease() == 0 {
                 continue;
             }
             let Some(slash) = key.iter().rposition(|b| *b == b'/') else {
                 continue;
             };
-            if lease_of(&key[slash + 1..]).is_err() {
-                continue;
-            }
             let Ok(text) = std::str::from_utf8(&key[..slash]) else {
                 continue;
             };
@@ -1159,6 +1172,7 @@ impl Store for EtcdStore {
                 what: "shared and permit entries with ?layout=etcd (etcd's lock recipe has only exclusive keys)",
             });
         }
+        self.check_recipe_name(name)?;
         let (lease, secret) = split_key(session)?;
         let entry = self.entry_key(name, lease);
         let qp = self.queue_prefix(name);
@@ -1438,6 +1452,19 @@ impl Store for EtcdStore {
             }
             let holds_kvs = get_kvs(ops.get(2))?;
             let Some(h) = holds_kvs.first() else {
+                if self.inner.layout == Layout::Etcd {
+                    // No hold count (deleted by hand): one hold.
+                    let txn = Txn::new()
+                        .when(vec![
+                            self.secret_matches(lease, secret),
+                            Compare::create_revision(entry.clone(), CompareOp::Equal, seq),
+                            Compare::create_revision(holds_key.clone(), CompareOp::Equal, 0),
+                        ])
+                        .and_then(vec![TxnOp::delete(entry.clone(), None)]);
+                    if call(self.client().txn(txn)).await?.succeeded() {
+                        return Ok(0);
+                    }
+                }
                 continue;
             };
             let (holds, nonce) = match self.inner.layout {
@@ -1579,11 +1606,26 @@ impl Store for EtcdStore {
                 return Ok(queue.version);
             }
             let mut client = self.client();
+            let mut first_pass = true;
             let options = WatchOptions::new()
                 .with_start_revision(revision + 1)
                 .with_prefix();
             match client.watch(self.name_prefix(name), Some(options)).await {
                 Ok(mut stream) => loop {
+                    if self.inner.layout == Layout::Etcd && first_pass {
+                        // Hold counts live apart in this layout.
+                        first_pass = false;
+                        let _ = stream
+                            .watch(
+                                self.aux_prefix(name),
+                                Some(
+                                    WatchOptions::new()
+                                        .with_start_revision(revision + 1)
+                                        .with_prefix(),
+                                ),
+                            )
+                            .await;
+                    }
                     match stream.message().await {
                         Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
                         Ok(_) => break,
@@ -1629,6 +1671,7 @@ impl Store for EtcdStore {
     }
 
     async fn evict(&self, name: &Name) -> Result<usize> {
+        self.check_recipe_name(name)?;
         let resp = call(
             self.client()
                 .txn(Txn::new().and_then(vec![self.read_op(name)])),
@@ -1641,6 +1684,8 @@ impl Store for EtcdStore {
             .zip(&read.granted)
             .filter(|(_, g)| **g)
             .map(|(r, _)| r.lease)
+            // A key on no lease (put by hand) has no session to end.
+            .filter(|lease| *lease != 0)
             .collect();
         leases.dedup();
         for lease in &leases {
@@ -1860,6 +1905,7 @@ impl Store for EtcdStore {
 impl EtcdStore {
     /// The queue and the revision it was read at.
     async fn queue_at(&self, name: &Name) -> Result<(Queue, i64)> {
+        self.check_recipe_name(name)?;
         let resp = retrying(|| self.txn(Txn::new().and_then(vec![self.read_op(name)]))).await?;
         let revision = revision_of(&resp);
         let read = self.parse_read(name, &get_kvs(resp.op_responses().first())?, revision)?;

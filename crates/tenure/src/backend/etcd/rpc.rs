@@ -371,6 +371,9 @@ pub(super) struct Client {
     /// The user, kept to authenticate again when the token expires.
     user: Option<Arc<(String, String)>>,
     token: Arc<std::sync::RwLock<Option<MetadataValue<Ascii>>>>,
+    /// One renewal of the token at a time (each is a bcrypt check and a
+    /// raft round on the server).
+    renewing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Client {
@@ -429,6 +432,7 @@ impl Client {
             channel,
             user: options.user.map(Arc::new),
             token: Arc::default(),
+            renewing: Arc::default(),
         };
         client.authenticate().await?;
         Ok(client)
@@ -446,12 +450,26 @@ impl Client {
         let resp: pb::AuthenticateResponse = self
             .unary_once("/etcdserverpb.Auth/Authenticate", request, false)
             .await?;
-        let token = MetadataValue::try_from(resp.token.as_str())
-            .map_err(|_| Error::Transport("etcd sent a token that is not ASCII".into()))?;
+        let token = MetadataValue::try_from(resp.token.as_str()).map_err(|_| {
+            Error::Status(Status::internal(
+                "etcd sent an auth token that is not ASCII",
+            ))
+        })?;
         if let Ok(mut slot) = self.token.write() {
             *slot = Some(token);
         }
         Ok(())
+    }
+
+    /// A new token after a refusal, unless another call got one meanwhile.
+    async fn renew_token(&self) -> CallResult<()> {
+        let before = self.token.read().ok().and_then(|t| t.clone());
+        let _one = self.renewing.lock().await;
+        let now = self.token.read().ok().and_then(|t| t.clone());
+        if now != before {
+            return Ok(());
+        }
+        self.authenticate().await
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -501,7 +519,7 @@ impl Client {
     {
         match self.unary_once(path, message.clone(), true).await {
             Err(Error::Status(s)) if self.user.is_some() && token_expired(&s) => {
-                self.authenticate().await?;
+                self.renew_token().await?;
                 self.unary_once(path, message, true).await
             }
             other => other,
@@ -544,7 +562,7 @@ impl Client {
             match result {
                 Ok(resp) => return Ok((sender, resp.into_inner())),
                 Err(s) if attempts == 1 && self.user.is_some() && token_expired(&s) => {
-                    self.authenticate().await?;
+                    self.renew_token().await?;
                 }
                 Err(s) => return Err(s.into()),
             }
@@ -635,9 +653,11 @@ impl Client {
     }
 }
 
-/// Whether etcd refused a call for an expired or unknown token.
+/// Whether etcd refused a call for a token to renew: expired or unknown,
+/// or issued before a change of users or roles (as Go's client renews on).
 fn token_expired(s: &Status) -> bool {
     s.message().contains("invalid auth token")
+        || s.message().contains("revision of auth store is old")
 }
 
 /// A transport error with its causes (tonic's own text is only "transport
@@ -959,6 +979,9 @@ impl KeyValue {
     }
     pub fn mod_revision(&self) -> i64 {
         self.mod_revision
+    }
+    pub fn lease(&self) -> i64 {
+        self.lease
     }
 }
 
