@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::metrics::{Acquiring, HeldMetric, Recipe};
 use crate::session::Session;
 use crate::store::{EntryKind, JoinMode, JoinRequest, Joined, Name};
 use crate::task::{finish, spawn_detached};
@@ -59,6 +60,7 @@ impl Session {
                     name: name.clone(),
                     seq: joined.seq,
                     armed: true,
+                    metric: None,
                 },
                 joined,
             )
@@ -67,12 +69,49 @@ impl Session {
 
     /// Joins and waits for the grant, giving up at `deadline`; `None` when
     /// `wait` is false and the entry is not granted at once.
+    ///
+    /// With a `recipe`, the acquisition and the hold are recorded in the
+    /// metrics under `name`; without (a schedule's per-tick claims, `once`
+    /// records), nothing is, so such names never become label values.
     pub(crate) async fn acquire(
         &self,
         name: &Name,
         kind: EntryKind,
         value: Vec<u8>,
         wait: Wait,
+        recipe: Option<Recipe>,
+    ) -> Result<Option<(Hold, Joined)>> {
+        let Some(recipe) = recipe.filter(|_| crate::metrics::enabled()) else {
+            return self.acquire_as(name, kind, value, wait, None).await;
+        };
+        // Dropped before it is told the outcome, it counts a cancelled one.
+        let mut probe = Acquiring::start(recipe, name);
+        match self
+            .acquire_as(name, kind, value, wait, Some(&mut probe))
+            .await
+        {
+            Ok(Some((mut hold, joined))) => {
+                hold.metric = Some(probe.granted(joined.seq));
+                Ok(Some((hold, joined)))
+            }
+            Ok(None) => {
+                probe.failed(None);
+                Ok(None)
+            }
+            Err(e) => {
+                probe.failed(Some(&e));
+                Err(e)
+            }
+        }
+    }
+
+    async fn acquire_as(
+        &self,
+        name: &Name,
+        kind: EntryKind,
+        value: Vec<u8>,
+        wait: Wait,
+        probe: Option<&mut Acquiring>,
     ) -> Result<Option<(Hold, Joined)>> {
         let mode = match wait {
             Wait::No => JoinMode::IfGranted,
@@ -83,6 +122,9 @@ impl Session {
         };
         if joined.granted {
             return Ok(Some((hold, joined)));
+        }
+        if let Some(probe) = probe {
+            probe.waiting();
         }
         let store = self.store().clone();
         let granted = store.await_grant(self.key(), name, joined.seq);
@@ -140,6 +182,8 @@ pub(crate) struct Hold {
     pub(crate) name: Name,
     pub(crate) seq: u64,
     armed: bool,
+    /// The hold's metrics (held gauge, hold time), ended when it is dropped.
+    metric: Option<HeldMetric>,
 }
 
 impl Hold {
@@ -153,6 +197,8 @@ impl Hold {
     /// is dropped.
     pub(crate) async fn release(mut self) -> Result<u32> {
         self.armed = false;
+        // The hold time ends when the release begins.
+        drop(self.metric.take());
         let store = self.session.store().clone();
         let key = self.session.key().clone();
         let name = self.name.clone();

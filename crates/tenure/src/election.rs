@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use crate::acquire::{no_grant, Hold, Wait};
 use crate::error::LostReason;
 use crate::error::{Error, Result};
+use crate::metrics::{LeaderMetric, Recipe};
 use crate::session::{Session, SessionOptions};
 use crate::store::{Entry, EntryKind, Name, Store};
 
@@ -99,10 +100,11 @@ impl Election {
                 EntryKind::Exclusive,
                 value.into(),
                 Wait::Forever,
+                Some(Recipe::Election),
             )
             .await?;
         let (hold, _) = acquired.ok_or_else(no_grant)?;
-        Ok(Term { hold })
+        Ok(Term::new(hold))
     }
 
     /// Becomes leader only if nobody leads or waits now.
@@ -113,9 +115,15 @@ impl Election {
     pub async fn try_campaign(&self, value: impl Into<Vec<u8>>) -> Result<Option<Term>> {
         let acquired = self
             .session
-            .acquire(&self.name, EntryKind::Exclusive, value.into(), Wait::No)
+            .acquire(
+                &self.name,
+                EntryKind::Exclusive,
+                value.into(),
+                Wait::No,
+                Some(Recipe::Election),
+            )
             .await?;
-        Ok(acquired.map(|(hold, _)| Term { hold }))
+        Ok(acquired.map(|(hold, _)| Term::new(hold)))
     }
 
     /// The current leader, if any.
@@ -140,9 +148,16 @@ pub async fn leader(store: &dyn Store, name: &Name) -> Result<Option<Leader>> {
 #[derive(Debug)]
 pub struct Term {
     hold: Hold,
+    /// The leader gauges, while the term lives (metrics on).
+    leading: Option<LeaderMetric>,
 }
 
 impl Term {
+    fn new(hold: Hold) -> Term {
+        let leading = crate::metrics::enabled().then(|| LeaderMetric::elected(&hold.name));
+        Term { hold, leading }
+    }
+
     /// The term's fencing token.
     pub fn token(&self) -> u64 {
         self.hold.seq
@@ -193,6 +208,8 @@ impl Term {
     ///
     /// Runs to completion even if this future is dropped.
     pub async fn resign(self) -> Result<()> {
+        // Leadership ends as the resignation begins.
+        drop(self.leading);
         self.hold.release().await.map(|_| ())
     }
 }

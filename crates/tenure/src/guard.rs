@@ -6,6 +6,7 @@ use std::future::Future;
 
 use crate::acquire::{no_grant, Hold, Wait};
 use crate::error::{LostReason, Result};
+use crate::metrics::Recipe;
 use crate::session::Session;
 use crate::store::{EntryKind, Joined, Name};
 
@@ -17,15 +18,18 @@ pub(crate) struct Held {
     kind: EntryKind,
 }
 
-/// Takes an entry of `kind` on `name`: `Ok(None)` only for [`Wait::No`]
-/// when it is not free now.
+/// Takes an entry of `kind` on `name` for `recipe`: `Ok(None)` only for
+/// [`Wait::No`] when it is not free now.
 pub(crate) async fn take(
     session: &Session,
     name: &Name,
     kind: EntryKind,
     wait: Wait,
+    recipe: Recipe,
 ) -> Result<Option<Held>> {
-    let acquired = session.acquire(name, kind, Vec::new(), wait).await?;
+    let acquired = session
+        .acquire(name, kind, Vec::new(), wait, Some(recipe))
+        .await?;
     match (wait, acquired) {
         (Wait::No, None) => Ok(None),
         (_, acquired) => Held::new(acquired, kind).map(Some),
@@ -38,8 +42,11 @@ pub(crate) async fn take_waiting(
     name: &Name,
     kind: EntryKind,
     wait: Wait,
+    recipe: Recipe,
 ) -> Result<Held> {
-    take(session, name, kind, wait).await?.ok_or_else(no_grant)
+    take(session, name, kind, wait, recipe)
+        .await?
+        .ok_or_else(no_grant)
 }
 
 impl Held {

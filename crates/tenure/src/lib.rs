@@ -22,7 +22,9 @@
 // - session and acquisition: `session` (the lease), `acquire`;
 // - recipes: `guard`, `mutex`, `rwlock`, `semaphore`, `election`, `once`,
 //   `schedule`, and the registers `fence` and `cell`;
-// - `fencing`: the token check in the user's own database (drivers only).
+// - `fencing`: the token check in the user's own database (drivers only);
+// - `metrics`: what the sessions and recipes record, and `metered`, the one
+//   store wrapper that records store operations (no backend records).
 mod acquire;
 pub mod backend;
 mod cell;
@@ -32,6 +34,9 @@ mod error;
 mod fence;
 pub mod fencing;
 mod guard;
+#[cfg(feature = "metrics")]
+mod metered;
+pub mod metrics;
 mod mutex;
 mod once;
 pub mod queue;

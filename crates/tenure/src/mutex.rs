@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::acquire::Wait;
 use crate::error::Result;
 use crate::guard::{take, take_waiting, MutexGuard};
+use crate::metrics::Recipe;
 use crate::session::Session;
 use crate::store::{EntryKind, Name};
 
@@ -72,6 +73,7 @@ impl Mutex {
             &self.name,
             EntryKind::Exclusive,
             Wait::Forever,
+            Recipe::Mutex,
         )
         .await
         .map(MutexGuard)
@@ -90,9 +92,15 @@ impl Mutex {
     ///
     /// Cancel safe, as [`Mutex::lock`].
     pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
-        take(&self.session, &self.name, EntryKind::Exclusive, Wait::No)
-            .await
-            .map(|held| held.map(MutexGuard))
+        take(
+            &self.session,
+            &self.name,
+            EntryKind::Exclusive,
+            Wait::No,
+            Recipe::Mutex,
+        )
+        .await
+        .map(|held| held.map(MutexGuard))
     }
 
     /// Waits at most `timeout`; then [`Error::Timeout`](crate::Error::Timeout),
@@ -107,6 +115,7 @@ impl Mutex {
             &self.name,
             EntryKind::Exclusive,
             Wait::timeout(timeout),
+            Recipe::Mutex,
         )
         .await
         .map(MutexGuard)

@@ -87,6 +87,29 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<Vec<u8>, JobError>>,
 {
+    let result = run_once(store, key, ttl, while_running, job).await;
+    crate::metrics::once_outcome(match &result {
+        Ok(OnceOutcome::Ran(_)) => "ran",
+        Ok(OnceOutcome::Recorded(_)) => "recorded",
+        Ok(OnceOutcome::Failed(_)) => "failed",
+        Ok(OnceOutcome::Retry(_)) => "retry",
+        Err(Error::InProgress(_)) => "in_progress",
+        Err(_) => "error",
+    });
+    result
+}
+
+async fn run_once<F, Fut>(
+    store: &Arc<dyn Store>,
+    key: &str,
+    ttl: Duration,
+    while_running: WhileRunning,
+    job: F,
+) -> Result<OnceOutcome>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Vec<u8>, JobError>>,
+{
     let name = Name::new(format!("once/{key}"))?;
     let give_up = match while_running {
         WhileRunning::Wait(d) => tokio::time::Instant::now().checked_add(d),
@@ -103,6 +126,8 @@ where
                 EntryKind::Exclusive,
                 std::mem::take(&mut value),
                 Wait::No,
+                // Keys are not bounded: they never become label values.
+                None,
             )
             .await?;
         if let Some((hold, _)) = claimed {

@@ -64,13 +64,21 @@ impl Backend {
 
     /// Opens a store of this backend. The URL is parsed (and refused, with
     /// [`Error::InvalidUrl`] naming the fault) before any connection is tried.
+    ///
+    /// With the `metrics` feature the store comes wrapped in `Metered` (see
+    /// [`metrics`](crate::metrics)), which records every operation's latency
+    /// and errors: the only place store metrics come from, so they are the
+    /// same on every backend.
     pub async fn open(&self, url: &str) -> Result<Arc<dyn Store>> {
         let built = self.built.ok_or(Error::BackendDisabled {
             backend: self.name,
             feature: self.feature,
         })?;
         let parsed = StoreUrl::parse(url, built.url)?;
-        (built.open)(parsed).await
+        let store = (built.open)(parsed).await?;
+        #[cfg(feature = "metrics")]
+        let store = crate::metrics::Metered::wrap(store);
+        Ok(store)
     }
 }
 
@@ -205,6 +213,9 @@ pub fn backend_for(url: &str) -> Result<&'static Backend> {
 /// An unknown scheme, an option the backend does not take or a malformed URL
 /// is [`Error::InvalidUrl`], found before any connection is tried; a known
 /// backend whose cargo feature is off is [`Error::BackendDisabled`].
+///
+/// With the `metrics` feature (on by default) the store records its
+/// operations' latency and errors; see [`metrics`](crate::metrics).
 ///
 /// # Examples
 ///

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::acquire::Wait;
 use crate::error::Result;
 use crate::guard::{take, take_waiting, RwLockReadGuard, RwLockWriteGuard};
+use crate::metrics::Recipe;
 use crate::session::Session;
 use crate::store::{EntryKind, Name};
 
@@ -59,9 +60,15 @@ impl RwLock {
     ///
     /// Cancel safe: dropping the future leaves the queue.
     pub async fn read(&self) -> Result<RwLockReadGuard> {
-        take_waiting(&self.session, &self.name, EntryKind::Shared, Wait::Forever)
-            .await
-            .map(RwLockReadGuard)
+        take_waiting(
+            &self.session,
+            &self.name,
+            EntryKind::Shared,
+            Wait::Forever,
+            Recipe::Read,
+        )
+        .await
+        .map(RwLockReadGuard)
     }
 
     /// Waits for the write side.
@@ -75,6 +82,7 @@ impl RwLock {
             &self.name,
             EntryKind::Exclusive,
             Wait::Forever,
+            Recipe::Write,
         )
         .await
         .map(RwLockWriteGuard)
@@ -86,9 +94,15 @@ impl RwLock {
     ///
     /// Cancel safe, as [`RwLock::read`].
     pub async fn try_read(&self) -> Result<Option<RwLockReadGuard>> {
-        take(&self.session, &self.name, EntryKind::Shared, Wait::No)
-            .await
-            .map(|held| held.map(RwLockReadGuard))
+        take(
+            &self.session,
+            &self.name,
+            EntryKind::Shared,
+            Wait::No,
+            Recipe::Read,
+        )
+        .await
+        .map(|held| held.map(RwLockReadGuard))
     }
 
     /// The write side if the lock is free now.
@@ -97,9 +111,15 @@ impl RwLock {
     ///
     /// Cancel safe, as [`RwLock::read`].
     pub async fn try_write(&self) -> Result<Option<RwLockWriteGuard>> {
-        take(&self.session, &self.name, EntryKind::Exclusive, Wait::No)
-            .await
-            .map(|held| held.map(RwLockWriteGuard))
+        take(
+            &self.session,
+            &self.name,
+            EntryKind::Exclusive,
+            Wait::No,
+            Recipe::Write,
+        )
+        .await
+        .map(|held| held.map(RwLockWriteGuard))
     }
 
     /// Waits at most `timeout` for the read side.
@@ -113,6 +133,7 @@ impl RwLock {
             &self.name,
             EntryKind::Shared,
             Wait::timeout(timeout),
+            Recipe::Read,
         )
         .await
         .map(RwLockReadGuard)
@@ -129,6 +150,7 @@ impl RwLock {
             &self.name,
             EntryKind::Exclusive,
             Wait::timeout(timeout),
+            Recipe::Write,
         )
         .await
         .map(RwLockWriteGuard)

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::acquire::Wait;
 use crate::election::{Election, Term};
 use crate::error::{Error, Result};
+use crate::metrics::{cron_next_tick, cron_ran, cron_ticks, NameTag, TickOutcome};
 use crate::session::{Session, SessionOptions};
 use crate::store::{EntryKind, Name, Store};
 
@@ -127,6 +128,15 @@ impl std::fmt::Debug for Schedule {
 /// The longest job name: a tick's claim adds `@` and up to 20 digits.
 const MAX_JOB_NAME: usize = crate::store::MAX_NAME_LEN - 21;
 
+/// The most ticks counted at once as missed, paused or not led (a
+/// one-second schedule paused for a day would otherwise walk 86 400 ticks).
+const MAX_TICKS_COUNTED: usize = 10_000;
+
+/// A time as Unix seconds, for a timestamp gauge.
+fn unix_secs(t: DateTime<Utc>) -> f64 {
+    t.timestamp_millis() as f64 / 1000.0
+}
+
 /// Parses a cron expression of 5, 6 or 7 fields.
 pub fn parse_cron(expr: &str) -> Result<cron::Schedule> {
     let fields = expr.split_whitespace().count();
@@ -235,14 +245,29 @@ impl Schedule {
             .map(|d| d.with_timezone(&Utc))
     }
 
+    /// How many ticks fall in `(after, until]` (at most a bound).
+    fn ticks_in(&self, after: DateTime<Utc>, until: DateTime<Utc>) -> usize {
+        self.cron
+            .after(&after.with_timezone(&self.tz))
+            .take_while(|t| t.with_timezone(&Utc) <= until)
+            .take(MAX_TICKS_COUNTED)
+            .count()
+    }
+
     /// Runs ticks until `shutdown` resolves. `job` is called once per tick
     /// this instance wins. Temporary store errors are retried.
+    ///
+    /// With the `metrics` feature each tick is counted by what became of it
+    /// here (`tenure_cron_ticks_total`: ran, claimed elsewhere, not leader,
+    /// missed, paused), and runs are timed, labelled with the job's name —
+    /// never with a tick's claim name.
     pub async fn run<F, Fut>(self, mut job: F, shutdown: impl Future<Output = ()>) -> Result<()>
     where
         F: FnMut(Tick) -> Fut,
         Fut: Future<Output = ()>,
     {
         tokio::pin!(shutdown);
+        let tag = NameTag::of(&self.name);
         let mut paused = self.paused.subscribe();
         let mut session: Option<Session> = None;
         let mut term: Option<Term> = None;
@@ -268,7 +293,9 @@ impl Schedule {
                     () = &mut shutdown => return self.stop(session, term).await,
                 }
                 // A resumed leader picks up from the next tick.
-                cursor = Utc::now();
+                let resumed = Utc::now();
+                cron_ticks(&tag, TickOutcome::Paused, self.ticks_in(cursor, resumed));
+                cursor = resumed;
                 continue;
             }
             let live = match &session {
@@ -301,22 +328,53 @@ impl Schedule {
             if self.mode == Mode::Leader && term.as_ref().is_none_or(|t| t.is_lost()) {
                 let election = Election::new(&live, self.name.as_str())?;
                 let campaign = election.campaign(live.tag().as_bytes().to_vec());
-                tokio::select! {
-                    t = campaign => match t {
-                        Ok(t) => {
-                            term = Some(t);
-                            // A new leader picks up from the next tick (or
-                            // the last missed one, with RunOnce).
-                            cursor = match (self.missed, self.last_at_or_before(Utc::now())) {
-                                (Missed::RunOnce, Some(last)) => last - chrono::Duration::milliseconds(1),
-                                _ => Utc::now(),
-                            };
+                tokio::pin!(campaign);
+                // The ticks due while this instance campaigns are the
+                // leader's (or nobody's): counted as not led here.
+                let mut seen = Utc::now();
+                let elected = loop {
+                    let next = self.next_after(seen);
+                    if let Some(next) = next {
+                        cron_next_tick(&tag, unix_secs(next));
+                    }
+                    let tick = async {
+                        match next {
+                            Some(next) => {
+                                let wait = (next - Utc::now()).to_std().unwrap_or_default();
+                                tokio::time::sleep(wait).await;
+                            }
+                            None => std::future::pending().await,
                         }
-                        Err(e) if e.is_temporary() || matches!(e, Error::SessionLost(_)) => continue,
-                        Err(e) => return Err(e),
-                    },
-                    _ = paused.changed() => continue,
-                    () = &mut shutdown => return self.stop(session, term).await,
+                    };
+                    tokio::select! {
+                        t = &mut campaign => break Some(t),
+                        () = tick => {
+                            if let Some(next) = next {
+                                cron_ticks(&tag, TickOutcome::NotLeader, 1);
+                                seen = next;
+                            }
+                        }
+                        _ = paused.changed() => break None,
+                        () = &mut shutdown => return self.stop(session, term).await,
+                    }
+                };
+                match elected {
+                    Some(Ok(t)) => {
+                        term = Some(t);
+                        // A new leader picks up from the next tick (or
+                        // the last missed one, with RunOnce).
+                        cursor = match (self.missed, self.last_at_or_before(Utc::now())) {
+                            (Missed::RunOnce, Some(last)) => {
+                                last - chrono::Duration::milliseconds(1)
+                            }
+                            _ => Utc::now(),
+                        };
+                    }
+                    Some(Err(e)) if e.is_temporary() || matches!(e, Error::SessionLost(_)) => {
+                        continue
+                    }
+                    Some(Err(e)) => return Err(e),
+                    None => continue,
                 }
             }
             let now = Utc::now();
@@ -328,14 +386,20 @@ impl Schedule {
             let due = if next <= now {
                 // Ticks were missed: skip them all, or run the latest once.
                 let latest = self.last_at_or_before(now).unwrap_or(next);
+                let passed = self.ticks_in(cursor, now);
                 match self.missed {
                     Missed::Skip => {
+                        cron_ticks(&tag, TickOutcome::Missed, passed);
                         cursor = now;
                         continue;
                     }
-                    Missed::RunOnce => latest,
+                    Missed::RunOnce => {
+                        cron_ticks(&tag, TickOutcome::Missed, passed.saturating_sub(1));
+                        latest
+                    }
                 }
             } else {
+                cron_next_tick(&tag, unix_secs(next));
                 let wait = (next - now).to_std().unwrap_or_default();
                 let lost = async {
                     match &term {
@@ -357,7 +421,10 @@ impl Schedule {
             };
             cursor = due;
             let leader_token = term.as_ref().map(Term::token);
-            if let Err(e) = self.run_tick(&live, due, leader_token, &mut job).await {
+            if let Err(e) = self
+                .run_tick(&live, due, leader_token, &mut job, &tag)
+                .await
+            {
                 if !(e.is_temporary() || matches!(e, Error::SessionLost(_))) {
                     return Err(e);
                 }
@@ -373,6 +440,7 @@ impl Schedule {
         at: DateTime<Utc>,
         leader_token: Option<u64>,
         job: &mut F,
+        tag: &NameTag,
     ) -> Result<()>
     where
         F: FnMut(Tick) -> Fut,
@@ -380,16 +448,22 @@ impl Schedule {
     {
         let claim = Name::new(format!("{}@{}", self.name, at.timestamp()))?;
         let label = session.tag().as_bytes().to_vec();
+        // A claim name, one per tick, is never a metric label: untracked.
         let Some((hold, joined)) = session
-            .acquire(&claim, EntryKind::Exclusive, label, Wait::No)
+            .acquire(&claim, EntryKind::Exclusive, label, Wait::No, None)
             .await?
         else {
-            return Ok(()); // another instance holds this tick
+            // Another instance holds this tick.
+            cron_ticks(tag, TickOutcome::ClaimedElsewhere, 1);
+            return Ok(());
         };
         if !joined.first {
-            hold.release().await?; // this tick already ran
+            // This tick already ran.
+            cron_ticks(tag, TickOutcome::ClaimedElsewhere, 1);
+            hold.release().await?;
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let run = job(Tick { at, leader_token });
         let at_most = async {
             match self.at_most {
@@ -397,11 +471,22 @@ impl Schedule {
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            () = run => {}
-            () = at_most => tracing::warn!(job = %self.name, %at, "run stopped: lock_at_most_for reached"),
-            _ = session.lost() => tracing::warn!(job = %self.name, %at, "run stopped: the session was lost"),
-        }
+        let finished = tokio::select! {
+            () = run => true,
+            () = at_most => {
+                tracing::warn!(job = %self.name, %at, "run stopped: lock_at_most_for reached");
+                false
+            }
+            _ = session.lost() => {
+                tracing::warn!(job = %self.name, %at, "run stopped: the session was lost");
+                false
+            }
+        };
+        cron_ran(
+            tag,
+            started.elapsed(),
+            finished.then(|| unix_secs(Utc::now())),
+        );
         let hold_until = at + chrono::Duration::from_std(self.at_least).unwrap_or_default();
         if let Ok(left) = (hold_until - Utc::now()).to_std() {
             tokio::time::sleep(left).await;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::acquire::Wait;
 use crate::error::{Error, Result};
 use crate::guard::{take, take_waiting, SemaphorePermit};
+use crate::metrics::Recipe;
 use crate::session::Session;
 use crate::store::{EntryKind, Name};
 
@@ -101,9 +102,15 @@ impl Semaphore {
     ///
     /// Cancel safe, as [`Semaphore::acquire`].
     pub async fn acquire_many(&self, count: u32) -> Result<SemaphorePermit> {
-        take_waiting(&self.session, &self.name, self.kind(count)?, Wait::Forever)
-            .await
-            .map(SemaphorePermit)
+        take_waiting(
+            &self.session,
+            &self.name,
+            self.kind(count)?,
+            Wait::Forever,
+            Recipe::Semaphore,
+        )
+        .await
+        .map(SemaphorePermit)
     }
 
     /// One permit if one is free now and nobody waits ahead.
@@ -121,9 +128,15 @@ impl Semaphore {
     ///
     /// Cancel safe, as [`Semaphore::acquire`].
     pub async fn try_acquire_many(&self, count: u32) -> Result<Option<SemaphorePermit>> {
-        take(&self.session, &self.name, self.kind(count)?, Wait::No)
-            .await
-            .map(|held| held.map(SemaphorePermit))
+        take(
+            &self.session,
+            &self.name,
+            self.kind(count)?,
+            Wait::No,
+            Recipe::Semaphore,
+        )
+        .await
+        .map(|held| held.map(SemaphorePermit))
     }
 
     /// Waits at most `timeout` for `count` permits.
@@ -141,6 +154,7 @@ impl Semaphore {
             &self.name,
             self.kind(count)?,
             Wait::timeout(timeout),
+            Recipe::Semaphore,
         )
         .await
         .map(SemaphorePermit)

@@ -57,6 +57,12 @@ impl Name {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The name's shared string (a metric label takes it without a copy).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn shared(&self) -> &Arc<str> {
+        &self.0
+    }
 }
 
 fn shorten(name: &str) -> String {

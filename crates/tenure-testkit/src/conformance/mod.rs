@@ -18,6 +18,7 @@
 mod election;
 mod faults;
 mod locks;
+mod metrics;
 mod once;
 mod registers;
 mod schedule;
@@ -26,6 +27,7 @@ mod semaphore;
 pub use election::*;
 pub use faults::*;
 pub use locks::*;
+pub use metrics::*;
 pub use once::*;
 pub use registers::*;
 pub use schedule::*;
@@ -132,7 +134,8 @@ macro_rules! conformance_tests {
             check_elector_callbacks, check_shared_and_permits, check_bad_input,
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
             check_schedule_leader, check_fence, check_fence_values, check_fence_interleaved, check_cell,
-            check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released);
+            check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released,
+            check_metrics_same_as_memory);
     };
     ($target:expr; server: $start:expr; down: $down_url:expr) => {
         $crate::conformance_tests!($target);

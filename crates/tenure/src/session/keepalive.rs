@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use crate::error::{Error, LostReason, Result};
+use crate::metrics::signed_secs;
 use crate::task::spawn_detached;
 
 /// A local deadline on the monotonic clock, with how long the machine had
@@ -34,6 +35,10 @@ pub(super) fn mark_lost(inner: &Inner, reason: LostReason) {
             false
         }
     });
+    if newly {
+        inner.ended();
+        crate::metrics::session_lost(inner.backend(), reason);
+    }
     if newly && reason != LostReason::Closed {
         tracing::warn!(tag = %inner.tag, %reason, "session lost");
         // The store may still count the session alive: end it so others need
@@ -54,6 +59,10 @@ pub(super) async fn renew(inner: &Inner) -> Result<()> {
     let sent = Instant::now();
     match inner.store.keep_alive(&inner.key).await {
         Ok(()) => {
+            if crate::metrics::enabled() {
+                let slack = signed_secs(Instant::now(), effective_deadline(inner));
+                crate::metrics::renewal(inner.backend(), "ok", Some(slack));
+            }
             let mut deadline = inner.deadline.lock().unwrap_or_else(|e| e.into_inner());
             let next = sent + inner.ttl - inner.drift;
             if next > deadline.at {
@@ -65,6 +74,7 @@ pub(super) async fn renew(inner: &Inner) -> Result<()> {
             Ok(())
         }
         Err(Error::SessionLost(reason)) => {
+            crate::metrics::renewal(inner.backend(), "lost", None);
             // The store's expiry comes after our deadline; an answer that the
             // session is gone, received before that deadline, cannot be an
             // expiry: the session was ended by someone.
@@ -77,7 +87,10 @@ pub(super) async fn renew(inner: &Inner) -> Result<()> {
             mark_lost(inner, reason);
             Err(Error::SessionLost(reason))
         }
-        Err(e) => Err(e),
+        Err(e) => {
+            crate::metrics::renewal(inner.backend(), "error", None);
+            Err(e)
+        }
     }
 }
 
@@ -126,7 +139,7 @@ pub(super) async fn keep_alive(weak: Weak<Inner>, auto_renew: bool) {
                 next_renew = Instant::now() + retry.min(every);
                 retry = (retry * 2).min(every);
             }
-            Err(_) => {}
+            Err(_) => crate::metrics::renewal(inner.backend(), "timeout", None),
         }
     }
 }

@@ -44,6 +44,24 @@ struct Inner {
     task: StdMutex<Option<JoinHandle<()>>>,
     /// Left to expire in the store on drop instead of being closed.
     detached: std::sync::atomic::AtomicBool,
+    /// Counted in `tenure_sessions_open` until it ends (once).
+    counted_open: std::sync::atomic::AtomicBool,
+}
+
+impl Inner {
+    fn backend(&self) -> &'static str {
+        self.store.capabilities().backend
+    }
+
+    /// Takes the session out of `tenure_sessions_open`, once.
+    fn ended(&self) {
+        if self
+            .counted_open
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            crate::metrics::session_ended(self.backend());
+        }
+    }
 }
 
 impl fmt::Debug for Session {
@@ -59,6 +77,7 @@ impl fmt::Debug for Session {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.ended();
         if let Ok(mut task) = self.task.lock() {
             if let Some(task) = task.take() {
                 task.abort();
@@ -131,7 +150,13 @@ impl Session {
             lost: watch::channel(None).0,
             task: StdMutex::new(None),
             detached: std::sync::atomic::AtomicBool::new(false),
+            counted_open: std::sync::atomic::AtomicBool::new(false),
         });
+        if crate::metrics::session_opened(inner.backend()) {
+            inner
+                .counted_open
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let task = tokio::spawn(keep_alive(Arc::downgrade(&inner), options.auto_renew));
         if let Ok(mut slot) = inner.task.lock() {
             *slot = Some(task);
