@@ -10,6 +10,7 @@ macro_rules! outln {
 }
 
 mod child;
+mod console;
 mod supervise;
 mod torture;
 
@@ -141,6 +142,17 @@ enum Command {
         prints `admitted` or `stale`, the token and the highest. Exits 0 when admitted, 75 when\n\
         stale: a later holder of the lock has used the fence, so this holder may have lost the lock.")]
     Fence(FenceArgs),
+    /// Serve a live web page of the store's locks, elections and sessions, with an HTTP API.
+    #[command(
+        after_help = "Example:\n  tenure console --store postgres://… --listen 127.0.0.1:9480\n\n\
+        Open http://127.0.0.1:9480/ in a browser. The page follows the store live (server-sent\n\
+        events from /api/events); /api/status is `tenure status --json`, /metrics is Prometheus\n\
+        text of the store-wide view. Read-only unless started with --admin-token-file: then a\n\
+        holder can be force-released (a leader made to step down) from the page, after typing the\n\
+        name again and a reason; every such action is appended to --audit-log. Loopback only\n\
+        unless a token is set."
+    )]
+    Console(console::ConsoleArgs),
     /// Read, write or delete a cell: a small value with a version, written by compare-and-set.
     #[command(subcommand)]
     Cell(CellCommand),
@@ -362,6 +374,13 @@ struct ReleaseArgs {
     /// Required: confirms you know this is unsafe without fencing.
     #[arg(long)]
     force: bool,
+    /// Why (kept in the audit record).
+    #[arg(long, default_value = "")]
+    reason: String,
+    /// Append the audit record (JSON, one line) to this file too; it always
+    /// goes to the log (stderr at -v).
+    #[arg(long, env = "TENURE_AUDIT_LOG")]
+    audit_log: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -500,6 +519,15 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             .await
             .map_err(|m| Failure::new(exit::SOFTWARE, m)),
         Command::Cell(command) => cell(store, command).await,
+        Command::Console(args) => {
+            let cx = console::Context {
+                store,
+                store_url: tenure::mask_password(&url),
+            };
+            console::run(cx, args)
+                .await
+                .map_err(|(code, message)| Failure::new(code, message))
+        }
         Command::Backends(_) | Command::Completions(_) | Command::Man => Ok(0),
     }
 }
@@ -1092,49 +1120,76 @@ async fn cell(store: std::sync::Arc<dyn Store>, command: CellCommand) -> Result<
     }
 }
 
-async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8, Failure> {
+/// `tenure status --json`'s answer (also the console's `/api/status`).
+pub(crate) async fn status_json(
+    store: &dyn Store,
+    prefix: &str,
+) -> tenure::Result<serde_json::Value> {
     let mut all = Vec::new();
+    for name in store.names(prefix).await? {
+        let queue = store.queue(&name).await?;
+        let entries: Vec<_> = queue
+            .entries
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "token": e.seq,
+                    "state": if e.granted { "holder" } else { "waiter" },
+                    "kind": format!("{:?}", e.kind),
+                    "label": e.label,
+                    "session": e.session_tag,
+                    "holds": e.holds,
+                    "ttl_left_ms": e.expires_in.as_millis(),
+                    "value": String::from_utf8_lossy(&e.value),
+                })
+            })
+            .collect();
+        all.push(serde_json::json!({ "name": name.as_str(), "entries": entries }));
+    }
+    Ok(serde_json::Value::Array(all))
+}
+
+async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8, Failure> {
+    if args.json {
+        outln!("{}", status_json(store.as_ref(), &args.prefix).await?);
+        return Ok(0);
+    }
     for name in store.names(&args.prefix).await? {
         let queue = store.queue(&name).await?;
-        if args.json {
-            let entries: Vec<_> = queue
-                .entries
-                .iter()
-                .map(|e| {
-                    serde_json::json!({
-                        "token": e.seq,
-                        "state": if e.granted { "holder" } else { "waiter" },
-                        "kind": format!("{:?}", e.kind),
-                        "label": e.label,
-                        "session": e.session_tag,
-                        "holds": e.holds,
-                        "ttl_left_ms": e.expires_in.as_millis(),
-                        "value": String::from_utf8_lossy(&e.value),
-                    })
-                })
-                .collect();
-            all.push(serde_json::json!({ "name": name.as_str(), "entries": entries }));
-        } else {
-            outln!("{name}");
-            for e in &queue.entries {
-                outln!(
-                    "  {:<6} token={} {:?} label={} session={} ttl_left={}",
-                    if e.granted { "holder" } else { "waiter" },
-                    e.seq,
-                    e.kind,
-                    escape_line(&e.label),
-                    e.session_tag,
-                    humantime::format_duration(Duration::from_millis(
-                        e.expires_in.as_millis() as u64
-                    )),
-                );
-            }
+        outln!("{name}");
+        for e in &queue.entries {
+            outln!(
+                "  {:<6} token={} {:?} label={} session={} ttl_left={}",
+                if e.granted { "holder" } else { "waiter" },
+                e.seq,
+                e.kind,
+                escape_line(&e.label),
+                e.session_tag,
+                humantime::format_duration(Duration::from_millis(e.expires_in.as_millis() as u64)),
+            );
         }
     }
-    if args.json {
-        outln!("{}", serde_json::Value::Array(all));
-    }
     Ok(0)
+}
+
+/// Records a forced action: to the log always, and as one JSON line
+/// appended to `path` when given.
+pub(crate) fn audit(
+    path: Option<&std::path::Path>,
+    record: &serde_json::Value,
+) -> std::io::Result<()> {
+    tracing::warn!(target: "tenure::audit", record = %record, "forced action");
+    let Some(path) = path else {
+        return Ok(());
+    };
+    use std::io::Write;
+    let mut line = record.to_string();
+    line.push('\n');
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(line.as_bytes())
 }
 
 async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<u8, Failure> {
@@ -1145,7 +1200,32 @@ async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<
             "release evicts another process's lease: pass --force if you mean it (see --help)",
         ));
     }
+    let brief = |q: &tenure::store::Queue| -> serde_json::Value {
+        q.entries
+            .iter()
+            .map(|e| serde_json::json!({ "token": e.seq, "granted": e.granted, "session": e.session_tag, "label": e.label }))
+            .collect()
+    };
+    let before = store.queue(&name).await?;
     let evicted = store.evict(&name).await?;
+    let after = store.queue(&name).await.unwrap_or_default();
+    let record = serde_json::json!({
+        "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        "who": std::env::var("USER").unwrap_or_default(),
+        "from": format!("tenure release on {}", tenure::default_label()),
+        "action": "release",
+        "target": name.as_str(),
+        "reason": args.reason,
+        "evicted_sessions": evicted,
+        "before": brief(&before),
+        "after": brief(&after),
+    });
+    audit(args.audit_log.as_deref(), &record).map_err(|e| {
+        Failure::new(
+            exit::SOFTWARE,
+            format!("released, but the audit log could not be written: {e}"),
+        )
+    })?;
     outln!("evicted {evicted} session(s) holding {name}");
     Ok(0)
 }

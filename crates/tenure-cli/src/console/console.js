@@ -1,0 +1,277 @@
+// tenure console: follows /api/events and draws the store's names. Every
+// text from the store goes through textContent (never HTML), so a label
+// like <img src=x onerror=...> shows as text.
+"use strict";
+
+window.tenureErrors = [];
+window.addEventListener("error", (e) => window.tenureErrors.push(String(e.message)));
+window.addEventListener("unhandledrejection", (e) => window.tenureErrors.push(String(e.reason)));
+
+const state = {
+  admin: false,
+  snapshot: null,
+  receivedAt: 0,
+  selected: null,
+  // The longest lease left seen per session: the page's estimate of its TTL.
+  ttlSeen: new Map(),
+  // Per name, the holders last seen, for the timeline.
+  lastHolders: new Map(),
+  timeline: new Map(),
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function duration(ms) {
+  if (ms < 0) ms = 0;
+  if (ms < 10000) return (ms / 1000).toFixed(1) + " s";
+  const s = Math.round(ms / 1000);
+  if (s < 120) return s + " s";
+  const m = Math.floor(s / 60);
+  if (m < 120) return m + " min " + (s % 60) + " s";
+  return Math.floor(m / 60) + " h " + (m % 60) + " min";
+}
+
+function kindText(kind) {
+  if (kind === "Exclusive") return "exclusive";
+  if (kind === "Shared") return "shared";
+  return String(kind).replace(/^Permits\s*/, "permits ");
+}
+
+// What a name is, from its entries: an election leader proclaims a value.
+function nameKind(entries) {
+  const kinds = new Set(entries.map((e) => kindText(e.kind)));
+  if (kinds.has("shared")) return "read-write lock";
+  if ([...kinds].some((k) => k.startsWith("permits"))) return "semaphore";
+  if (entries.some((e) => e.value && e.value.length > 0)) return "election";
+  return "mutex";
+}
+
+function leaseLeft(entry) {
+  return entry.ttl_left_ms - (Date.now() - state.receivedAt);
+}
+
+function leaseCell(entry) {
+  const span = el("span", "", "lease");
+  span.dataset.session = entry.session;
+  span.dataset.ttlLeft = String(entry.ttl_left_ms);
+  paintLease(span);
+  return span;
+}
+
+function paintLease(span) {
+  const ttl = state.ttlSeen.get(span.dataset.session) || 1;
+  const left = Number(span.dataset.ttlLeft) - (Date.now() - state.receivedAt);
+  const fraction = left / ttl;
+  span.textContent = duration(left);
+  span.classList.remove("ok", "amber", "red");
+  span.classList.add(fraction > 0.5 ? "ok" : fraction > 0.25 ? "amber" : "red");
+}
+
+function note(name, text) {
+  if (!state.timeline.has(name)) state.timeline.set(name, []);
+  const list = state.timeline.get(name);
+  list.push(new Date().toLocaleTimeString() + "  " + text);
+  if (list.length > 200) list.shift();
+}
+
+function followTimeline(names) {
+  const now = new Map();
+  for (const n of names) {
+    const holders = n.entries.filter((e) => e.state === "holder");
+    now.set(n.name, holders);
+    const before = state.lastHolders.get(n.name) || [];
+    for (const h of holders) {
+      if (!before.some((b) => b.token === h.token)) note(n.name, "granted token " + h.token + " to " + h.label);
+    }
+    for (const b of before) {
+      if (!holders.some((h) => h.token === b.token)) note(n.name, "token " + b.token + " released or expired");
+    }
+  }
+  for (const [name, before] of state.lastHolders) {
+    if (!now.has(name)) for (const b of before) note(name, "token " + b.token + " released or expired");
+  }
+  state.lastHolders = now;
+}
+
+function render() {
+  const snap = state.snapshot;
+  if (!snap) return;
+  $("store").textContent = snap.store;
+  $("updated").textContent = "read " + new Date(Number(snap.at_ms)).toLocaleTimeString();
+  const err = $("store-error");
+  err.hidden = !snap.error;
+  err.textContent = snap.error ? "The store did not answer: " + snap.error : "";
+  const names = Array.isArray(snap.names) ? snap.names : [];
+  for (const n of names) {
+    for (const e of n.entries) {
+      const seen = state.ttlSeen.get(e.session) || 0;
+      if (e.ttl_left_ms > seen) state.ttlSeen.set(e.session, e.ttl_left_ms);
+    }
+  }
+  followTimeline(names);
+
+  const body = $("names").tBodies[0];
+  body.replaceChildren();
+  $("empty").hidden = names.length > 0;
+  $("actions-head").hidden = !state.admin;
+  for (const n of names) {
+    const holders = n.entries.filter((e) => e.state === "holder");
+    const waiters = n.entries.filter((e) => e.state === "waiter");
+    const kind = nameKind(n.entries);
+    const tr = el("tr", undefined, "name-row");
+    tr.dataset.name = n.name;
+    if (state.selected === n.name) tr.classList.add("selected");
+    tr.addEventListener("click", () => { state.selected = n.name; render(); });
+    tr.append(el("td", n.name, "mono name"), el("td", kind, "kind"));
+    const holderCell = el("td", undefined, "holder");
+    holderCell.textContent = holders.map((h) => h.label + " · " + h.session).join(", ") || "–";
+    tr.append(holderCell);
+    tr.append(el("td", holders.map((h) => h.token).join(", ") || "–", "mono token"));
+    const leaseTd = el("td");
+    for (const h of holders) leaseTd.append(leaseCell(h), " ");
+    tr.append(leaseTd);
+    tr.append(el("td", String(waiters.length), "waiters"));
+    const oldest = waiters.reduce((m, w) => Math.max(m, w.waiting_ms || 0), 0);
+    tr.append(el("td", waiters.length ? duration(oldest) : "–"));
+    tr.append(el("td", holders.map((h) => h.value).filter((v) => v).join(", ") || "", "mono value"));
+    if (state.admin) {
+      const td = el("td");
+      if (holders.length) {
+        const action = kind === "election" ? "step-down" : "release";
+        const b = el("button", action === "step-down" ? "Make leader step down…" : "Force release…", "danger action");
+        b.addEventListener("click", (ev) => { ev.stopPropagation(); openDialog(n.name, action); });
+        td.append(b);
+      }
+      tr.append(td);
+    }
+    body.append(tr);
+  }
+
+  const detail = $("detail");
+  const chosen = names.find((n) => n.name === state.selected);
+  detail.hidden = !chosen && !state.timeline.has(state.selected);
+  if (state.selected) {
+    $("detail-name").textContent = state.selected;
+    const qb = $("queue").tBodies[0];
+    qb.replaceChildren();
+    (chosen ? chosen.entries : []).forEach((e, i) => {
+      const tr = el("tr");
+      tr.append(el("td", String(i + 1)), el("td", e.state), el("td", e.token, "mono"),
+        el("td", kindText(e.kind)), el("td", e.label), el("td", e.session, "mono"),
+        el("td", String(e.holds)));
+      const td = el("td");
+      td.append(leaseCell(e));
+      tr.append(td, el("td", e.value, "mono"));
+      qb.append(tr);
+    });
+    const tl = $("timeline");
+    tl.replaceChildren(...(state.timeline.get(state.selected) || []).map((t) => el("li", t)));
+  }
+
+  // Sessions grouped by label (host:pid by default).
+  const groups = new Map();
+  for (const n of names) {
+    for (const e of n.entries) {
+      if (!groups.has(e.label)) groups.set(e.label, new Map());
+      const sessions = groups.get(e.label);
+      if (!sessions.has(e.session)) sessions.set(e.session, []);
+      sessions.get(e.session).push((e.state === "holder" ? "holds " : "waits for ") + n.name);
+    }
+  }
+  const ul = $("sessions");
+  ul.replaceChildren();
+  for (const [label, sessions] of groups) {
+    const li = el("li");
+    li.append(el("strong", label));
+    const inner = el("ul");
+    for (const [session, what] of sessions) inner.append(el("li", session + ": " + what.join(", "), "mono"));
+    li.append(inner);
+    ul.append(li);
+  }
+  if (groups.size === 0) ul.append(el("li", "No sessions hold or wait for anything.", "muted"));
+}
+
+function tick() {
+  for (const span of document.querySelectorAll(".lease")) paintLease(span);
+}
+
+function connect() {
+  const source = new EventSource("/api/events");
+  const badge = $("badge");
+  source.addEventListener("open", () => { badge.textContent = "live"; badge.className = "badge live"; });
+  source.addEventListener("snapshot", (ev) => {
+    state.snapshot = JSON.parse(ev.data);
+    state.receivedAt = Date.now();
+    badge.textContent = "live";
+    badge.className = "badge live";
+    render();
+  });
+  source.addEventListener("error", () => {
+    badge.textContent = "reconnecting";
+    badge.className = "badge reconnecting";
+  });
+}
+
+let dialogFor = null;
+
+function openDialog(name, action) {
+  dialogFor = { name, action };
+  $("dialog-title").textContent = (action === "step-down" ? "Make the leader of " : "Force release ") + name + (action === "step-down" ? " step down" : "");
+  $("dialog-go").textContent = action === "step-down" ? "Step down" : "Release";
+  $("dialog-confirm").value = "";
+  $("dialog-reason").value = "";
+  $("dialog-error").hidden = true;
+  $("dialog").hidden = false;
+  $("dialog-confirm").focus();
+}
+
+async function submitDialog(ev) {
+  ev.preventDefault();
+  if (!dialogFor) return;
+  const error = $("dialog-error");
+  const body = {
+    name: dialogFor.name,
+    confirm: $("dialog-confirm").value,
+    reason: $("dialog-reason").value,
+    action: dialogFor.action,
+  };
+  const token = $("token").value.trim();
+  sessionStorage.setItem("tenure-admin-token", token);
+  const resp = await fetch("/api/release", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "X-Tenure-CSRF": "1", "Authorization": "Bearer " + token },
+    body: JSON.stringify(body),
+  });
+  const answer = await resp.json().catch(() => ({ error: "HTTP " + resp.status }));
+  if (!resp.ok) {
+    error.hidden = false;
+    error.textContent = answer.error || ("HTTP " + resp.status);
+    return;
+  }
+  $("dialog").hidden = true;
+  $("audit-section").hidden = false;
+  $("audit").append(el("li", answer.audit.time + "  " + answer.audit.action + " " + answer.audit.target +
+    " (" + answer.evicted_sessions + " session(s) ended): " + answer.audit.reason));
+  note(dialogFor.name, answer.audit.action + " by admin: " + answer.audit.reason);
+  dialogFor = null;
+}
+
+async function start() {
+  const config = await fetch("/api/config").then((r) => r.json());
+  state.admin = Boolean(config.admin);
+  $("admin").hidden = !state.admin;
+  if (state.admin) $("token").value = sessionStorage.getItem("tenure-admin-token") || "";
+  $("dialog-cancel").addEventListener("click", () => { $("dialog").hidden = true; dialogFor = null; });
+  $("dialog-form").addEventListener("submit", submitDialog);
+  connect();
+  setInterval(tick, 200);
+}
+
+start();

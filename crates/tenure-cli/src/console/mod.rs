@@ -1,0 +1,645 @@
+//! `tenure console`: a live web page of the store's locks, elections and
+//! sessions, with an HTTP API, Prometheus text, and guarded admin actions.
+//!
+//! One task reads the store every `--refresh` and publishes a snapshot;
+//! the page follows it over server-sent events. The page is three files
+//! compiled into the binary (nothing is fetched from outside) and builds its
+//! DOM with `textContent` only, under a strict Content-Security-Policy.
+//!
+//! Admin actions are enforced here, not by hiding buttons: without
+//! `--admin-token-file` every POST is refused; with it, a POST needs the
+//! token as a bearer token (compared in constant time), a same-origin
+//! `Origin` (when the browser sends one), a `Host` that names this console
+//! (against DNS rebinding), the CSRF header the page sets, the name typed
+//! again and a reason. Each action is appended to the audit log.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{ConnectInfo, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Args;
+use tenure::{Name, Store};
+use tokio::sync::watch;
+
+const PAGE: &str = include_str!("page.html");
+const SCRIPT: &str = include_str!("console.js");
+const STYLE: &str = include_str!("console.css");
+
+/// The header the page sets on every POST: a cross-site form cannot.
+const CSRF_HEADER: &str = "x-tenure-csrf";
+
+#[derive(Args, Debug)]
+pub struct ConsoleArgs {
+    /// Address to serve on. Loopback by default; any other address needs
+    /// --admin-token-file (the token guards actions, and the page is not
+    /// meant to be public).
+    #[arg(long, default_value = "127.0.0.1:9480")]
+    pub listen: SocketAddr,
+    /// Enables admin actions (force release, step down): the file holds the
+    /// token an administrator types into the page (whitespace trimmed, at
+    /// least 16 characters). Without it the console is read-only.
+    #[arg(long)]
+    pub admin_token_file: Option<PathBuf>,
+    /// Appends one JSON line per admin action here (also logged).
+    #[arg(long)]
+    pub audit_log: Option<PathBuf>,
+    /// How often the store is read.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub refresh: Duration,
+    /// Only names that start with this.
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+}
+
+/// What the console needs from the CLI around it.
+pub struct Context {
+    pub store: Arc<dyn Store>,
+    /// The store URL with its password masked.
+    pub store_url: String,
+}
+
+struct Console {
+    store: Arc<dyn Store>,
+    store_url: String,
+    token: Option<Vec<u8>>,
+    audit_log: Option<PathBuf>,
+    listen: SocketAddr,
+    snapshot: watch::Receiver<Arc<Snapshot>>,
+    /// Requests served, by route (the console's own metrics).
+    requests: std::sync::Mutex<HashMap<&'static str, u64>>,
+    started: Instant,
+}
+
+/// One reading of the store.
+#[derive(Debug, Clone, Default)]
+struct Snapshot {
+    /// `tenure status --json`'s array, each entry with `waiting_ms` (how
+    /// long this console has seen it waiting).
+    names: serde_json::Value,
+    /// Why the last read failed, if it did.
+    error: Option<String>,
+    /// When it was read (Unix ms).
+    at_ms: u128,
+    /// Reads so far, and how many failed.
+    reads: u64,
+    failed_reads: u64,
+}
+
+/// Serves the console until SIGINT/SIGTERM.
+pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
+    let usage = |m: String| (crate::exit::USAGE, m);
+    let token = match &args.admin_token_file {
+        None => None,
+        Some(path) => {
+            let raw = std::fs::read_to_string(path)
+                .map_err(|e| usage(format!("--admin-token-file {}: {e}", path.display())))?;
+            let token = raw.trim().as_bytes().to_vec();
+            if token.len() < 16 {
+                return Err(usage(format!(
+                    "--admin-token-file {}: the token must be at least 16 characters",
+                    path.display()
+                )));
+            }
+            Some(token)
+        }
+    };
+    if !args.listen.ip().is_loopback() && token.is_none() {
+        return Err(usage(format!(
+            "--listen {}: a non-loopback address needs --admin-token-file",
+            args.listen
+        )));
+    }
+    if args.refresh < Duration::from_millis(50) {
+        return Err(usage("--refresh must be at least 50ms".into()));
+    }
+    let (publish, snapshot) = watch::channel(Arc::new(Snapshot::default()));
+    tokio::spawn(read_loop(
+        cx.store.clone(),
+        args.prefix.clone(),
+        args.refresh,
+        publish,
+    ));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| {
+            (
+                crate::exit::UNAVAILABLE,
+                format!("--listen {}: {e}", args.listen),
+            )
+        })?;
+    let listen = listener
+        .local_addr()
+        .map_err(|e| (crate::exit::SOFTWARE, e.to_string()))?;
+    let console = Arc::new(Console {
+        store: cx.store,
+        store_url: cx.store_url,
+        token,
+        audit_log: args.audit_log,
+        listen,
+        snapshot,
+        requests: std::sync::Mutex::new(HashMap::new()),
+        started: Instant::now(),
+    });
+    let app = Router::new()
+        .route("/", get(page))
+        .route("/console.js", get(script))
+        .route("/console.css", get(style))
+        .route("/api/config", get(config))
+        .route("/api/status", get(status))
+        .route("/api/events", get(events))
+        .route("/metrics", get(metrics))
+        .route("/api/release", post(release))
+        .with_state(console.clone());
+    // The address first, on its own line: scripts and tests read it.
+    outln!("console listening on http://{listen}/");
+    tracing::info!(%listen, admin = console.token.is_some(), "console started");
+    let shutdown = async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .map_err(|e| (crate::exit::SOFTWARE, e.to_string()))?;
+    Ok(0)
+}
+
+/// Reads the store every `refresh` and publishes what it saw.
+async fn read_loop(
+    store: Arc<dyn Store>,
+    prefix: String,
+    refresh: Duration,
+    publish: watch::Sender<Arc<Snapshot>>,
+) {
+    // When each waiting entry (name, token) was first seen waiting.
+    let mut waiting_since: HashMap<(String, u64), Instant> = HashMap::new();
+    let (mut reads, mut failed) = (0u64, 0u64);
+    loop {
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            crate::status_json(store.as_ref(), &prefix),
+        )
+        .await;
+        reads += 1;
+        let mut snapshot = Snapshot {
+            at_ms: unix_ms(),
+            ..Snapshot::default()
+        };
+        match read {
+            Ok(Ok(mut names)) => {
+                let now = Instant::now();
+                let mut seen = std::collections::HashSet::new();
+                for n in names.as_array_mut().into_iter().flatten() {
+                    let name = n["name"].as_str().unwrap_or_default().to_string();
+                    for e in n["entries"].as_array_mut().into_iter().flatten() {
+                        if e["state"] != "waiter" {
+                            continue;
+                        }
+                        let key = (name.clone(), e["token"].as_u64().unwrap_or(0));
+                        let since = *waiting_since.entry(key.clone()).or_insert(now);
+                        e["waiting_ms"] = serde_json::json!(now.duration_since(since).as_millis());
+                        seen.insert(key);
+                    }
+                }
+                waiting_since.retain(|k, _| seen.contains(k));
+                snapshot.names = names;
+            }
+            Ok(Err(e)) => {
+                failed += 1;
+                snapshot.error = Some(e.to_string());
+                snapshot.names = publish.borrow().names.clone();
+            }
+            Err(_) => {
+                failed += 1;
+                snapshot.error = Some("the store did not answer within 10s".into());
+                snapshot.names = publish.borrow().names.clone();
+            }
+        }
+        snapshot.reads = reads;
+        snapshot.failed_reads = failed;
+        if publish.send(Arc::new(snapshot)).is_err() {
+            return;
+        }
+        tokio::time::sleep(refresh).await;
+    }
+}
+
+fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+impl Console {
+    fn count(&self, route: &'static str) {
+        if let Ok(mut r) = self.requests.lock() {
+            *r.entry(route).or_insert(0) += 1;
+        }
+    }
+
+    fn snapshot_json(&self) -> serde_json::Value {
+        let s = self.snapshot.borrow().clone();
+        serde_json::json!({
+            "store": self.store_url,
+            "at_ms": s.at_ms,
+            "error": s.error,
+            "names": s.names,
+        })
+    }
+}
+
+/// Security headers on every page and script: nothing from elsewhere, no
+/// inline script, no framing.
+fn with_headers(content_type: &'static str, body: &'static str) -> Response {
+    let mut r = body.into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+async fn page(State(c): State<Arc<Console>>) -> Response {
+    c.count("page");
+    with_headers("text/html; charset=utf-8", PAGE)
+}
+
+async fn script(State(c): State<Arc<Console>>) -> Response {
+    c.count("script");
+    with_headers("text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn style(State(c): State<Arc<Console>>) -> Response {
+    c.count("style");
+    with_headers("text/css; charset=utf-8", STYLE)
+}
+
+async fn config(State(c): State<Arc<Console>>) -> Json<serde_json::Value> {
+    c.count("config");
+    Json(serde_json::json!({
+        "admin": c.token.is_some(),
+        "store": c.store_url,
+        "backend": c.store.capabilities().backend,
+    }))
+}
+
+async fn status(State(c): State<Arc<Console>>) -> Response {
+    c.count("status");
+    let snapshot = c.snapshot.borrow().clone();
+    match &snapshot.error {
+        Some(e) if snapshot.reads <= 1 => {
+            (StatusCode::SERVICE_UNAVAILABLE, e.clone()).into_response()
+        }
+        _ => Json(snapshot.names.clone()).into_response(),
+    }
+}
+
+async fn events(
+    State(c): State<Arc<Console>>,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>> {
+    c.count("events");
+    let console = c.clone();
+    let stream =
+        futures_util::stream::unfold((c.snapshot.clone(), true), move |(mut rx, first)| {
+            let console = console.clone();
+            async move {
+                // The current snapshot at once, then each new one.
+                if !first && rx.changed().await.is_err() {
+                    return None;
+                }
+                rx.borrow_and_update();
+                let data = console.snapshot_json().to_string();
+                Some((
+                    Ok(Event::default().event("snapshot").data(data)),
+                    (rx, false),
+                ))
+            }
+        });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+}
+
+/// Prometheus text: the store-wide view (per name: entries, holders,
+/// waiters, the longest wait seen, the highest token held; the leader's
+/// token of each name), and the console's own process figures.
+async fn metrics(State(c): State<Arc<Console>>) -> Response {
+    c.count("metrics");
+    let s = c.snapshot.borrow().clone();
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(Option<String>, f64)>| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (label, v) in rows {
+            match label {
+                Some(n) => out.push_str(&format!("{name}{{name=\"{}\"}} {v}\n", prom_escape(&n))),
+                None => out.push_str(&format!("{name} {v}\n")),
+            }
+        }
+    };
+    let names: Vec<&serde_json::Value> = s
+        .names
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    let per = |f: &dyn Fn(&serde_json::Value) -> f64| -> Vec<(Option<String>, f64)> {
+        names
+            .iter()
+            .map(|n| {
+                (
+                    Some(n["name"].as_str().unwrap_or_default().to_string()),
+                    f(n),
+                )
+            })
+            .collect()
+    };
+    let entries = |n: &serde_json::Value| n["entries"].as_array().cloned().unwrap_or_default();
+    let count = |n: &serde_json::Value, state: &str| {
+        entries(n).iter().filter(|e| e["state"] == state).count() as f64
+    };
+    family(
+        "tenure_console_holders",
+        "gauge",
+        "Granted entries of a name.",
+        per(&|n| count(n, "holder")),
+    );
+    family(
+        "tenure_console_waiters",
+        "gauge",
+        "Waiting entries of a name (its queue length).",
+        per(&|n| count(n, "waiter")),
+    );
+    family(
+        "tenure_console_oldest_wait_seconds",
+        "gauge",
+        "How long the oldest waiter of a name has been seen waiting by this console.",
+        per(&|n| {
+            entries(n)
+                .iter()
+                .filter_map(|e| e["waiting_ms"].as_f64())
+                .fold(0.0, f64::max)
+                / 1000.0
+        }),
+    );
+    family(
+        "tenure_console_holder_token",
+        "gauge",
+        "The highest fencing token granted on a name (an election's term).",
+        per(&|n| {
+            entries(n)
+                .iter()
+                .filter(|e| e["state"] == "holder")
+                .filter_map(|e| e["token"].as_f64())
+                .fold(0.0, f64::max)
+        }),
+    );
+    family(
+        "tenure_console_names",
+        "gauge",
+        "Names with live entries.",
+        vec![(None, names.len() as f64)],
+    );
+    family(
+        "tenure_console_store_reads_total",
+        "counter",
+        "Reads of the store by the console.",
+        vec![(None, s.reads as f64)],
+    );
+    family(
+        "tenure_console_store_read_errors_total",
+        "counter",
+        "Reads of the store that failed.",
+        vec![(None, s.failed_reads as f64)],
+    );
+    family(
+        "tenure_console_uptime_seconds",
+        "gauge",
+        "Seconds since the console started.",
+        vec![(None, c.started.elapsed().as_secs_f64())],
+    );
+    let requests: Vec<(String, u64)> = c
+        .requests
+        .lock()
+        .map(|r| r.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+        .unwrap_or_default();
+    out.push_str("# HELP tenure_console_requests_total HTTP requests served, by route.\n# TYPE tenure_console_requests_total counter\n");
+    let mut requests = requests;
+    requests.sort();
+    for (route, n) in requests {
+        out.push_str(&format!(
+            "tenure_console_requests_total{{route=\"{route}\"}} {n}\n"
+        ));
+    }
+    let mut r = out.into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// A label value in Prometheus's text format.
+fn prom_escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[derive(serde::Deserialize)]
+struct ReleaseRequest {
+    /// The name to release.
+    name: String,
+    /// The name typed again.
+    confirm: String,
+    /// Why (kept in the audit log).
+    reason: String,
+    /// `release` (a lock's holders) or `step-down` (an election's leader):
+    /// the same act, named as the operator meant it.
+    #[serde(default)]
+    action: Option<String>,
+}
+
+fn refuse(code: StatusCode, why: &str) -> Response {
+    (code, Json(serde_json::json!({ "error": why }))).into_response()
+}
+
+/// Equal in time whatever the inputs (up to their lengths).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Console {
+    /// Whether `headers` may act: why not, if not.
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), (StatusCode, &'static str)> {
+        let Some(token) = &self.token else {
+            return Err((
+                StatusCode::FORBIDDEN,
+                "read-only console: start it with --admin-token-file to allow actions",
+            ));
+        };
+        // Host: this console, by its address or as localhost (a page
+        // reached through another name is a DNS-rebinding attempt).
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or_default();
+        let port = self.listen.port();
+        let allowed_hosts = [
+            self.listen.to_string(),
+            format!("localhost:{port}"),
+            format!("127.0.0.1:{port}"),
+            format!("[::1]:{port}"),
+        ];
+        if !allowed_hosts.iter().any(|h| h == host) {
+            return Err((StatusCode::FORBIDDEN, "Host does not name this console"));
+        }
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            if origin.to_str().ok() != Some(&format!("http://{host}")) {
+                return Err((StatusCode::FORBIDDEN, "cross-origin request refused"));
+            }
+        }
+        if headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()) != Some("1") {
+            return Err((StatusCode::FORBIDDEN, "missing the CSRF header"));
+        }
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !constant_time_eq(given.as_bytes(), token) {
+            return Err((StatusCode::UNAUTHORIZED, "wrong or missing admin token"));
+        }
+        Ok(())
+    }
+}
+
+fn entries_brief(q: &tenure::store::Queue) -> serde_json::Value {
+    q.entries
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "token": e.seq,
+                "state": if e.granted { "holder" } else { "waiter" },
+                "session": e.session_tag,
+                "label": e.label,
+            })
+        })
+        .collect()
+}
+
+async fn release(
+    State(c): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    c.count("release");
+    if let Err((code, why)) = c.authorize(&headers) {
+        tracing::warn!(%peer, why, "console: an admin action was refused");
+        return refuse(code, why);
+    }
+    let Ok(req) = serde_json::from_slice::<ReleaseRequest>(&body) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "expected JSON {name, confirm, reason}",
+        );
+    };
+    let name = match Name::new(&req.name) {
+        Ok(n) => n,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    if req.confirm != req.name {
+        return refuse(StatusCode::BAD_REQUEST, "type the name again to confirm");
+    }
+    let reason = req.reason.trim();
+    if reason.is_empty() || reason.len() > 1000 {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "give a reason (at most 1000 bytes)",
+        );
+    }
+    let action = match req.action.as_deref() {
+        None | Some("release") => "release",
+        Some("step-down") => "step-down",
+        Some(_) => return refuse(StatusCode::BAD_REQUEST, "action is release or step-down"),
+    };
+    let before = match c.store.queue(&name).await {
+        Ok(q) => q,
+        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    };
+    let evicted = match c.store.evict(&name).await {
+        Ok(n) => n,
+        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    };
+    let after = c.store.queue(&name).await.unwrap_or_default();
+    let record = serde_json::json!({
+        "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        "who": "console admin token",
+        "from": peer.to_string(),
+        "action": action,
+        "target": name.as_str(),
+        "reason": reason,
+        "store": c.store_url,
+        "evicted_sessions": evicted,
+        "before": entries_brief(&before),
+        "after": entries_brief(&after),
+    });
+    if let Err(e) = crate::audit(c.audit_log.as_deref(), &record) {
+        // The act is done; say that its record is not.
+        return refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("released, but the audit log could not be written: {e}"),
+        );
+    }
+    Json(serde_json::json!({ "evicted_sessions": evicted, "audit": record })).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"abcdefghijklmnop", b"abcdefghijklmnop"));
+        assert!(!constant_time_eq(b"abcdefghijklmnop", b"abcdefghijklmnoq"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+
+    #[test]
+    fn prometheus_labels_are_escaped() {
+        assert_eq!(prom_escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
