@@ -1206,7 +1206,8 @@ async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<
             .map(|e| serde_json::json!({ "token": e.seq, "granted": e.granted, "session": e.session_tag, "label": e.label }))
             .collect()
     };
-    let before = store.queue(&name).await?;
+    // The record's "before" is best effort: the release does not wait on it.
+    let before = store.queue(&name).await.unwrap_or_default();
     let evicted = store.evict(&name).await?;
     let after = store.queue(&name).await.unwrap_or_default();
     let record = serde_json::json!({

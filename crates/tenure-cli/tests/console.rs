@@ -174,13 +174,22 @@ fn read_only_refuses_every_action() {
     let (mut lock, command) = holder(&env, "ro", "15s");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let status = json(&http(&console.addr, "GET", "/api/status", &[], ""));
-        if status.to_string().contains("\"ro\"") {
+        let a = http(&console.addr, "GET", "/api/status", &[], "");
+        if a.status == 200 && json(&a).to_string().contains("\"ro\"") {
             break;
         }
-        assert!(Instant::now() < deadline, "{status}");
+        assert!(Instant::now() < deadline, "{} {}", a.status, a.body);
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Every route checks the Host: a rebound DNS name is refused.
+    let rebound = http(
+        &console.addr,
+        "GET",
+        "/api/status",
+        &[("Host", "evil.example:9480")],
+        "",
+    );
+    assert_eq!(rebound.status, 403, "{}", rebound.body);
     // Even with every header right, a read-only console acts on nothing.
     let refused = http(
         &console.addr,
@@ -201,6 +210,30 @@ fn read_only_refuses_every_action() {
     assert_eq!(out.status.code(), Some(64), "{out:?}");
     signal(lock.id(), libc::SIGTERM);
     wait_exit(&mut lock, Duration::from_secs(20));
+}
+
+/// SIGTERM with a page open (an event stream): the stream ends and the
+/// console exits at once.
+#[test]
+fn stops_with_a_page_open() {
+    let env = Env::sqlite();
+    let mut console = Console::start(&env, &[]);
+    let mut stream = TcpStream::connect(&console.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /api/events HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
+        console.addr
+    )
+    .unwrap();
+    let mut first = [0u8; 256];
+    let n = stream.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).contains("200 OK"));
+    signal(console.child.id(), libc::SIGTERM);
+    let status = wait_exit(&mut console.child, Duration::from_secs(5));
+    assert!(status.success(), "{status:?}");
 }
 
 #[test]
@@ -569,19 +602,19 @@ fn the_page_follows_the_store_in_a_real_browser() {
     browser.until(
         "const r = document.querySelector('tr[data-name=\"scheduler\"]'); return r ? r.querySelector('.kind').textContent : null",
         "election".into(),
-        Duration::from_secs(2),
+        Duration::from_secs(5),
     );
     browser.until(
         &format!("{row} return r.querySelector('.waiters').textContent"),
         "1".into(),
-        Duration::from_secs(2),
+        Duration::from_secs(5),
     );
     // A detail view of the queue on click.
     browser.js(&format!("{row} r.click(); return true"));
     browser.until(
         "return document.getElementById('queue').tBodies[0].rows.length",
         2.into(),
-        Duration::from_secs(2),
+        Duration::from_secs(5),
     );
     let shot = browser.screenshot();
     assert!(shot.starts_with(b"\x89PNG"), "not a PNG");
@@ -604,18 +637,18 @@ fn the_page_follows_the_store_in_a_real_browser() {
     browser.until(
         "return document.querySelector('tr[data-name=\"web-lock\"]') === null",
         true.into(),
-        Duration::from_secs(2),
+        Duration::from_secs(5),
     );
 
     // A holder that stops renewing: its tenure process is stopped (its
     // supervisor stops the command at the lease's deadline).
-    let (mut lock, _) = holder(&env, "frozen", "3s");
+    let (mut lock, _) = holder(&env, "frozen", "6s");
     let lease = "const l = document.querySelector('tr[data-name=\"frozen\"] .lease'); return l ? l.className : null;";
-    browser.until(lease, "lease ok".into(), Duration::from_secs(5));
+    browser.until(lease, "lease ok".into(), Duration::from_secs(10));
     signal(lock.id(), libc::SIGSTOP);
-    browser.until(lease, "lease amber".into(), Duration::from_secs(5));
-    browser.until(lease, "lease red".into(), Duration::from_secs(5));
-    browser.until(lease, serde_json::Value::Null, Duration::from_secs(10));
+    browser.until(lease, "lease amber".into(), Duration::from_secs(10));
+    browser.until(lease, "lease red".into(), Duration::from_secs(10));
+    browser.until(lease, serde_json::Value::Null, Duration::from_secs(15));
     signal(lock.id(), libc::SIGCONT);
     wait_exit(&mut lock, Duration::from_secs(20));
 

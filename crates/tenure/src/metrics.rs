@@ -506,7 +506,9 @@ impl Acquiring {
                 self.started.elapsed().as_secs_f64(),
             );
             gauge_add(HELD, labels(&kind, &self.name), 1.0);
-            if self.name.0.is_some() {
+            // Only per whole name: names cut to one prefix would share a
+            // series whose value jumps between their tokens.
+            if self.name.0.is_some() && name_label() == NameLabel::Full {
                 // f64 holds every integer up to 2^53 exactly.
                 gauge_set(FENCING_TOKEN, labels(&[], &self.name), token as f64);
             }

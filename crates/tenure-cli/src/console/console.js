@@ -116,6 +116,9 @@ function render() {
     }
   }
   followTimeline(names);
+  // Forget sessions that are gone (their TTL estimate, too).
+  const live = new Set(names.flatMap((n) => n.entries.map((e) => e.session)));
+  for (const session of [...state.ttlSeen.keys()]) if (!live.has(session)) state.ttlSeen.delete(session);
 
   const body = $("names").tBodies[0];
   body.replaceChildren();

@@ -57,6 +57,11 @@ pub struct ConsoleArgs {
     /// Only names that start with this.
     #[arg(long, default_value = "")]
     pub prefix: String,
+    /// Another `host:port` browsers may use to reach this console (behind a
+    /// proxy, or a non-loopback --listen); repeatable. Requests naming any
+    /// other Host are refused (against DNS rebinding).
+    #[arg(long = "allow-host", value_name = "HOST:PORT")]
+    pub allow_hosts: Vec<String>,
 }
 
 /// What the console needs from the CLI around it.
@@ -71,8 +76,14 @@ struct Console {
     store_url: String,
     token: Option<Vec<u8>>,
     audit_log: Option<PathBuf>,
-    listen: SocketAddr,
+    /// `Host` values that name this console.
+    hosts: Vec<String>,
     snapshot: watch::Receiver<Arc<Snapshot>>,
+    /// Becomes true when the console is stopping: open event streams end.
+    stopping: watch::Receiver<bool>,
+    /// Wakes an idle read loop (a scrape, an API call).
+    demand: Arc<tokio::sync::Notify>,
+    refresh: Duration,
     /// Requests served, by route (the console's own metrics).
     requests: std::sync::Mutex<HashMap<&'static str, u64>>,
     started: Instant,
@@ -121,11 +132,14 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
         return Err(usage("--refresh must be at least 50ms".into()));
     }
     let (publish, snapshot) = watch::channel(Arc::new(Snapshot::default()));
+    let (stop, stopping) = watch::channel(false);
+    let demand = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(read_loop(
         cx.store.clone(),
         args.prefix.clone(),
         args.refresh,
         publish,
+        demand.clone(),
     ));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -138,13 +152,26 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
     let listen = listener
         .local_addr()
         .map_err(|e| (crate::exit::SOFTWARE, e.to_string()))?;
+    let port = listen.port();
+    let mut hosts = vec![
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ];
+    if !listen.ip().is_unspecified() {
+        hosts.push(listen.to_string());
+    }
+    hosts.extend(args.allow_hosts.iter().cloned());
     let console = Arc::new(Console {
         store: cx.store,
         store_url: cx.store_url,
         token,
         audit_log: args.audit_log,
-        listen,
+        hosts,
         snapshot,
+        stopping,
+        demand,
+        refresh: args.refresh,
         requests: std::sync::Mutex::new(HashMap::new()),
         started: Instant::now(),
     });
@@ -157,11 +184,15 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
         .route("/api/events", get(events))
         .route("/metrics", get(metrics))
         .route("/api/release", post(release))
+        .layer(axum::middleware::from_fn_with_state(
+            console.clone(),
+            check_host,
+        ))
         .with_state(console.clone());
     // The address first, on its own line: scripts and tests read it.
     outln!("console listening on http://{listen}/");
     tracing::info!(%listen, admin = console.token.is_some(), "console started");
-    let shutdown = async {
+    let shutdown = async move {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(s) => s,
@@ -171,6 +202,8 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
+        // Open pages' event streams end, so the server can finish.
+        let _ = stop.send(true);
     };
     axum::serve(
         listener,
@@ -183,12 +216,17 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
 }
 
 /// Reads the store every `refresh` and publishes what it saw.
+/// Reads every `refresh` while a page is open (an event stream holds a
+/// receiver) or a request came in the last half minute; otherwise every
+/// 10 s, or at once when a request asks.
 async fn read_loop(
     store: Arc<dyn Store>,
     prefix: String,
     refresh: Duration,
     publish: watch::Sender<Arc<Snapshot>>,
+    demand: Arc<tokio::sync::Notify>,
 ) {
+    let mut last_demand = Instant::now();
     // When each waiting entry (name, token) was first seen waiting.
     let mut waiting_since: HashMap<(String, u64), Instant> = HashMap::new();
     let (mut reads, mut failed) = (0u64, 0u64);
@@ -238,7 +276,19 @@ async fn read_loop(
         if publish.send(Arc::new(snapshot)).is_err() {
             return;
         }
-        tokio::time::sleep(refresh).await;
+        // The console itself keeps one receiver.
+        let watched = publish.receiver_count() > 1;
+        if watched || last_demand.elapsed() < Duration::from_secs(30) {
+            tokio::select! {
+                _ = tokio::time::sleep(refresh) => {}
+                _ = demand.notified() => last_demand = Instant::now(),
+            }
+        } else if tokio::time::timeout(Duration::from_secs(10), demand.notified())
+            .await
+            .is_ok()
+        {
+            last_demand = Instant::now();
+        }
     }
 }
 
@@ -253,6 +303,27 @@ impl Console {
     fn count(&self, route: &'static str) {
         if let Ok(mut r) = self.requests.lock() {
             *r.entry(route).or_insert(0) += 1;
+        }
+    }
+
+    /// A snapshot no older than two refreshes (waking an idle read loop),
+    /// or the latest one after 10 s.
+    async fn fresh(&self) -> Arc<Snapshot> {
+        self.demand.notify_one();
+        let mut rx = self.snapshot.clone();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = rx.borrow_and_update().clone();
+            let age = unix_ms().saturating_sub(s.at_ms);
+            if s.reads > 0 && age <= 2 * self.refresh.as_millis() + 50 {
+                return s;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .map_or(true, |r| r.is_err())
+            {
+                return s;
+            }
         }
     }
 
@@ -317,7 +388,7 @@ async fn config(State(c): State<Arc<Console>>) -> Json<serde_json::Value> {
 
 async fn status(State(c): State<Arc<Console>>) -> Response {
     c.count("status");
-    let snapshot = c.snapshot.borrow().clone();
+    let snapshot = c.fresh().await;
     match &snapshot.error {
         Some(e) if snapshot.reads <= 1 => {
             (StatusCode::SERVICE_UNAVAILABLE, e.clone()).into_response()
@@ -331,22 +402,31 @@ async fn events(
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>> {
     c.count("events");
     let console = c.clone();
-    let stream =
-        futures_util::stream::unfold((c.snapshot.clone(), true), move |(mut rx, first)| {
+    let stream = futures_util::stream::unfold(
+        (c.snapshot.clone(), c.stopping.clone(), true),
+        move |(mut rx, mut stopping, first)| {
             let console = console.clone();
             async move {
-                // The current snapshot at once, then each new one.
-                if !first && rx.changed().await.is_err() {
+                // The current snapshot at once, then each new one, until
+                // the console stops.
+                if *stopping.borrow() {
                     return None;
+                }
+                if !first {
+                    tokio::select! {
+                        changed = rx.changed() => changed.ok()?,
+                        _ = stopping.changed() => return None,
+                    }
                 }
                 rx.borrow_and_update();
                 let data = console.snapshot_json().to_string();
                 Some((
                     Ok(Event::default().event("snapshot").data(data)),
-                    (rx, false),
+                    (rx, stopping, false),
                 ))
             }
-        });
+        },
+    );
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
 }
 
@@ -355,7 +435,7 @@ async fn events(
 /// token of each name), and the console's own process figures.
 async fn metrics(State(c): State<Arc<Console>>) -> Response {
     c.count("metrics");
-    let s = c.snapshot.borrow().clone();
+    let s = c.fresh().await;
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(Option<String>, f64)>| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
@@ -366,10 +446,16 @@ async fn metrics(State(c): State<Arc<Console>>) -> Response {
             }
         }
     };
+    // A schedule's per-tick claims (`JOB@UNIX_SECONDS`) would be a new
+    // series every tick: they are left out, as the library leaves them out.
     let names: Vec<&serde_json::Value> = s
         .names
         .as_array()
-        .map(|a| a.iter().collect())
+        .map(|a| {
+            a.iter()
+                .filter(|n| !n["name"].as_str().unwrap_or_default().contains('@'))
+                .collect()
+        })
         .unwrap_or_default();
     let per = |f: &dyn Fn(&serde_json::Value) -> f64| -> Vec<(Option<String>, f64)> {
         names
@@ -509,22 +595,11 @@ impl Console {
                 "read-only console: start it with --admin-token-file to allow actions",
             ));
         };
-        // Host: this console, by its address or as localhost (a page
-        // reached through another name is a DNS-rebinding attempt).
+        // The Host is one of ours (`check_host` runs on every route).
         let host = headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .unwrap_or_default();
-        let port = self.listen.port();
-        let allowed_hosts = [
-            self.listen.to_string(),
-            format!("localhost:{port}"),
-            format!("127.0.0.1:{port}"),
-            format!("[::1]:{port}"),
-        ];
-        if !allowed_hosts.iter().any(|h| h == host) {
-            return Err((StatusCode::FORBIDDEN, "Host does not name this console"));
-        }
         if let Some(origin) = headers.get(header::ORIGIN) {
             if origin.to_str().ok() != Some(&format!("http://{host}")) {
                 return Err((StatusCode::FORBIDDEN, "cross-origin request refused"));
@@ -543,6 +618,28 @@ impl Console {
         }
         Ok(())
     }
+}
+
+/// Every route: a `Host` that names this console (by its address, as
+/// localhost, or an --allow-host). A page of another site that rebinds its
+/// DNS name to this address sends its own name, and is refused.
+async fn check_host(
+    State(c): State<Arc<Console>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    if !c.hosts.iter().any(|h| h == host) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "Host does not name this console (see --allow-host)",
+        );
+    }
+    next.run(request).await
 }
 
 fn entries_brief(q: &tenure::store::Queue) -> serde_json::Value {
