@@ -1292,7 +1292,7 @@ impl ZkEnsemble {
                 }
             };
             let mut cfg = format!(
-                "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\n{listen}\
+                "tickTime=200\ninitLimit=100\nsyncLimit=10\ndataDir={}\n{listen}\
                  admin.enableServer=false\n\
                  4lw.commands.whitelist=srvr,ruok\nmaxClientCnxns=0\nforceSync=no\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
                 data.display()
@@ -1309,16 +1309,21 @@ impl ZkEnsemble {
             });
         }
         let mut ensemble = ZkEnsemble { dir, nodes, tls };
-        for i in 0..servers {
-            ensemble.launch(i);
+        // Three JVMs starting beside a busy test binary on 2 cores can miss
+        // their first election (seen once in CI): one more try, afresh.
+        for attempt in 1..=2 {
+            for i in 0..servers {
+                ensemble.launch(i);
+            }
+            let serving = (0..servers).all(|i| ensemble.wait_serving(i, Duration::from_secs(40)));
+            if serving {
+                return Some(ensemble);
+            }
+            assert!(attempt < 2, "ZooKeeper did not start");
+            eprintln!("ZooKeeper did not start in 40 s; starting it again");
+            ensemble.kill();
         }
-        for i in 0..servers {
-            assert!(
-                ensemble.wait_serving(i, Duration::from_secs(30)),
-                "ZooKeeper did not start"
-            );
-        }
-        Some(ensemble)
+        None
     }
 
     fn launch(&mut self, i: usize) {
