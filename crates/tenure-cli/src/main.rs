@@ -11,6 +11,7 @@ macro_rules! outln {
 
 mod child;
 mod console;
+mod process_metrics;
 mod supervise;
 mod torture;
 
@@ -269,12 +270,23 @@ struct LeaseArgs {
     kill_grace: Option<Duration>,
 }
 
+#[derive(Args, Debug, Default)]
+struct MetricsArg {
+    /// Serve this process's metrics (Prometheus text) at http://ADDR/metrics
+    /// while it runs, such as 127.0.0.1:9481 (port 0: any; the address is
+    /// printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
+}
+
 #[derive(Args, Debug)]
 struct LockArgs {
     /// The lock's name.
     name: String,
     #[command(flatten)]
     lease: LeaseArgs,
+    #[command(flatten)]
+    metrics: MetricsArg,
     /// Give up after waiting this long (exit 75).
     #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
@@ -295,6 +307,8 @@ struct ElectArgs {
     value: Option<String>,
     #[command(flatten)]
     lease: LeaseArgs,
+    #[command(flatten)]
+    metrics: MetricsArg,
     /// A command to run only while leader.
     #[arg(last = true, num_args = 0..)]
     command: Vec<String>,
@@ -328,6 +342,8 @@ struct CronArgs {
     /// Session TTL.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     ttl: Duration,
+    #[command(flatten)]
+    metrics: MetricsArg,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -503,6 +519,19 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
     }
     validate(&cli.command)?;
     let url = store_url(cli.store)?;
+    let metrics = match &cli.command {
+        Command::Lock(a) => a.metrics.metrics,
+        Command::Elect(a) => a.metrics.metrics,
+        Command::Cron(a) => a.metrics.metrics,
+        _ => None,
+    };
+    if let Some(addr) = metrics {
+        // Before the store opens, so its metrics are described and kept.
+        let bound = process_metrics::serve(addr)
+            .await
+            .map_err(|m| Failure::new(exit::UNAVAILABLE, m))?;
+        eprintln!("tenure: metrics on http://{bound}/metrics");
+    }
     let store = tenure::open(&url).await?;
     match cli.command {
         Command::Lock(args) => lock(store, args).await,

@@ -279,6 +279,85 @@ fn metrics_are_prometheus_text() {
     wait_exit(&mut lock, Duration::from_secs(20));
 }
 
+/// `tenure lock --metrics ADDR`: the process's own metrics while the
+/// command runs, in Prometheus text that promtool accepts.
+#[test]
+fn lock_serves_its_own_metrics() {
+    let env = Env::sqlite();
+    let mut lock = env
+        .cmd(&[
+            "lock",
+            "measured",
+            "--metrics",
+            "127.0.0.1:0",
+            "--",
+            "sh",
+            "-c",
+            "exec sleep 30",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = lock.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stderr).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the address");
+    let addr = line
+        .trim()
+        .strip_prefix("tenure: metrics on http://")
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("unexpected: {line:?}"))
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let a = http(&addr, "GET", "/metrics", &[], "");
+        assert_eq!(a.status, 200);
+        if a.body
+            .contains("tenure_held{kind=\"mutex\",name=\"measured\"} 1")
+        {
+            break a.body;
+        }
+        assert!(Instant::now() < deadline, "{}", a.body);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        text.contains("tenure_sessions_open{backend=\"sqlite\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tenure_fencing_token{name=\"measured\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("tenure_store_operation_seconds"), "{text}");
+    if let Some(promtool) = promtool() {
+        let mut child = Command::new(promtool)
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "promtool: {out:?}\n{text}");
+    }
+    signal(lock.id(), libc::SIGTERM);
+    wait_exit(&mut lock, Duration::from_secs(20));
+}
+
 /// docs/alerts.yml parses, and each alert fires on the series it is for
 /// (docs/alerts_test.yml, run by `promtool test rules`).
 #[test]
