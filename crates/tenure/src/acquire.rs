@@ -91,7 +91,7 @@ impl Session {
             .await
         {
             Ok(Some((mut hold, joined))) => {
-                hold.metric = Some(probe.granted(joined.seq));
+                hold.metric = Some(hold.session.tie(probe.granted(joined.seq)));
                 Ok(Some((hold, joined)))
             }
             Ok(None) => {
@@ -183,7 +183,7 @@ pub(crate) struct Hold {
     pub(crate) seq: u64,
     armed: bool,
     /// The hold's metrics (held gauge, hold time), ended when it is dropped.
-    metric: Option<HeldMetric>,
+    metric: Option<crate::session::Tied<HeldMetric>>,
 }
 
 impl Hold {

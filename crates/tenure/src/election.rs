@@ -149,12 +149,13 @@ pub async fn leader(store: &dyn Store, name: &Name) -> Result<Option<Leader>> {
 pub struct Term {
     hold: Hold,
     /// The leader gauges, while the term lives (metrics on).
-    leading: Option<LeaderMetric>,
+    leading: Option<crate::session::Tied<LeaderMetric>>,
 }
 
 impl Term {
     fn new(hold: Hold) -> Term {
-        let leading = crate::metrics::enabled().then(|| LeaderMetric::elected(&hold.name));
+        let leading =
+            crate::metrics::enabled().then(|| hold.session.tie(LeaderMetric::elected(&hold.name)));
         Term { hold, leading }
     }
 

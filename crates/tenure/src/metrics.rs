@@ -871,6 +871,57 @@ mod tests {
 
     use crate::{OnceOutcome, WhileRunning};
 
+    /// A lost lease ends the held and leader gauges at once, not when the
+    /// guard or term is dropped (which then changes nothing): no "two
+    /// leaders" while a stale process still holds its `Term`.
+    #[tokio::test]
+    async fn a_lost_lease_ends_the_held_and_leader_gauges() {
+        let _setting = SETTING.lock().await;
+        set_name_label(NameLabel::Full);
+        let recorder = DebuggingRecorder::new();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let store = crate::open("memory://").await.unwrap();
+        let s = Session::with_options(&store, ten_seconds()).await.unwrap();
+        let guard = Mutex::new(&s, "tied-lock").unwrap().lock().await.unwrap();
+        let term = Election::new(&s, "tied-election")
+            .unwrap()
+            .campaign("v")
+            .await
+            .unwrap();
+        let held = [("kind", "mutex"), ("name", "tied-lock")];
+        let leader = [("name", "tied-election")];
+        let all = snapshot(&recorder);
+        assert_eq!(value(&all, HELD, &held), Some(1.0));
+        assert_eq!(value(&all, LEADER, &leader), Some(1.0));
+        assert_eq!(
+            store.evict(&Name::new("tied-lock").unwrap()).await.unwrap(),
+            1
+        );
+        assert!(matches!(s.renew().await, Err(Error::SessionLost(_))));
+        // The debugging recorder's snapshots take what changed since the
+        // last one (gauges start again from 0): each figure is a change.
+        let all = snapshot(&recorder);
+        assert_eq!(
+            value(&all, HELD, &held),
+            Some(-1.0),
+            "held not ended by the loss"
+        );
+        assert_eq!(
+            value(&all, LEADER, &leader),
+            Some(-1.0),
+            "leader not ended by the loss"
+        );
+        assert_eq!(value(&all, MASTER_STATUS, &leader), Some(-1.0));
+        assert_eq!(value(&all, HOLD, &held), Some(1.0), "one hold time");
+        drop(guard);
+        drop(term);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let all = snapshot(&recorder);
+        assert_eq!(value(&all, HELD, &held), Some(0.0), "ended twice");
+        assert_eq!(value(&all, LEADER, &leader), Some(0.0), "ended twice");
+        assert_eq!(value(&all, HOLD, &held), Some(0.0), "a second hold time");
+    }
+
     #[tokio::test]
     async fn the_memory_scenario_records_every_metric_with_its_labels() {
         let _setting = SETTING.lock().await;

@@ -38,6 +38,8 @@ pub(super) fn mark_lost(inner: &Inner, reason: LostReason) {
     if newly {
         inner.ended();
         crate::metrics::session_lost(inner.backend(), reason);
+        // Holds' and terms' gauges end with the lease, not with their guards.
+        inner.run_end_hooks();
     }
     if newly && reason != LostReason::Closed {
         tracing::warn!(tag = %inner.tag, %reason, "session lost");

@@ -46,9 +46,25 @@ struct Inner {
     detached: std::sync::atomic::AtomicBool,
     /// Counted in `tenure_sessions_open` until it ends (once).
     counted_open: std::sync::atomic::AtomicBool,
+    /// What ends with the session ([`Session::tie`]): run once when it is
+    /// lost or closed. The next id, and the hooks by id.
+    on_end: StdMutex<(u64, std::collections::HashMap<u64, EndHook>)>,
 }
 
+type EndHook = Box<dyn FnOnce() + Send>;
+
 impl Inner {
+    /// Runs (and forgets) every hook tied to the session's life.
+    fn run_end_hooks(&self) {
+        let hooks: Vec<EndHook> = match self.on_end.lock() {
+            Ok(mut slot) => slot.1.drain().map(|(_, hook)| hook).collect(),
+            Err(_) => Vec::new(),
+        };
+        for hook in hooks {
+            hook();
+        }
+    }
+
     fn backend(&self) -> &'static str {
         self.store.capabilities().backend
     }
@@ -61,6 +77,70 @@ impl Inner {
         {
             crate::metrics::session_ended(self.backend());
         }
+    }
+}
+
+/// A value that lives until it is dropped or its session ends (is lost or
+/// closed), whichever comes first; dropping it then is a no-op. Metrics of a
+/// hold or a term are tied so: a lost lease ends them at once, not when the
+/// user drops the guard.
+pub(crate) struct Tied<T: Send + 'static> {
+    slot: Arc<StdMutex<Option<T>>>,
+    session: Session,
+    id: Option<u64>,
+}
+
+impl Session {
+    /// Ties `value` to this session's life (see [`Tied`]).
+    pub(crate) fn tie<T: Send + 'static>(&self, value: T) -> Tied<T> {
+        let slot = Arc::new(StdMutex::new(Some(value)));
+        let mut tied = Tied {
+            slot: slot.clone(),
+            session: self.clone(),
+            id: None,
+        };
+        if self.is_lost() {
+            drop(tied.take());
+            return tied;
+        }
+        let hook: EndHook = Box::new(move || {
+            let value = slot.lock().ok().and_then(|mut s| s.take());
+            drop(value);
+        });
+        if let Ok(mut hooks) = self.inner.on_end.lock() {
+            let id = hooks.0;
+            hooks.0 += 1;
+            hooks.1.insert(id, hook);
+            tied.id = Some(id);
+        }
+        // Lost meanwhile (before the hook was in): end it here.
+        if self.is_lost() {
+            self.inner.run_end_hooks();
+        }
+        tied
+    }
+}
+
+impl<T: Send + 'static> Tied<T> {
+    fn take(&mut self) -> Option<T> {
+        self.slot.lock().ok().and_then(|mut s| s.take())
+    }
+}
+
+impl<T: Send + 'static> Drop for Tied<T> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            if let Ok(mut hooks) = self.session.inner.on_end.lock() {
+                hooks.1.remove(&id);
+            }
+        }
+        drop(self.take());
+    }
+}
+
+impl<T: Send + 'static> fmt::Debug for Tied<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tied").finish_non_exhaustive()
     }
 }
 
@@ -151,6 +231,7 @@ impl Session {
             task: StdMutex::new(None),
             detached: std::sync::atomic::AtomicBool::new(false),
             counted_open: std::sync::atomic::AtomicBool::new(false),
+            on_end: StdMutex::new((0, std::collections::HashMap::new())),
         });
         if crate::metrics::session_opened(inner.backend()) {
             inner
