@@ -685,7 +685,26 @@ fn main() {
         session.close().await.unwrap();
 
         measure_server(None);
-        let mut rows = vec![uncontended(&memory, cycles).await];
+        // Metrics on (the default, no recorder installed: what a user who
+        // never looks at metrics pays) against off (`set_enabled(false)`),
+        // interleaved.
+        let mut rows = interleaved(
+            cycles,
+            vec![
+                runner(|n| uncontended(&memory, n)),
+                runner(|n| {
+                    let memory = &memory;
+                    async move {
+                        tenure::metrics::set_enabled(false);
+                        let mut stats = uncontended(memory, n).await;
+                        tenure::metrics::set_enabled(true);
+                        stats.label = "memory tenure, metrics off".into();
+                        stats
+                    }
+                }),
+            ],
+        )
+        .await;
         let floor_db = dir.path().join("floor.db");
         rows.extend(
             interleaved(
