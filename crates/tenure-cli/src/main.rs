@@ -1201,6 +1201,22 @@ async fn status(store: std::sync::Arc<dyn Store>, args: StatusArgs) -> Result<u8
     Ok(0)
 }
 
+/// A queue as an audit record keeps it: each entry's token, state, session
+/// and label (the console's actions and `release --force` alike).
+pub(crate) fn entries_brief(q: &tenure::store::Queue) -> serde_json::Value {
+    q.entries
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "token": e.seq,
+                "state": if e.granted { "holder" } else { "waiter" },
+                "session": e.session_tag,
+                "label": e.label,
+            })
+        })
+        .collect()
+}
+
 /// Records a forced action: to the log always, and as one JSON line
 /// appended to `path` when given.
 pub(crate) fn audit(
@@ -1229,12 +1245,6 @@ async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<
             "release evicts another process's lease: pass --force if you mean it (see --help)",
         ));
     }
-    let brief = |q: &tenure::store::Queue| -> serde_json::Value {
-        q.entries
-            .iter()
-            .map(|e| serde_json::json!({ "token": e.seq, "granted": e.granted, "session": e.session_tag, "label": e.label }))
-            .collect()
-    };
     // The record's "before" is best effort: the release does not wait on it.
     let before = store.queue(&name).await.unwrap_or_default();
     let evicted = store.evict(&name).await?;
@@ -1247,8 +1257,8 @@ async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<
         "target": name.as_str(),
         "reason": args.reason,
         "evicted_sessions": evicted,
-        "before": brief(&before),
-        "after": brief(&after),
+        "before": entries_brief(&before),
+        "after": entries_brief(&after),
     });
     audit(args.audit_log.as_deref(), &record).map_err(|e| {
         Failure::new(

@@ -642,20 +642,6 @@ async fn check_host(
     next.run(request).await
 }
 
-fn entries_brief(q: &tenure::store::Queue) -> serde_json::Value {
-    q.entries
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "token": e.seq,
-                "state": if e.granted { "holder" } else { "waiter" },
-                "session": e.session_tag,
-                "label": e.label,
-            })
-        })
-        .collect()
-}
-
 async fn release(
     State(c): State<Arc<Console>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -710,8 +696,8 @@ async fn release(
         "reason": reason,
         "store": c.store_url,
         "evicted_sessions": evicted,
-        "before": entries_brief(&before),
-        "after": entries_brief(&after),
+        "before": crate::entries_brief(&before),
+        "after": crate::entries_brief(&after),
     });
     if let Err(e) = crate::audit(c.audit_log.as_deref(), &record) {
         // The act is done; say that its record is not.

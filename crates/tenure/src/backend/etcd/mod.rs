@@ -260,18 +260,6 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
     })
 }
 
-/// The end of the key range that holds every key starting with `prefix`.
-fn range_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
-
 /// A session key: 16 hex digits of the lease, then the secret.
 fn split_key(key: &SessionKey) -> Result<(i64, &str)> {
     let s = key.secret();
@@ -346,17 +334,19 @@ fn revision_of(resp: &TxnResponse) -> i64 {
     resp.header().map(|h| h.revision()).unwrap_or(0)
 }
 
-/// The keys a read in a transaction found; a nested transaction of reads
-/// (etcd's layout reads a name as two ranges) answers all of them, in order.
-fn get_kvs(op: Option<&TxnOpResponse>) -> Result<Vec<KeyValue>> {
+/// The keys a read in a transaction found, borrowed; a nested transaction
+/// of reads (etcd's layout reads a name as two ranges) answers all of them,
+/// in order (then copied, once).
+fn get_kvs<'a>(op: Option<&TxnOpResponse<'a>>) -> Result<std::borrow::Cow<'a, [KeyValue]>> {
+    use std::borrow::Cow;
     match op {
-        Some(TxnOpResponse::Get(g)) => Ok(g.kvs().to_vec()),
+        Some(TxnOpResponse::Get(g)) => Ok(Cow::Borrowed(g.kvs())),
         Some(TxnOpResponse::Txn(inner)) if inner.succeeded() => {
             let mut all = Vec::new();
             for op in inner.op_responses() {
-                all.extend(get_kvs(Some(&op))?);
+                all.extend_from_slice(&get_kvs(Some(&op))?);
             }
-            Ok(all)
+            Ok(Cow::Owned(all))
         }
         _ => Err(bad("a transaction without its read")),
     }
@@ -1033,12 +1023,12 @@ fn written_at(resp: &TxnResponse) -> Result<u64> {
 /// The branch a transaction took, following a nested transaction that is
 /// the only operation of an `else` branch: whether it was a `then` branch,
 /// and its answers.
-fn branch_taken(resp: &TxnResponse) -> (bool, Vec<TxnOpResponse>) {
+fn branch_taken(resp: &TxnResponse) -> (bool, Vec<TxnOpResponse<'_>>) {
     let mut succeeded = resp.succeeded();
     let mut ops = resp.op_responses();
     while !succeeded {
         let inner = match ops.as_slice() {
-            [TxnOpResponse::Txn(inner)] => inner.clone(),
+            [TxnOpResponse::Txn(inner)] => *inner,
             _ => break,
         };
         succeeded = inner.succeeded();
@@ -1223,7 +1213,7 @@ impl Store for EtcdStore {
                     }
                     when.push(
                         Compare::create_revision(qp.clone(), CompareOp::Equal, 0)
-                            .with_range(range_end(&qp)),
+                            .with_range(rpc::prefix_end(&qp)),
                     );
                 } else {
                     // Readers and permits: only if a new entry would be
@@ -1246,7 +1236,7 @@ impl Store for EtcdStore {
                     }
                     when.push(
                         Compare::mod_revision(qp.clone(), CompareOp::Less, read.revision + 1)
-                            .with_range(range_end(&qp)),
+                            .with_range(rpc::prefix_end(&qp)),
                     );
                 }
             }
@@ -1925,7 +1915,17 @@ impl EtcdStore {
                     .map(|l| TxnOp::get(self.info_key(*l), None))
                     .collect();
                 let resp = call(self.client().txn(Txn::new().and_then(gets))).await?;
-                infos.extend(resp.op_responses());
+                // Each session's info text, as read.
+                infos.extend(resp.op_responses().iter().map(|op| {
+                    match op {
+                        TxnOpResponse::Get(g) => g
+                            .kvs()
+                            .first()
+                            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                            .unwrap_or_default(),
+                        _ => String::new(),
+                    }
+                }));
             }
             let lefts = futures_util::future::join_all(leases.iter().map(|l| {
                 let mut client = self.client();
@@ -1933,15 +1933,7 @@ impl EtcdStore {
                 async move { call(client.lease_time_to_live(l, None)).await }
             }))
             .await;
-            for ((lease, op), left) in leases.iter().zip(infos).zip(lefts) {
-                let text = match &op {
-                    TxnOpResponse::Get(g) => g
-                        .kvs()
-                        .first()
-                        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
-                        .unwrap_or_default(),
-                    _ => String::new(),
-                };
+            for ((lease, text), left) in leases.iter().zip(infos).zip(lefts) {
                 let mut f = text.splitn(3, '\t');
                 let tag = f.next().unwrap_or_default().to_string();
                 let _ttl = f.next();
@@ -2030,8 +2022,8 @@ mod tests {
             decode(&raw).unwrap(),
             (kind, "n1".to_string(), b"a\nb\tc".to_vec())
         );
-        assert_eq!(range_end(b"ab"), b"ac");
-        assert_eq!(range_end(b"a\xff"), b"b");
+        assert_eq!(rpc::prefix_end(b"ab"), b"ac");
+        assert_eq!(rpc::prefix_end(b"a\xff"), b"b");
     }
 
     /// etcd compares values as bytes: a fence's mark must order tokens as

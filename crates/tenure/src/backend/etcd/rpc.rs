@@ -576,13 +576,11 @@ impl Client {
         options: Option<GetOptions>,
     ) -> CallResult<RangeResponse> {
         let request = options.unwrap_or_default().into_request(key.into());
-        let inner: pb::RangeResponse = self.unary("/etcdserverpb.KV/Range", request).await?;
-        Ok(RangeResponse(inner))
+        self.unary("/etcdserverpb.KV/Range", request).await
     }
 
     pub async fn txn(&mut self, txn: Txn) -> CallResult<TxnResponse> {
-        let inner: pb::TxnResponse = self.unary("/etcdserverpb.KV/Txn", txn.0).await?;
-        Ok(TxnResponse(inner))
+        self.unary("/etcdserverpb.KV/Txn", txn.0).await
     }
 
     pub async fn lease_grant(
@@ -674,7 +672,7 @@ fn transport_text(e: &tonic::transport::Error) -> String {
 }
 
 /// The end of the range of keys that start with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -986,48 +984,42 @@ impl KeyValue {
 }
 
 /// A range read's answer.
-#[derive(Clone)]
-pub(super) struct RangeResponse(pb::RangeResponse);
+pub(super) type RangeResponse = pb::RangeResponse;
+
+/// A transaction's answer, each operation's in order.
+pub(super) type TxnResponse = pb::TxnResponse;
+
+/// One operation's answer in a transaction, borrowed from it (a read's keys
+/// are not copied to be looked at).
+pub(super) enum TxnOpResponse<'a> {
+    Get(&'a RangeResponse),
+    Put,
+    Delete,
+    Txn(&'a TxnResponse),
+}
 
 impl RangeResponse {
     pub fn kvs(&self) -> &[KeyValue] {
-        &self.0.kvs
+        &self.kvs
     }
-    #[allow(dead_code)]
-    pub fn header(&self) -> Option<Header> {
-        header(&self.0.header)
-    }
-}
-
-/// A transaction's answer, each operation's in order.
-#[derive(Clone)]
-pub(super) struct TxnResponse(pb::TxnResponse);
-
-/// One operation's answer in a transaction.
-pub(super) enum TxnOpResponse {
-    Get(RangeResponse),
-    Put,
-    Delete,
-    Txn(TxnResponse),
 }
 
 impl TxnResponse {
     pub fn succeeded(&self) -> bool {
-        self.0.succeeded
+        self.succeeded
     }
     pub fn header(&self) -> Option<Header> {
-        header(&self.0.header)
+        header(&self.header)
     }
-    pub fn op_responses(&self) -> Vec<TxnOpResponse> {
-        self.0
-            .responses
+    pub fn op_responses(&self) -> Vec<TxnOpResponse<'_>> {
+        self.responses
             .iter()
-            .filter_map(|r| r.response.clone())
+            .filter_map(|r| r.response.as_ref())
             .map(|r| match r {
-                pb::Response::Range(g) => TxnOpResponse::Get(RangeResponse(g)),
+                pb::Response::Range(g) => TxnOpResponse::Get(g),
                 pb::Response::Put(_) => TxnOpResponse::Put,
                 pb::Response::DeleteRange(_) => TxnOpResponse::Delete,
-                pb::Response::Txn(t) => TxnOpResponse::Txn(TxnResponse(t)),
+                pb::Response::Txn(t) => TxnOpResponse::Txn(t),
             })
             .collect()
     }
