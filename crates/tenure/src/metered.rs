@@ -140,6 +140,10 @@ impl Store for Metered {
         self.timed("evict", self.inner.evict(name)).await
     }
 
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        self.timed("evict_session", self.inner.evict_session(tag)).await
+    }
+
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
         self.timed("fence", self.inner.fence(name, op)).await
     }

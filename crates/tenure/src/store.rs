@@ -553,6 +553,18 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// administrator's forced release). Returns how many sessions were ended.
     async fn evict(&self, name: &Name) -> Result<usize>;
 
+    /// Ends the one session whose public tag ([`Entry::session_tag`]) is
+    /// `tag` — an administrator's "end this session": all its entries (held
+    /// or waiting, on every name) and the cells bound to it go at once, as
+    /// on [`Store::close_session`], and its owner learns at its next
+    /// keep-alive that it was evicted. Returns whether a session with that
+    /// tag was there to end; an unknown tag changes nothing. Every built-in
+    /// backend does it; a store that cannot says [`Error::Unsupported`].
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        let _ = tag;
+        Err(unsupported(self, "ending one session"))
+    }
+
     /// Reads the fence `name`, or admits a token through it, in one atomic
     /// step: a token at least the highest admitted is admitted and becomes
     /// the highest (with its value, if one is given); a lower one changes

@@ -1,6 +1,7 @@
 //! Conformance: Mutual exclusion, fairness, reentrancy, expiry, fencing, bad input, read-write locks.
 
 use super::*;
+use tenure::{Cell, Expect};
 
 /// N sessions × M rounds on one name: never two holders at once, and tokens
 /// strictly increase in grant order.
@@ -324,6 +325,86 @@ pub async fn check_evicted_holder_is_told(t: &Target) {
         .unwrap();
     assert!(next.token() > held.token(), "token went back");
     next.release().await.unwrap();
+}
+
+/// Ending one session by its public tag (`evict_session`) takes all its
+/// entries at once — held and waiting, on every name, and its bound cells —
+/// tells its owner it was evicted, and leaves every other session alone.
+pub async fn check_evicted_session_is_told(t: &Target) {
+    let ttl = short_ttl(t, Duration::from_secs(3));
+    let options = || SessionOptions::new().ttl(ttl);
+    let a = Session::with_options(&t.store, options()).await.unwrap();
+    let b = Session::with_options(&t.store, options()).await.unwrap();
+    let (first, second, theirs) = (
+        unique("evict-session-1"),
+        unique("evict-session-2"),
+        unique("evict-session-b"),
+    );
+    let held = Mutex::new(&a, &first).unwrap().lock().await.unwrap();
+    let b_holds = Mutex::new(&b, &theirs).unwrap().lock().await.unwrap();
+    let b_first = Mutex::new(&b, &second).unwrap().lock().await.unwrap();
+    // `a` also waits behind `b`, and `b` waits behind `a`.
+    let a_waits = {
+        let (a, second) = (a.clone(), second.clone());
+        tokio::spawn(async move { Mutex::new(&a, &second).unwrap().lock().await })
+    };
+    let b_waits = {
+        let (b, first) = (b.clone(), first.clone());
+        tokio::spawn(async move { Mutex::new(&b, &first).unwrap().lock().await })
+    };
+    wait_queue_len(&t.store, &first, 2).await;
+    wait_queue_len(&t.store, &second, 2).await;
+    let cell_name = unique("evict-session-cell");
+    let bound = t
+        .store
+        .capabilities()
+        .cells
+        .then(|| Cell::bound_to(&a, &cell_name).unwrap());
+    if let Some(cell) = &bound {
+        cell.put(b"a's", Expect::Absent).await.unwrap();
+    }
+
+    assert!(
+        t.store.evict_session(a.tag()).await.unwrap(),
+        "a live session's tag was not found"
+    );
+    let reason = tokio::time::timeout(a.renew_interval() + Duration::from_secs(2), held.lost())
+        .await
+        .expect("the evicted session was told within a renew interval");
+    assert_eq!(reason, tenure::LostReason::Evicted, "told {reason}");
+    let waited = tokio::time::timeout(Duration::from_secs(10), a_waits)
+        .await
+        .expect("the evicted session's wait ended")
+        .unwrap();
+    assert!(waited.is_err(), "the evicted session was granted: {waited:?}");
+    // Its entries are gone from both queues; `b` holds `first` now.
+    let next = tokio::time::timeout(Duration::from_secs(10), b_waits)
+        .await
+        .expect("the waiter behind the evicted session was granted")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > held.token(), "token went back");
+    for name in [&first, &second, &theirs] {
+        let q = t.store.queue(&Name::new(name).unwrap()).await.unwrap();
+        assert!(
+            q.entries.iter().all(|e| e.session_tag == b.tag()),
+            "{name} still has the evicted session's entry: {q:?}"
+        );
+        assert_eq!(q.entries.len(), 1, "{name}: {q:?}");
+    }
+    if bound.is_some() {
+        let plain = Cell::new(&t.store, &cell_name).unwrap();
+        assert_eq!(plain.get().await.unwrap(), None, "the evicted session's cell");
+    }
+    // The other session lives on; an unknown or ended tag changes nothing.
+    assert!(!b.is_lost());
+    assert!(!t.store.evict_session(a.tag()).await.unwrap());
+    assert!(!t.store.evict_session("no-such-tag").await.unwrap());
+    assert!(!b.is_lost());
+    for guard in [next, b_first, b_holds] {
+        guard.release().await.unwrap();
+    }
+    b.close().await.unwrap();
 }
 
 /// A holder that stops renewing learns of the loss before its local

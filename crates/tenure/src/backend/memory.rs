@@ -544,6 +544,19 @@ impl Store for MemoryStore {
         Ok(holders.len())
     }
 
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        let mut state = self.lock();
+        let key = state
+            .sessions
+            .iter()
+            .find(|(_, rec)| rec.tag == tag)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = &key {
+            self.remove_session(&mut state, key);
+        }
+        Ok(key.is_some())
+    }
+
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
         let mut state = self.lock();
         let register = match state.registers.get_mut(name) {
