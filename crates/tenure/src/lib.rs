@@ -60,7 +60,10 @@ pub use once::{once, JobError, OnceOutcome, WhileRunning};
 pub use registry::{backend_for, backends, builtin_backends, open, Backend};
 pub use rwlock::RwLock;
 #[cfg(feature = "schedule")]
-pub use schedule::{parse_cron, Missed, Mode as ScheduleMode, PauseHandle, Schedule, Tick};
+pub use schedule::{
+    parse_cron, LastRun, Missed, Mode as ScheduleMode, PauseHandle, Paused, Schedule, ScheduleBoard,
+    ScheduleInfo, Tick,
+};
 pub use semaphore::Semaphore;
 pub use session::{default_label, Session, SessionOptions, DEFAULT_TTL};
 pub use store::{Capabilities, EntryKind, Expect, FenceState, Name, Store, Versioned};

@@ -134,7 +134,7 @@ macro_rules! conformance_tests {
             check_election_failover, check_observe_order, check_proclaim_only_by_leader,
             check_elector_callbacks, check_shared_and_permits, check_bad_input,
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
-            check_schedule_leader, check_fence, check_fence_values, check_fence_interleaved, check_cell,
+            check_schedule_leader, check_schedule_paused_cluster_wide, check_fence, check_fence_values, check_fence_interleaved, check_cell,
             check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released,
             check_metrics_same_as_memory);
     };

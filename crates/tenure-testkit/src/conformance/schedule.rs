@@ -93,3 +93,89 @@ pub async fn check_schedule_leader(t: &Target) {
         "nobody took over after the pause: {runs:?}"
     );
 }
+
+/// A cluster-wide pause (`ScheduleBoard`): while paused no instance runs a
+/// tick; once resumed they do; the board lists the job and its last run; a
+/// pause with an end lifts by itself. A store without cells refuses a pause
+/// and runs schedules all the same.
+pub async fn check_schedule_paused_cluster_wide(t: &Target) {
+    use tenure::{Schedule, ScheduleBoard, ScheduleMode};
+    let name = unique("cron-pause");
+    let board = ScheduleBoard::new(&t.store, &name).unwrap();
+    let cells = t.store.capabilities().cells;
+    let paused = board.pause(None, "conformance", "a test").await;
+    if cells {
+        let p = paused.unwrap();
+        assert_eq!((p.by.as_str(), p.reason.as_str()), ("conformance", "a test"));
+        assert_eq!(board.paused().await.unwrap(), Some(p));
+    } else {
+        let e = paused.unwrap_err();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+        assert_eq!(board.paused().await.unwrap(), None);
+    }
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for instance in 0..2 {
+        let schedule = Schedule::new(&t.store, &name, "* * * * * *")
+            .unwrap()
+            .mode(ScheduleMode::PerTick);
+        let runs = runs.clone();
+        tasks.push(tokio::spawn(schedule.run(
+            move |tick| {
+                let runs = runs.clone();
+                async move { runs.lock().unwrap().push((tick.at, instance)) }
+            },
+            tokio::time::sleep(Duration::from_millis(5500)),
+        )));
+    }
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let while_paused = runs.lock().unwrap().clone();
+    if cells {
+        assert!(while_paused.is_empty(), "ran while paused: {while_paused:?}");
+        assert!(board.resume().await.unwrap(), "the pause was not in force");
+        assert!(!board.resume().await.unwrap(), "resumed twice");
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("the schedules stopped")
+            .unwrap()
+            .unwrap();
+    }
+    let all = runs.lock().unwrap().clone();
+    if t.store.capabilities().exact_first {
+        assert!(all.len() >= 2, "too few ticks ran after resuming: {all:?}");
+    }
+    if !cells {
+        assert!(ScheduleBoard::jobs(&t.store).await.unwrap().is_empty());
+        return;
+    }
+    // The board lists the job and shows its last run.
+    assert!(ScheduleBoard::jobs(&t.store)
+        .await
+        .unwrap()
+        .contains(&name));
+    let info = board.info().await.unwrap().expect("the job is described");
+    assert_eq!(
+        (info.job.as_str(), info.expr.as_str(), info.mode.as_str()),
+        (name.as_str(), "* * * * * *", "per-tick")
+    );
+    assert_eq!(info.time_zone, "UTC");
+    let last = info.last_run.clone().expect("the last run is recorded");
+    let latest = all.iter().map(|r| r.0).max().unwrap();
+    assert_eq!(last.tick_ms, latest.timestamp_millis(), "{last:?} vs {all:?}");
+    assert!(last.token > 0 && last.outcome == "finished", "{last:?}");
+    assert!(!last.by.is_empty() && !last.session_tag.is_empty(), "{last:?}");
+    assert_eq!(info.next_ticks(chrono::Utc::now(), 3).len(), 3);
+
+    // A pause with an end lifts by itself; one that ends in the past is refused.
+    let until = chrono::Utc::now() + chrono::Duration::milliseconds(800);
+    board.pause(Some(until), "conformance", "short").await.unwrap();
+    assert!(board.paused().await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(board.paused().await.unwrap(), None, "the pause did not lift");
+    let past = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let e = board.pause(Some(past), "conformance", "past").await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    board.resume().await.unwrap();
+}

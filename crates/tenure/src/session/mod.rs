@@ -36,6 +36,7 @@ struct Inner {
     store: Arc<dyn Store>,
     key: SessionKey,
     tag: String,
+    label: String,
     ttl: Duration,
     drift: Duration,
     renew_every: Duration,
@@ -215,11 +216,17 @@ impl Session {
         let label = options.label.unwrap_or_else(default_label);
         let suspended_at_send = crate::clock::suspended();
         let sent = Instant::now();
-        let opened = store.open_session(&SessionSpec { ttl, label }).await?;
+        let opened = store
+            .open_session(&SessionSpec {
+                ttl,
+                label: label.clone(),
+            })
+            .await?;
         let inner = Arc::new(Inner {
             store: store.clone(),
             key: opened.key,
             tag: opened.tag,
+            label,
             ttl,
             drift,
             renew_every,
@@ -253,6 +260,11 @@ impl Session {
     /// The public tag others see on this session's entries.
     pub fn tag(&self) -> &str {
         &self.inner.tag
+    }
+
+    /// The public label it was opened with (`host:pid` by default).
+    pub fn label(&self) -> &str {
+        &self.inner.label
     }
 
     /// The session's TTL.

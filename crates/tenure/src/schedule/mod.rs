@@ -1,5 +1,9 @@
 //! Cron jobs across a cluster: at most once per tick, or only on the leader.
 
+mod board;
+
+pub use board::{LastRun, Paused, ScheduleBoard, ScheduleInfo};
+
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -103,6 +107,7 @@ impl PauseHandle {
 pub struct Schedule {
     store: Arc<dyn Store>,
     name: Name,
+    expr: String,
     cron: cron::Schedule,
     tz: chrono_tz::Tz,
     mode: Mode,
@@ -111,6 +116,7 @@ pub struct Schedule {
     at_least: Duration,
     options: SessionOptions,
     paused: Arc<watch::Sender<bool>>,
+    board: ScheduleBoard,
 }
 
 impl std::fmt::Debug for Schedule {
@@ -137,6 +143,18 @@ fn unix_secs(t: DateTime<Utc>) -> f64 {
     t.timestamp_millis() as f64 / 1000.0
 }
 
+/// Checks a job's name: a name short enough for its tick claims.
+pub(crate) fn job_name(name: &str) -> Result<Name> {
+    let name = Name::new(name)?;
+    if name.as_str().len() > MAX_JOB_NAME {
+        return Err(Error::InvalidName {
+            name: name.to_string().chars().take(64).collect(),
+            reason: "a job name must be at most 234 bytes",
+        });
+    }
+    Ok(name)
+}
+
 /// Parses a cron expression of 5, 6 or 7 fields.
 pub fn parse_cron(expr: &str) -> Result<cron::Schedule> {
     let fields = expr.split_whitespace().count();
@@ -159,16 +177,12 @@ impl Schedule {
     ///
     /// [`Error::InvalidArgument`] for a bad expression; [`Error::InvalidName`].
     pub fn new(store: &Arc<dyn Store>, name: impl AsRef<str>, expr: &str) -> Result<Self> {
-        let name = Name::new(name)?;
-        if name.as_str().len() > MAX_JOB_NAME {
-            return Err(Error::InvalidName {
-                name: name.to_string().chars().take(64).collect(),
-                reason: "a job name must be at most 234 bytes",
-            });
-        }
+        let name = job_name(name.as_ref())?;
         Ok(Schedule {
             store: store.clone(),
+            board: ScheduleBoard::new(store, name.as_str())?,
             name,
+            expr: expr.trim().to_string(),
             cron: parse_cron(expr)?,
             tz: chrono_tz::UTC,
             mode: Mode::PerTick,
@@ -221,7 +235,34 @@ impl Schedule {
         self
     }
 
-    /// A handle to pause and resume the running schedule.
+    /// The job's shared state in the store: description, last run, and the
+    /// cluster-wide pause every instance honours.
+    pub fn board(&self) -> &ScheduleBoard {
+        &self.board
+    }
+
+    /// What this instance publishes about the job.
+    fn info(&self) -> ScheduleInfo {
+        ScheduleInfo {
+            job: self.name.to_string(),
+            expr: self.expr.clone(),
+            time_zone: self.tz.name().to_string(),
+            mode: match self.mode {
+                Mode::PerTick => "per-tick",
+                Mode::Leader => "leader",
+            }
+            .into(),
+            missed: match self.missed {
+                Missed::Skip => "skip",
+                Missed::RunOnce => "run-once",
+            }
+            .into(),
+            last_run: None,
+        }
+    }
+
+    /// A handle to pause and resume this instance of the running schedule
+    /// (see [`ScheduleBoard::pause`] for all instances at once).
     pub fn pause_handle(&self) -> PauseHandle {
         PauseHandle(self.paused.clone())
     }
@@ -280,6 +321,11 @@ impl Schedule {
             }
         }
         let mut backoff = Duration::from_millis(100);
+        // Listed and described for the console; a store that cannot keep
+        // it must not stop the job.
+        if let Err(e) = self.board.publish(self.info()).await {
+            tracing::warn!(error = %e, job = %self.name, "cannot describe the schedule in the store");
+        }
         loop {
             if *paused.borrow() {
                 if let Some(t) = term.take() {
@@ -446,6 +492,22 @@ impl Schedule {
         F: FnMut(Tick) -> Fut,
         Fut: Future<Output = ()>,
     {
+        // Paused cluster-wide: every instance skips the tick. A pause that
+        // cannot be read is taken as a pause (a tick may be skipped, never
+        // run against an operator's wish).
+        match self.board.paused().await {
+            Ok(None) => {}
+            Ok(Some(p)) => {
+                tracing::info!(job = %self.name, %at, by = %p.by, reason = %p.reason, "tick skipped: paused");
+                cron_ticks(tag, TickOutcome::Paused, 1);
+                return Ok(());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, job = %self.name, %at, "tick skipped: cannot read whether paused");
+                cron_ticks(tag, TickOutcome::Paused, 1);
+                return Ok(());
+            }
+        }
         let claim = Name::new(format!("{}@{}", self.name, at.timestamp()))?;
         let label = session.tag().as_bytes().to_vec();
         // A claim name, one per tick, is never a metric label: untracked.
@@ -471,22 +533,37 @@ impl Schedule {
                 None => std::future::pending().await,
             }
         };
-        let finished = tokio::select! {
-            () = run => true,
+        let outcome = tokio::select! {
+            () = run => "finished",
             () = at_most => {
                 tracing::warn!(job = %self.name, %at, "run stopped: lock_at_most_for reached");
-                false
+                "stopped: lock_at_most_for"
             }
             _ = session.lost() => {
                 tracing::warn!(job = %self.name, %at, "run stopped: the session was lost");
-                false
+                "stopped: session lost"
             }
         };
+        let took = started.elapsed();
+        let ended = Utc::now();
         cron_ran(
             tag,
-            started.elapsed(),
-            finished.then(|| unix_secs(Utc::now())),
+            took,
+            (outcome == "finished").then(|| unix_secs(ended)),
         );
+        let run = LastRun {
+            tick_ms: at.timestamp_millis(),
+            ended_ms: ended.timestamp_millis(),
+            seconds: took.as_secs_f64(),
+            by: session.label().to_string(),
+            session_tag: session.tag().to_string(),
+            token: hold.seq,
+            leader_token,
+            outcome: outcome.into(),
+        };
+        if let Err(e) = self.board.record(run).await {
+            tracing::warn!(error = %e, job = %self.name, %at, "cannot record the run in the store");
+        }
         let hold_until = at + chrono::Duration::from_std(self.at_least).unwrap_or_default();
         if let Ok(left) = (hold_until - Utc::now()).to_std() {
             tokio::time::sleep(left).await;
