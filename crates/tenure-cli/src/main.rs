@@ -12,6 +12,7 @@ macro_rules! outln {
 mod child;
 mod console;
 mod process_metrics;
+mod schedules;
 mod supervise;
 mod torture;
 
@@ -40,7 +41,8 @@ pub mod exit {
     pub const NOT_EXECUTABLE: u8 = 126;
     /// The command was not found.
     pub const NOT_FOUND: u8 = 127;
-    /// `tenure leader`: nobody leads; `tenure cell get`: no value.
+    /// `tenure leader`: nobody leads; `tenure cell get`: no value;
+    /// `tenure release --session`: no live session has the tag.
     pub const NO_LEADER: u8 = 3;
 }
 
@@ -58,7 +60,8 @@ Exit codes (the same in every subcommand):
       the version a write expected
   79  the session's lease was lost: while waiting, while leading, or while the
       command ran (its process group was killed first)
-  3   `tenure leader`: nobody leads; `tenure cell get`: the cell has no value";
+  3   `tenure leader`: nobody leads; `tenure cell get`: the cell has no value;
+      `tenure release --session`: no live session has that tag";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -116,8 +119,9 @@ enum Command {
     /// List names with their holders and waiters in queue order.
     #[command(after_help = "Example:\n  tenure status nightly- --json")]
     Status(StatusArgs),
-    /// Evict the holders of a name (administrators only).
-    #[command(after_help = "Example:\n  tenure release nightly-report --force\n\n\
+    /// Evict the holders of a name, or one session (administrators only).
+    #[command(after_help = "Examples:\n  tenure release nightly-report --force\n  \
+        tenure release --session 3f2a9c01b7de --force --reason 'stuck worker'\n\n\
         This ends the sessions that hold the name, and everything else they hold. The evicted\n\
         holder learns of it only at its next renewal, so for a moment two holders may both\n\
         believe they hold the lock: safe only if the protected resource checks fencing tokens.")]
@@ -157,6 +161,9 @@ enum Command {
     /// Read, write or delete a cell: a small value with a version, written by compare-and-set.
     #[command(subcommand)]
     Cell(CellCommand),
+    /// List schedules, or pause and resume one on every instance.
+    #[command(subcommand)]
+    Schedule(schedules::ScheduleCommand),
     /// Contend for one lock from many worker processes while injecting faults, and check the history.
     #[command(
         after_help = "Example:\n  tenure torture --store postgres://… --clients 6 --duration 2m --report torture.json\n\n\
@@ -386,7 +393,12 @@ struct StatusArgs {
 #[derive(Args, Debug)]
 struct ReleaseArgs {
     /// The name to release.
-    name: String,
+    #[arg(required_unless_present = "session", conflicts_with = "session")]
+    name: Option<String>,
+    /// End this one session instead: everything it holds or waits for, on
+    /// every name (its tag, as `tenure status` shows it).
+    #[arg(long, value_name = "TAG")]
+    session: Option<String>,
     /// Required: confirms you know this is unsafe without fencing.
     #[arg(long)]
     force: bool,
@@ -548,6 +560,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             .await
             .map_err(|m| Failure::new(exit::SOFTWARE, m)),
         Command::Cell(command) => cell(store, command).await,
+        Command::Schedule(command) => schedules::run(store, command).await,
         Command::Console(args) => {
             let cx = console::Context {
                 store,
@@ -638,6 +651,13 @@ fn print_line(line: std::fmt::Arguments<'_>) {
 /// as one (64, 126, 127) whether or not the store answers.
 fn validate(command: &Command) -> Result<(), Failure> {
     match command {
+        Command::Schedule(command) => schedules::validate(command),
+        Command::Release(ReleaseArgs {
+            session: Some(tag), ..
+        }) => check_session_tag(tag).map_err(|m| Failure::new(exit::USAGE, m)),
+        Command::Release(ReleaseArgs { name: Some(name), .. }) => {
+            Name::new(name).map(|_| ()).map_err(Into::into)
+        }
         Command::Fence(args) => {
             Name::new(&args.name)?;
             positive("TOKEN", &args.token).map(|_| ())
@@ -980,7 +1000,7 @@ fn unix_ms(t: Option<SystemTime>) -> Option<u128> {
 /// (newline, tab, ESC, …) are escaped as in Rust (`\\`, `\n`, `\u{1b}`), so
 /// one leader is always one line and no escape sequence reaches a terminal.
 /// `--json` carries the value unchanged.
-fn escape_line(s: &str) -> String {
+pub(crate) fn escape_line(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if c == '\\' || c.is_control() {
@@ -1237,14 +1257,80 @@ pub(crate) fn audit(
         .write_all(line.as_bytes())
 }
 
+/// The entries of the session `tag`, on every name, as an audit record
+/// keeps them (best effort: a name that cannot be read is left out).
+pub(crate) async fn session_entries(store: &dyn Store, tag: &str) -> serde_json::Value {
+    let mut found = Vec::new();
+    for name in store.names("").await.unwrap_or_default() {
+        let Ok(q) = store.queue(&name).await else {
+            continue;
+        };
+        for e in q.entries.iter().filter(|e| e.session_tag == tag) {
+            found.push(serde_json::json!({
+                "name": name.as_str(),
+                "token": e.seq,
+                "state": if e.granted { "holder" } else { "waiter" },
+                "label": e.label,
+            }));
+        }
+    }
+    serde_json::Value::Array(found)
+}
+
+/// Checks a session tag typed by a user (any text is safe to pass on; this
+/// only says early that it cannot be one).
+pub(crate) fn check_session_tag(tag: &str) -> Result<(), String> {
+    if tag.is_empty() || tag.len() > 128 || tag.chars().any(char::is_control) {
+        return Err(format!(
+            "{:?} is not a session tag (1 to 128 characters, as `tenure status` shows it)",
+            tag.escape_debug().take(40).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
 async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<u8, Failure> {
-    let name = Name::new(&args.name)?;
     if !args.force {
         return Err(Failure::new(
             exit::USAGE,
             "release evicts another process's lease: pass --force if you mean it (see --help)",
         ));
     }
+    if let Some(tag) = &args.session {
+        check_session_tag(tag).map_err(|m| Failure::new(exit::USAGE, m))?;
+        let before = session_entries(store.as_ref(), tag).await;
+        let ended = store.evict_session(tag).await?;
+        let after = session_entries(store.as_ref(), tag).await;
+        let record = serde_json::json!({
+            "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            "who": std::env::var("USER").unwrap_or_default(),
+            "from": format!("tenure release on {}", tenure::default_label()),
+            "action": "end-session",
+            "target": tag,
+            "reason": args.reason,
+            "ended": ended,
+            "before": before,
+            "after": after,
+        });
+        audit(args.audit_log.as_deref(), &record).map_err(|e| {
+            Failure::new(
+                exit::SOFTWARE,
+                format!("done, but the audit log could not be written: {e}"),
+            )
+        })?;
+        if ended {
+            outln!("ended session {tag}");
+            return Ok(0);
+        }
+        return Err(Failure::new(
+            exit::NO_LEADER,
+            format!("no live session has the tag {tag}"),
+        ));
+    }
+    let Some(name) = &args.name else {
+        return Err(Failure::new(exit::USAGE, "give a NAME or --session TAG"));
+    };
+    let name = Name::new(name)?;
     // The record's "before" is best effort: the release does not wait on it.
     let before = store.queue(&name).await.unwrap_or_default();
     let evicted = store.evict(&name).await?;

@@ -204,6 +204,24 @@ fn read_only_refuses_every_action() {
     );
     assert_eq!(refused.status, 403, "{}", refused.body);
     assert!(refused.body.contains("read-only"));
+    // So are ending a session and pausing a schedule.
+    for body in [
+        r#"{"name":"0123abcd","confirm":"0123abcd","reason":"t","action":"end-session"}"#,
+        r#"{"name":"job","confirm":"job","reason":"t","action":"pause"}"#,
+    ] {
+        let refused = http(
+            &console.addr,
+            "POST",
+            "/api/action",
+            &[
+                ("Authorization", &format!("Bearer {TOKEN}")),
+                ("X-Tenure-CSRF", "1"),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        );
+        assert_eq!(refused.status, 403, "{body}: {}", refused.body);
+    }
     assert!(!dead(command), "the holder's command was stopped");
     // A non-loopback address without a token is refused at start.
     let out = env.run(&["console", "--listen", "0.0.0.0:0"]);
@@ -733,4 +751,148 @@ fn the_page_follows_the_store_in_a_real_browser() {
 
     let errors = browser.js("return window.tenureErrors");
     assert_eq!(errors, serde_json::json!([]), "script errors on the page");
+}
+
+/// A `tenure cron` instance appending each tick it runs to `$D/ticks`.
+fn cron_instance(env: &Env, job: &str) -> Child {
+    env.cmd(&[
+        "cron",
+        "* * * * * *",
+        job,
+        "--",
+        "sh",
+        "-c",
+        "echo \"$TENURE_TICK\" >> \"$D/ticks\"",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap()
+}
+
+fn ticks_run(env: &Env) -> usize {
+    std::fs::read_to_string(env.path("ticks"))
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+/// Admin actions from the page itself, in chromium: pausing a schedule
+/// skips its ticks on both of its instances until it is resumed; ending a
+/// session stops its holder (exit 79); each act is audited; no script error.
+#[test]
+fn pause_resume_and_end_session_from_the_page() {
+    let Some(browser) = Browser::start() else {
+        return;
+    };
+    let env = Env::sqlite();
+    std::fs::write(env.path("token"), format!("{TOKEN}\n")).unwrap();
+    let token_file = env.path("token").display().to_string();
+    let audit = env.path("audit.jsonl");
+    let audit_arg = audit.display().to_string();
+    let console = Console::start(
+        &env,
+        &["--admin-token-file", &token_file, "--audit-log", &audit_arg],
+    );
+    let mut instances = [cron_instance(&env, "ticker"), cron_instance(&env, "ticker")];
+    let (mut lock, command) = holder(&env, "held-by-a-session", "15s");
+    browser.open(&format!("http://{}/", console.addr));
+    browser.js(&format!(
+        "document.getElementById('token').value = '{TOKEN}'; return true"
+    ));
+    let schedule = "const r = document.querySelector('tr[data-job=\"ticker\"]');";
+    browser.until(
+        &format!("{schedule} return r ? r.querySelector('.running') !== null : null"),
+        true.into(),
+        Duration::from_secs(10),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ticks_run(&env) == 0 {
+        assert!(Instant::now() < deadline, "no tick ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The dialog: the job typed again, a reason, submit.
+    let act = |target: &str, reason: &str| {
+        browser.js(&format!(
+            "document.getElementById('dialog-confirm').value = {target:?};\
+             document.getElementById('dialog-reason').value = {reason:?};\
+             document.getElementById('dialog-form').requestSubmit(); return true"
+        ));
+        browser.until(
+            "return document.getElementById('dialog').hidden",
+            true.into(),
+            Duration::from_secs(10),
+        );
+    };
+    browser.js(&format!("{schedule} r.querySelector('button.action').click(); return true"));
+    assert_eq!(
+        browser.js("return document.getElementById('dialog-for-label').hidden"),
+        false,
+        "a pause asks for how long"
+    );
+    act("ticker", "maintenance window");
+    browser.until(
+        &format!("{schedule} return r.querySelector('.paused') !== null"),
+        true.into(),
+        Duration::from_secs(5),
+    );
+    // A tick already claimed may still finish; after that, none runs on
+    // either instance.
+    std::thread::sleep(Duration::from_millis(1500));
+    let paused_at = ticks_run(&env);
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_eq!(ticks_run(&env), paused_at, "a tick ran while paused");
+    let shot = browser.screenshot();
+    std::fs::write(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-admin.png"),
+        &shot,
+    )
+    .unwrap();
+    browser.js(&format!("{schedule} r.querySelector('button.action').click(); return true"));
+    act("ticker", "window over");
+    browser.until(
+        &format!("{schedule} return r.querySelector('.running') !== null"),
+        true.into(),
+        Duration::from_secs(5),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ticks_run(&env) == paused_at {
+        assert!(Instant::now() < deadline, "no tick ran after resuming");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // End the holder's session from the sessions list.
+    let status = json(&http(&console.addr, "GET", "/api/status", &[], ""));
+    let tag = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "held-by-a-session")
+        .map(|n| n["entries"][0]["session"].as_str().unwrap().to_string())
+        .expect("the holder is listed");
+    browser.js(&format!(
+        "document.querySelector('li.session[data-session={tag:?}] button.action').click(); return true"
+    ));
+    act(&tag, "worker is stuck");
+    let status = wait_exit(&mut lock, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(79), "{status:?}");
+    assert!(dead(command));
+
+    let audited: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let actions: Vec<_> = audited.iter().map(|r| r["action"].clone()).collect();
+    assert_eq!(actions, ["pause", "resume", "end-session"], "{audited:?}");
+    assert_eq!(audited[0]["after"]["reason"], "maintenance window");
+    assert_eq!(audited[2]["target"], tag.as_str());
+    assert_eq!(audited[2]["before"][0]["name"], "held-by-a-session");
+    assert_eq!(audited[2]["after"], serde_json::json!([]));
+    let errors = browser.js("return window.tenureErrors");
+    assert_eq!(errors, serde_json::json!([]), "script errors on the page");
+    for instance in &mut instances {
+        signal(instance.id(), libc::SIGTERM);
+        wait_exit(instance, Duration::from_secs(20));
+    }
 }

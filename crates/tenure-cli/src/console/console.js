@@ -194,11 +194,56 @@ function render() {
     const li = el("li");
     li.append(el("strong", label));
     const inner = el("ul");
-    for (const [session, what] of sessions) inner.append(el("li", session + ": " + what.join(", "), "mono"));
+    for (const [session, what] of sessions) {
+      const item = el("li", session + ": " + what.join(", "), "mono session");
+      item.dataset.session = session;
+      if (state.admin) {
+        const b = el("button", "End session…", "danger action");
+        b.addEventListener("click", () => openDialog(session, "end-session"));
+        item.append(" ", b);
+      }
+      inner.append(item);
+    }
     li.append(inner);
     ul.append(li);
   }
   if (groups.size === 0) ul.append(el("li", "No sessions hold or wait for anything.", "muted"));
+  renderSchedules(Array.isArray(snap.schedules) ? snap.schedules : []);
+}
+
+function when(rfc3339) {
+  if (!rfc3339) return "–";
+  const d = new Date(rfc3339);
+  return isNaN(d) ? String(rfc3339) : d.toLocaleString();
+}
+
+function renderSchedules(schedules) {
+  const body = $("schedules").tBodies[0];
+  body.replaceChildren();
+  $("no-schedules").hidden = schedules.length > 0;
+  $("schedule-actions-head").hidden = !state.admin;
+  for (const s of schedules) {
+    const tr = el("tr", undefined, "schedule-row");
+    tr.dataset.job = s.job;
+    tr.append(el("td", s.job, "mono name"), el("td", s.expr + " (" + s.time_zone + ")", "mono"),
+      el("td", s.mode + ", missed: " + s.missed));
+    tr.append(el("td", (s.next_ticks || []).map(when).join(", ") || "–"));
+    const r = s.last_run;
+    tr.append(el("td", r ? when(r.tick) + " by " + r.by + " · token " + r.token + " · " + r.outcome +
+      " in " + Number(r.seconds).toFixed(3) + " s" : "never", "last-run"));
+    const p = s.paused;
+    const stateTd = el("td", p ? "paused" + (p.until ? " until " + when(p.until) : "") + " by " + p.by +
+      ": " + p.reason : "running", p ? "paused" : "running");
+    tr.append(stateTd);
+    if (state.admin) {
+      const td = el("td");
+      const b = p ? el("button", "Resume…", "action") : el("button", "Pause…", "danger action");
+      b.addEventListener("click", () => openDialog(s.job, p ? "resume" : "pause"));
+      td.append(b);
+      tr.append(td);
+    }
+    body.append(tr);
+  }
 }
 
 function tick() {
@@ -224,10 +269,25 @@ function connect() {
 
 let dialogFor = null;
 
+// Per action: the dialog's title, button, what is typed again, and whether
+// the fencing warning applies (it does whenever a lease is taken away).
+const ACTIONS = {
+  "release": { title: (n) => "Force release " + n, go: "Release", confirm: "Type the name again", fencing: true },
+  "step-down": { title: (n) => "Make the leader of " + n + " step down", go: "Step down", confirm: "Type the name again", fencing: true },
+  "end-session": { title: (n) => "End session " + n + " (everything it holds or waits for)", go: "End session", confirm: "Type the session again", fencing: true },
+  "pause": { title: (n) => "Pause schedule " + n + " on every instance", go: "Pause", confirm: "Type the job again", fencing: false },
+  "resume": { title: (n) => "Resume schedule " + n, go: "Resume", confirm: "Type the job again", fencing: false },
+};
+
 function openDialog(name, action) {
   dialogFor = { name, action };
-  $("dialog-title").textContent = (action === "step-down" ? "Make the leader of " : "Force release ") + name + (action === "step-down" ? " step down" : "");
-  $("dialog-go").textContent = action === "step-down" ? "Step down" : "Release";
+  const a = ACTIONS[action];
+  $("dialog-title").textContent = a.title(name);
+  $("dialog-go").textContent = a.go;
+  $("dialog-confirm-label").textContent = a.confirm;
+  $("dialog-warning").hidden = !a.fencing;
+  $("dialog-for-label").hidden = action !== "pause";
+  $("dialog-for").value = "";
   $("dialog-confirm").value = "";
   $("dialog-reason").value = "";
   $("dialog-error").hidden = true;
@@ -245,9 +305,11 @@ async function submitDialog(ev) {
     reason: $("dialog-reason").value,
     action: dialogFor.action,
   };
+  const minutes = Number($("dialog-for").value);
+  if (dialogFor.action === "pause" && minutes > 0) body.for_seconds = Math.round(minutes * 60);
   const token = $("token").value.trim();
   sessionStorage.setItem("tenure-admin-token", token);
-  const resp = await fetch("/api/release", {
+  const resp = await fetch("/api/action", {
     method: "POST",
     headers: { "Content-Type": "application/json", "X-Tenure-CSRF": "1", "Authorization": "Bearer " + token },
     body: JSON.stringify(body),
@@ -260,8 +322,9 @@ async function submitDialog(ev) {
   }
   $("dialog").hidden = true;
   $("audit-section").hidden = false;
+  const what = answer.evicted_sessions !== undefined ? " (" + answer.evicted_sessions + " session(s) ended)" : "";
   $("audit").append(el("li", answer.audit.time + "  " + answer.audit.action + " " + answer.audit.target +
-    " (" + answer.evicted_sessions + " session(s) ended): " + answer.audit.reason));
+    what + ": " + answer.audit.reason));
   note(dialogFor.name, answer.audit.action + " by admin: " + answer.audit.reason);
   dialogFor = null;
 }

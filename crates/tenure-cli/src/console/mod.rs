@@ -95,6 +95,8 @@ struct Snapshot {
     /// `tenure status --json`'s array, each entry with `waiting_ms` (how
     /// long this console has seen it waiting).
     names: serde_json::Value,
+    /// `tenure schedule list --json`'s array.
+    schedules: serde_json::Value,
     /// Why the last read failed, if it did.
     error: Option<String>,
     /// When it was read (Unix ms).
@@ -181,9 +183,11 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
         .route("/console.css", get(style))
         .route("/api/config", get(config))
         .route("/api/status", get(status))
+        .route("/api/schedules", get(schedules))
         .route("/api/events", get(events))
         .route("/metrics", get(metrics))
-        .route("/api/release", post(release))
+        .route("/api/release", post(act))
+        .route("/api/action", post(act))
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
             check_host,
@@ -231,10 +235,11 @@ async fn read_loop(
     let mut waiting_since: HashMap<(String, u64), Instant> = HashMap::new();
     let (mut reads, mut failed) = (0u64, 0u64);
     loop {
-        let read = tokio::time::timeout(
-            Duration::from_secs(10),
-            crate::status_json(store.as_ref(), &prefix),
-        )
+        let read = tokio::time::timeout(Duration::from_secs(10), async {
+            let names = crate::status_json(store.as_ref(), &prefix).await?;
+            let schedules = crate::schedules::schedules_json(&store, &prefix).await?;
+            Ok::<_, tenure::Error>((names, schedules))
+        })
         .await;
         reads += 1;
         let mut snapshot = Snapshot {
@@ -242,7 +247,8 @@ async fn read_loop(
             ..Snapshot::default()
         };
         match read {
-            Ok(Ok(mut names)) => {
+            Ok(Ok((mut names, schedules))) => {
+                snapshot.schedules = schedules;
                 let now = Instant::now();
                 let mut seen = std::collections::HashSet::new();
                 for n in names.as_array_mut().into_iter().flatten() {
@@ -264,11 +270,13 @@ async fn read_loop(
                 failed += 1;
                 snapshot.error = Some(e.to_string());
                 snapshot.names = publish.borrow().names.clone();
+                snapshot.schedules = publish.borrow().schedules.clone();
             }
             Err(_) => {
                 failed += 1;
                 snapshot.error = Some("the store did not answer within 10s".into());
                 snapshot.names = publish.borrow().names.clone();
+                snapshot.schedules = publish.borrow().schedules.clone();
             }
         }
         snapshot.reads = reads;
@@ -334,6 +342,7 @@ impl Console {
             "at_ms": s.at_ms,
             "error": s.error,
             "names": s.names,
+            "schedules": s.schedules,
         })
     }
 }
@@ -394,6 +403,17 @@ async fn status(State(c): State<Arc<Console>>) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, e.clone()).into_response()
         }
         _ => Json(snapshot.names.clone()).into_response(),
+    }
+}
+
+async fn schedules(State(c): State<Arc<Console>>) -> Response {
+    c.count("schedules");
+    let snapshot = c.fresh().await;
+    match &snapshot.error {
+        Some(e) if snapshot.reads <= 1 => {
+            (StatusCode::SERVICE_UNAVAILABLE, e.clone()).into_response()
+        }
+        _ => Json(snapshot.schedules.clone()).into_response(),
     }
 }
 
@@ -532,6 +552,34 @@ async fn metrics(State(c): State<Arc<Console>>) -> Response {
         "Seconds since the console started.",
         vec![(None, c.started.elapsed().as_secs_f64())],
     );
+    let jobs: Vec<&serde_json::Value> = s
+        .schedules
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    let mut per_job = |name: &str, help: &str, f: &dyn Fn(&serde_json::Value) -> Option<f64>| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for j in &jobs {
+            if let Some(v) = f(j) {
+                let job = prom_escape(j["job"].as_str().unwrap_or_default());
+                out.push_str(&format!("{name}{{job=\"{job}\"}} {v}\n"));
+            }
+        }
+    };
+    per_job(
+        "tenure_console_schedule_paused",
+        "1 while a schedule is paused cluster-wide.",
+        &|j| Some(if j["paused"].is_null() { 0.0 } else { 1.0 }),
+    );
+    per_job(
+        "tenure_console_schedule_last_run_timestamp_seconds",
+        "When a schedule's last run ended (Unix seconds), by its runner's clock.",
+        &|j| {
+            let ended = j["last_run"]["ended"].as_str()?;
+            let t = humantime::parse_rfc3339(ended).ok()?;
+            t.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs_f64())
+        },
+    );
     let requests: Vec<(String, u64)> = c
         .requests
         .lock()
@@ -561,17 +609,22 @@ fn prom_escape(s: &str) -> String {
 }
 
 #[derive(serde::Deserialize)]
-struct ReleaseRequest {
-    /// The name to release.
+struct ActionRequest {
+    /// What the action is on: a name (release, step-down), a session's tag
+    /// (end-session) or a job (pause, resume).
     name: String,
-    /// The name typed again.
+    /// The target typed again.
     confirm: String,
     /// Why (kept in the audit log).
     reason: String,
-    /// `release` (a lock's holders) or `step-down` (an election's leader):
-    /// the same act, named as the operator meant it.
+    /// `release` (a lock's holders), `step-down` (an election's leader: the
+    /// same act, named as the operator meant it), `end-session`, `pause` or
+    /// `resume` (a schedule, on every instance).
     #[serde(default)]
     action: Option<String>,
+    /// A pause's length, in seconds; none: until resumed.
+    #[serde(default)]
+    for_seconds: Option<u64>,
 }
 
 fn refuse(code: StatusCode, why: &str) -> Response {
@@ -642,26 +695,22 @@ async fn check_host(
     next.run(request).await
 }
 
-async fn release(
+async fn act(
     State(c): State<Arc<Console>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    c.count("release");
+    c.count("action");
     if let Err((code, why)) = c.authorize(&headers) {
         tracing::warn!(%peer, why, "console: an admin action was refused");
         return refuse(code, why);
     }
-    let Ok(req) = serde_json::from_slice::<ReleaseRequest>(&body) else {
+    let Ok(req) = serde_json::from_slice::<ActionRequest>(&body) else {
         return refuse(
             StatusCode::BAD_REQUEST,
-            "expected JSON {name, confirm, reason}",
+            "expected JSON {name, confirm, reason, action}",
         );
-    };
-    let name = match Name::new(&req.name) {
-        Ok(n) => n,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     if req.confirm != req.name {
         return refuse(StatusCode::BAD_REQUEST, "type the name again to confirm");
@@ -676,37 +725,128 @@ async fn release(
     let action = match req.action.as_deref() {
         None | Some("release") => "release",
         Some("step-down") => "step-down",
-        Some(_) => return refuse(StatusCode::BAD_REQUEST, "action is release or step-down"),
+        Some("end-session") => "end-session",
+        Some("pause") => "pause",
+        Some("resume") => "resume",
+        Some(_) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "action is release, step-down, end-session, pause or resume",
+            )
+        }
     };
-    let before = match c.store.queue(&name).await {
-        Ok(q) => q,
-        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    let done = match action {
+        "release" | "step-down" => release(&c, &req.name).await,
+        "end-session" => end_session(&c, &req.name).await,
+        _ => pause_or_resume(&c, action, &req, peer).await,
     };
-    let evicted = match c.store.evict(&name).await {
-        Ok(n) => n,
-        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    let (result, before, after) = match done {
+        Ok(done) => done,
+        Err((code, why)) => return refuse(code, &why),
     };
-    let after = c.store.queue(&name).await.unwrap_or_default();
-    let record = serde_json::json!({
+    let mut record = serde_json::json!({
         "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
         "who": "console admin token",
         "from": peer.to_string(),
         "action": action,
-        "target": name.as_str(),
+        "target": req.name,
         "reason": reason,
         "store": c.store_url,
-        "evicted_sessions": evicted,
-        "before": crate::entries_brief(&before),
-        "after": crate::entries_brief(&after),
+        "before": before,
+        "after": after,
     });
+    if let (Some(r), Some(fields)) = (record.as_object_mut(), result.as_object()) {
+        r.extend(fields.clone());
+    }
     if let Err(e) = crate::audit(c.audit_log.as_deref(), &record) {
         // The act is done; say that its record is not.
         return refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("released, but the audit log could not be written: {e}"),
+            &format!("done, but the audit log could not be written: {e}"),
         );
     }
-    Json(serde_json::json!({ "evicted_sessions": evicted, "audit": record })).into_response()
+    c.demand.notify_one();
+    let mut answer = result;
+    answer["audit"] = record;
+    Json(answer).into_response()
+}
+
+/// What an action did, and the target's state before and after it.
+type Done = (serde_json::Value, serde_json::Value, serde_json::Value);
+type Refusal = (StatusCode, String);
+
+fn unavailable(e: tenure::Error) -> Refusal {
+    let code = match e {
+        tenure::Error::Unsupported { .. }
+        | tenure::Error::InvalidName { .. }
+        | tenure::Error::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (code, e.to_string())
+}
+
+async fn release(c: &Console, name: &str) -> Result<Done, Refusal> {
+    let name = Name::new(name).map_err(unavailable)?;
+    let before = c.store.queue(&name).await.map_err(unavailable)?;
+    let evicted = c.store.evict(&name).await.map_err(unavailable)?;
+    let after = c.store.queue(&name).await.unwrap_or_default();
+    Ok((
+        serde_json::json!({ "evicted_sessions": evicted }),
+        crate::entries_brief(&before),
+        crate::entries_brief(&after),
+    ))
+}
+
+async fn end_session(c: &Console, tag: &str) -> Result<Done, Refusal> {
+    crate::check_session_tag(tag).map_err(|m| (StatusCode::BAD_REQUEST, m))?;
+    let before = crate::session_entries(c.store.as_ref(), tag).await;
+    let ended = c.store.evict_session(tag).await.map_err(unavailable)?;
+    if !ended {
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!("no live session has the tag {tag}"),
+        ));
+    }
+    let after = crate::session_entries(c.store.as_ref(), tag).await;
+    Ok((serde_json::json!({ "ended": ended }), before, after))
+}
+
+async fn pause_or_resume(
+    c: &Console,
+    action: &str,
+    req: &ActionRequest,
+    peer: SocketAddr,
+) -> Result<Done, Refusal> {
+    let board = tenure::ScheduleBoard::new(&c.store, &req.name).map_err(unavailable)?;
+    let before = board.paused().await.map_err(unavailable)?;
+    let show = |p: &Option<tenure::Paused>| crate::schedules::record("", "", "", p, None)["before"].clone();
+    if action == "resume" {
+        let was = board.resume().await.map_err(unavailable)?;
+        return Ok((
+            serde_json::json!({ "was_paused": was }),
+            show(&before),
+            serde_json::Value::Null,
+        ));
+    }
+    let until = match req.for_seconds {
+        None => None,
+        Some(0) => return Err((StatusCode::BAD_REQUEST, "for_seconds must be more than 0".into())),
+        Some(s) => {
+            let d = chrono::Duration::try_seconds(i64::try_from(s).unwrap_or(i64::MAX))
+                .ok_or((StatusCode::BAD_REQUEST, "for_seconds is too long".to_string()))?;
+            Some(chrono::Utc::now() + d)
+        }
+    };
+    let by = format!("console admin token from {peer}");
+    let paused = board
+        .pause(until, &by, req.reason.trim())
+        .await
+        .map_err(unavailable)?;
+    Ok((
+        serde_json::json!({ "paused": true }),
+        show(&before),
+        show(&Some(paused)),
+    ))
 }
 
 #[cfg(test)]

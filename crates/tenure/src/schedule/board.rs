@@ -157,6 +157,12 @@ impl ScheduleBoard {
         })
     }
 
+    /// Checks a job's name as [`ScheduleBoard::new`] would, without a store
+    /// (the CLI checks its input before it opens one).
+    pub fn check_job(job: &str) -> Result<()> {
+        super::job_name(job).map(|_| ())
+    }
+
     /// The job's name.
     pub fn job(&self) -> &str {
         self.job.as_str()

@@ -1,0 +1,256 @@
+//! `tenure schedule list|pause|resume`: the schedules' board in the store
+//! (the same JSON feeds the console).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use clap::{Args, Subcommand};
+use tenure::{ScheduleBoard, Store};
+
+use crate::{audit, exit, Failure};
+
+#[derive(Subcommand, Debug)]
+pub enum ScheduleCommand {
+    /// List the schedules whose instances ran on this store: expression,
+    /// zone, mode, next ticks, last run, pause.
+    #[command(after_help = "Example:\n  tenure schedule list --json")]
+    List(ListArgs),
+    /// Pause a schedule on every instance (they skip its ticks) until resumed
+    /// or for a while.
+    #[command(
+        after_help = "Example:\n  tenure schedule pause nightly --for 2h --reason 'database migration'\n\n\
+        Every instance reads the pause before it claims a tick and skips the tick while it holds\n\
+        (counted as `paused`). A leader stays elected. With --for the pause lifts by itself at its\n\
+        end, judged by each instance's clock. Needs a store with cells (not Redlock)."
+    )]
+    Pause(PauseArgs),
+    /// Lift a schedule's pause.
+    #[command(after_help = "Example:\n  tenure schedule resume nightly --reason 'migration done'")]
+    Resume(ResumeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Only jobs whose name starts with this.
+    #[arg(default_value = "")]
+    prefix: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PauseArgs {
+    /// The job's name (as given to `tenure cron`).
+    pub job: String,
+    /// Lift the pause by itself after this long (e.g. 30m, 2h).
+    #[arg(long = "for", value_parser = humantime::parse_duration)]
+    pub for_: Option<Duration>,
+    /// Why (kept with the pause and in the audit record).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Append the audit record (JSON, one line) to this file too.
+    #[arg(long, env = "TENURE_AUDIT_LOG")]
+    pub audit_log: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    /// The job's name.
+    pub job: String,
+    /// Why (kept in the audit record).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Append the audit record (JSON, one line) to this file too.
+    #[arg(long, env = "TENURE_AUDIT_LOG")]
+    pub audit_log: Option<std::path::PathBuf>,
+}
+
+/// Checks a command's input before the store is opened.
+pub fn validate(command: &ScheduleCommand) -> Result<(), Failure> {
+    let job = match command {
+        ScheduleCommand::List(_) => return Ok(()),
+        ScheduleCommand::Pause(a) => {
+            if a.for_.is_some_and(|d| d.is_zero()) {
+                return Err(Failure::new(exit::USAGE, "--for must be more than 0"));
+            }
+            &a.job
+        }
+        ScheduleCommand::Resume(a) => &a.job,
+    };
+    ScheduleBoard::check_job(job)?;
+    Ok(())
+}
+
+fn ms_rfc3339(ms: i64) -> Option<String> {
+    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).ok()?);
+    Some(humantime::format_rfc3339_millis(at).to_string())
+}
+
+fn paused_json(p: &tenure::Paused) -> serde_json::Value {
+    serde_json::json!({
+        "since": ms_rfc3339(p.since_ms),
+        "until": p.until_ms.and_then(ms_rfc3339),
+        "by": p.by,
+        "reason": p.reason,
+    })
+}
+
+/// The board of every job that starts with `prefix`, as JSON.
+pub async fn schedules_json(store: &Arc<dyn Store>, prefix: &str) -> tenure::Result<serde_json::Value> {
+    let now = chrono::Utc::now();
+    let mut all = Vec::new();
+    for job in ScheduleBoard::jobs(store).await? {
+        if !job.starts_with(prefix) {
+            continue;
+        }
+        let board = ScheduleBoard::new(store, &job)?;
+        let Some(info) = board.info().await? else {
+            continue;
+        };
+        let paused = board.paused().await?;
+        let next: Vec<String> = info
+            .next_ticks(now, 3)
+            .iter()
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .collect();
+        let last = info.last_run.as_ref().map(|r| {
+            serde_json::json!({
+                "tick": ms_rfc3339(r.tick_ms),
+                "ended": ms_rfc3339(r.ended_ms),
+                "seconds": r.seconds,
+                "by": r.by,
+                "session": r.session_tag,
+                "token": r.token,
+                "leader_token": r.leader_token,
+                "outcome": r.outcome,
+            })
+        });
+        all.push(serde_json::json!({
+            "job": info.job,
+            "expr": info.expr,
+            "time_zone": info.time_zone,
+            "mode": info.mode,
+            "missed": info.missed,
+            "next_ticks": next,
+            "last_run": last,
+            "paused": paused.as_ref().map(paused_json),
+        }));
+    }
+    Ok(serde_json::Value::Array(all))
+}
+
+pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, Failure> {
+    match command {
+        ScheduleCommand::List(args) => {
+            let all = schedules_json(&store, &args.prefix).await?;
+            if args.json {
+                outln!("{all}");
+                return Ok(0);
+            }
+            for s in all.as_array().into_iter().flatten() {
+                let text = |k: &str| s[k].as_str().unwrap_or_default().to_string();
+                outln!(
+                    "{}  '{}' {} {}{}",
+                    crate::escape_line(&text("job")),
+                    crate::escape_line(&text("expr")),
+                    text("time_zone"),
+                    text("mode"),
+                    if s["paused"].is_null() { "" } else { "  PAUSED" }
+                );
+                if let Some(next) = s["next_ticks"].as_array().and_then(|n| n.first()) {
+                    outln!("  next: {}", next.as_str().unwrap_or_default());
+                }
+                let last = &s["last_run"];
+                if !last.is_null() {
+                    outln!(
+                        "  last: tick {} by {} token={} {} in {:.3}s",
+                        last["tick"].as_str().unwrap_or_default(),
+                        crate::escape_line(last["by"].as_str().unwrap_or_default()),
+                        last["token"],
+                        last["outcome"].as_str().unwrap_or_default(),
+                        last["seconds"].as_f64().unwrap_or_default(),
+                    );
+                }
+                let p = &s["paused"];
+                if !p.is_null() {
+                    outln!(
+                        "  paused by {} until {}: {}",
+                        crate::escape_line(p["by"].as_str().unwrap_or_default()),
+                        p["until"].as_str().unwrap_or("resumed"),
+                        crate::escape_line(p["reason"].as_str().unwrap_or_default()),
+                    );
+                }
+            }
+            Ok(0)
+        }
+        ScheduleCommand::Pause(args) => {
+            let board = ScheduleBoard::new(&store, &args.job)?;
+            let until = match args.for_ {
+                Some(d) => Some(
+                    chrono::Utc::now()
+                        + chrono::Duration::from_std(d)
+                            .map_err(|_| Failure::new(exit::USAGE, "--for is too long"))?,
+                ),
+                None => None,
+            };
+            let by = format!(
+                "{} on {}",
+                std::env::var("USER").unwrap_or_default(),
+                tenure::default_label()
+            );
+            let before = board.paused().await?;
+            let paused = board.pause(until, &by, args.reason.trim()).await?;
+            let record = record("pause", &args.job, &args.reason, &before, Some(&paused));
+            audit(args.audit_log.as_deref(), &record).map_err(|e| {
+                Failure::new(
+                    exit::SOFTWARE,
+                    format!("paused, but the audit log could not be written: {e}"),
+                )
+            })?;
+            match paused.until_ms.and_then(ms_rfc3339) {
+                Some(until) => outln!("paused {} until {until}", args.job),
+                None => outln!("paused {} until resumed", args.job),
+            }
+            Ok(0)
+        }
+        ScheduleCommand::Resume(args) => {
+            let board = ScheduleBoard::new(&store, &args.job)?;
+            let before = board.paused().await?;
+            let was = board.resume().await?;
+            let record = record("resume", &args.job, &args.reason, &before, None);
+            audit(args.audit_log.as_deref(), &record).map_err(|e| {
+                Failure::new(
+                    exit::SOFTWARE,
+                    format!("resumed, but the audit log could not be written: {e}"),
+                )
+            })?;
+            if was {
+                outln!("resumed {}", args.job);
+            } else {
+                outln!("{} was not paused", args.job);
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// An audit record of a pause or resume (the console's and the CLI's).
+pub fn record(
+    action: &str,
+    job: &str,
+    reason: &str,
+    before: &Option<tenure::Paused>,
+    after: Option<&tenure::Paused>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        "who": std::env::var("USER").unwrap_or_default(),
+        "from": format!("tenure schedule on {}", tenure::default_label()),
+        "action": action,
+        "target": job,
+        "reason": reason,
+        "before": before.as_ref().map(paused_json),
+        "after": after.map(paused_json),
+    })
+}
