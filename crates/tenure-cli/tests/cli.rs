@@ -934,3 +934,89 @@ fn bad_input_catalogue_exits_64_with_a_message_and_no_secret() {
         assert!(!all.contains("panicked"), "{url}: {all}");
     }
 }
+
+/// `tenure schedule pause|resume|list` and `tenure release --session`: bad
+/// input exits 64; a pause is listed with who and why, and lifted; ending
+/// an unknown session exits 3; a real one stops its holder (79).
+#[test]
+fn schedule_pause_list_resume_and_end_session() {
+    let env = Env::sqlite();
+    let long = "j".repeat(240);
+    for bad in [
+        vec!["schedule", "pause", "job", "--for", "0s"],
+        vec!["schedule", "pause", long.as_str()],
+        vec!["schedule", "resume", ""],
+        vec!["release", "--session", "", "--force"],
+        vec!["release", "--session", "a\nb", "--force"],
+        vec!["release", "name", "--session", "abc", "--force"],
+    ] {
+        let out = env.run(&bad);
+        assert_eq!(out.status.code(), Some(64), "{bad:?}: {out:?}");
+    }
+    let out = env.run(&["release", "--session", "0123456789ab", "--force"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+
+    // An instance runs a few ticks, so the job is listed with its last run.
+    let mut cron = env
+        .cmd(&["cron", "* * * * * *", "listed-job", "--", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let list = || {
+        let out = env.run(&["schedule", "list", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while list()[0]["last_run"].is_null() {
+        assert!(Instant::now() < deadline, "no run was listed: {}", list());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let job = list()[0].clone();
+    assert_eq!(job["job"], "listed-job");
+    assert_eq!(job["expr"], "* * * * * *");
+    assert_eq!(job["last_run"]["outcome"], "finished");
+    assert!(job["paused"].is_null());
+
+    let audit = env.path("audit.jsonl");
+    let audit_arg = audit.display().to_string();
+    let out = env.run(&[
+        "schedule", "pause", "listed-job", "--for", "1h", "--reason", "backup", "--audit-log",
+        &audit_arg,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("paused listed-job until "));
+    let paused = &list()[0]["paused"];
+    assert_eq!(paused["reason"], "backup");
+    assert!(paused["until"].is_string(), "{paused}");
+    let text = env.run(&["schedule", "list"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("PAUSED"), "{text:?}");
+    let out = env.run(&["schedule", "resume", "listed-job", "--audit-log", &audit_arg]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "resumed listed-job");
+    let out = env.run(&["schedule", "resume", "listed-job"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "listed-job was not paused");
+    assert!(list()[0]["paused"].is_null());
+    let records = std::fs::read_to_string(&audit).unwrap();
+    assert_eq!(records.lines().count(), 2, "{records}");
+    signal(cron.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut cron, Duration::from_secs(10)).success());
+
+    // End a holder's session by its tag.
+    let mut holder = env
+        .cmd(&["lock", "by-session", "--", "sleep", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    env.wait_held("by-session");
+    let status = env.run(&["status", "by-session", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let tag = v[0]["entries"][0]["session"].as_str().unwrap().to_string();
+    let out = env.run(&["release", "--session", &tag, "--force", "--reason", "stuck"]);
+    assert!(out.status.success(), "{out:?}");
+    let exit = wait_exit(&mut holder, Duration::from_secs(30));
+    assert_eq!(exit.code(), Some(79), "{exit:?}");
+}
