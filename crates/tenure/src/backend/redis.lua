@@ -649,6 +649,32 @@ elseif op == 'evict' then
   settle(name, true)
   return {'ok', #holders}
 
+elseif op == 'evictsession' then
+  -- ARGV: tag, cursor ('0' to start). Ends the first session not ended
+  -- whose public tag is `tag`, as 'close' does, and says 1; else says 0 and
+  -- the cursor to go on from ('0': every record seen). No key maps a tag to
+  -- its session (one would cost every 'open' a write, and sessions opened
+  -- by older clients would lack it), so each call reads one HSCAN step of
+  -- P:sinfo, about SCAN_STEP records: a call stays short however many
+  -- sessions there are, and a full look costs one call per SCAN_STEP
+  -- sessions. HSCAN returns every record present for the whole look.
+  local SCAN_STEP = 256
+  local tag, cursor = ARGV[3], ARGV[4]
+  local step = redis.call('HSCAN', SINFO, cursor, 'COUNT', SCAN_STEP)
+  local found = step[2]
+  for i = 1, #found - 1, 2 do
+    local secret, info = found[i], found[i + 1]
+    -- The tag is the record's first field, compared whole (a `tag` with a
+    -- tab in it must not match a tag and the TTL after it).
+    local tab = string.find(info, '\t', 1, true)
+    if tab == #tag + 1 and string.sub(info, 1, #tag) == tag and alive(secret) then
+      for _, name in ipairs(end_session(secret)) do touch(name) end
+      settle_pending(nil)
+      return {'ok', 1}
+    end
+  end
+  return {'ok', 0, step[1]}
+
 elseif op == 'fence' then
   -- ARGV: name, token (20 digits; '' reads), '1' and a value to write.
   -- Tokens are compared as strings of equal length: exact where Lua's

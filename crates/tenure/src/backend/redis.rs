@@ -821,6 +821,29 @@ impl Store for RedisStore {
         usize::try_from(n).map_err(|_| bad_reply("count"))
     }
 
+    /// No key maps a tag to its session (that would need a layout change,
+    /// or miss older clients' sessions): the script reads the session
+    /// records one bounded HSCAN step per call (see `evictsession` in
+    /// `redis.lua`), so a full look costs one round trip per 256 or so
+    /// sessions, each call short; the session found is ended atomically in
+    /// the call that finds it.
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        let mut cursor = String::from("0");
+        loop {
+            let reply = self
+                .call("evictsession", &[tag.as_bytes(), cursor.as_bytes()])
+                .await?;
+            let short = || bad_reply("short evictsession reply");
+            if number(reply.get(1).ok_or_else(short)?)? == 1 {
+                return Ok(true);
+            }
+            cursor = text(reply.get(2).ok_or_else(short)?)?;
+            if cursor == "0" {
+                return Ok(false);
+            }
+        }
+    }
+
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
         self.fence_on_node(name, op).await
     }

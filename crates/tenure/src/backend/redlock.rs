@@ -988,6 +988,29 @@ impl Store for RedlockStore {
         Ok(answers.into_iter().map(|(_, n)| n).max().unwrap_or(0))
     }
 
+    /// Ends the session on every node that has it; see `ended_live_session`
+    /// for what the answers mean.
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        // A node looks through its session records in a few round trips
+        // (see the Redis backend's), each bounded by the node timeout; the
+        // whole look gets the connect timeout on top, as opening does.
+        let timeout = CONNECT_TIMEOUT + self.inner.node_timeout;
+        let mut tally = Tally::default();
+        let mut ended: Mask = 0;
+        for (i, result) in self
+            .each_within(self.inner.all, timeout, |node| async move {
+                node.evict_session(tag).await
+            })
+            .await
+        {
+            if tally.note(i, result) == Some(true) {
+                ended |= bit(i);
+            }
+        }
+        self.majority_or_error(&tally)?;
+        ended_live_session(self.inner.nodes.len(), self.inner.majority, ended, tally.ok)
+    }
+
     /// A token is admitted when a majority of nodes admits it, so a later
     /// admission's majority overlaps it in a node that refuses anything
     /// lower. A read, or a refusal, reports the highest token of a
@@ -1138,6 +1161,31 @@ impl RedlockStore {
     }
 }
 
+/// Whether ending a session by its tag ended a live one, from the nodes
+/// that `answered` and those of them that `ended` it. A session lives while
+/// a majority keeps it (its renewals need one), so: ended on a majority, it
+/// was live and is over; kept by fewer than a majority even counting every
+/// node that did not answer, it was not live (what a node ended was left
+/// over, as by a close that missed it); in between, the nodes that did not
+/// answer decide, and nobody can say yet.
+fn ended_live_session(n: usize, majority: usize, ended: Mask, answered: Mask) -> Result<bool> {
+    let unanswered = n.saturating_sub(count(answered));
+    if count(ended) >= majority {
+        Ok(true)
+    } else if count(ended) + unanswered < majority {
+        Ok(false)
+    } else {
+        Err(Error::unavailable(
+            BACKEND,
+            format!(
+                "the session was ended on {} of {n} nodes, a majority needs {majority}, and \
+                 {unanswered} did not answer: it may have been live (it cannot renew now)",
+                count(ended)
+            ),
+        ))
+    }
+}
+
 /// A short random pause that grows with the attempt: 1 to 4·(attempt+1) ms.
 fn jitter(attempt: u32) -> Duration {
     let mut b = [0u8; 2];
@@ -1257,6 +1305,21 @@ mod tests {
         }
         let e = parse("redlock://:hunter2@a:1,b:2").unwrap_err();
         assert!(!e.to_string().contains("hunter2"));
+    }
+
+    #[test]
+    fn a_session_ended_by_tag_counts_on_a_majority() {
+        let all: Mask = 0b111;
+        // Ended on a majority: it was live.
+        assert!(ended_live_session(3, 2, 0b011, all).unwrap());
+        assert!(ended_live_session(3, 2, 0b011, 0b011).unwrap());
+        // Nowhere, or only where a close was missed: not live.
+        assert!(!ended_live_session(3, 2, 0, all).unwrap());
+        assert!(!ended_live_session(3, 2, 0b001, all).unwrap());
+        // One node ended it and the silent one may have had it too.
+        assert!(ended_live_session(3, 2, 0b001, 0b011).is_err());
+        assert!(ended_live_session(5, 3, 0b00011, 0b01111).is_err());
+        assert!(!ended_live_session(5, 3, 0b00001, 0b01111).unwrap());
     }
 
     #[test]
