@@ -25,13 +25,14 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "mysql";
 const SCHEMA_SQL: &str = include_str!("mysql.sql");
-const SCHEMA_VERSION: &str = "5";
+const SCHEMA_VERSION: &str = "6";
 /// Schema versions this build upgrades in place (the procedures are
 /// replaced; version 4 adds the fences' and cells' table, 5 a renewal
 /// counter, and ends a session only when a watcher confirms it, never by
-/// the server's clock). The upgrade is one-way: a build of an older version
-/// then refuses the tables.
-const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4"];
+/// the server's clock; 6 adds `evict_session`, ending one session by its
+/// tag). The upgrade is one-way: a build of an older version then refuses
+/// the tables.
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5"];
 const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
@@ -384,6 +385,19 @@ impl SqlDriver for Mysql {
         self.texts(
             format!("SELECT DISTINCT name FROM {p}entries WHERE session = ?"),
             &[Arg::Text(secret)],
+        )
+        .await
+    }
+
+    async fn names_of_tag(&self, tag: &str) -> Result<Vec<String>> {
+        let p = &self.inner.prefix;
+        // Compared as bytes, as `evict_session` compares them.
+        self.texts(
+            format!(
+                "SELECT DISTINCT e.name FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
+                  WHERE CAST(s.tag AS BINARY) = CAST(? AS BINARY) AND s.expires_ms > 0"
+            ),
+            &[Arg::Text(tag)],
         )
         .await
     }

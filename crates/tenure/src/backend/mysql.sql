@@ -1,6 +1,7 @@
--- tenure's MySQL/MariaDB store, schema version 5 (1 read the clock and the
+-- tenure's MySQL/MariaDB store, schema version 6 (1 read the clock and the
 -- session before the name's lock; 2 read every entry of a queue on each
--- call; 3 had no fences or cells; 4 judged expiry by the server's clock). "@p" is the table prefix.
+-- call; 3 had no fences or cells; 4 judged expiry by the server's clock; 5
+-- could not end one session by its tag). "@p" is the table prefix.
 -- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
 -- server's clock in milliseconds (replaced when loaded, so no stored
 -- function needs SUPER under binary logging). Every operation is one CALL (one
@@ -515,6 +516,70 @@ BEGIN
     CALL @psettle(p_name, TRUE);
     COMMIT;
     SELECT 'ok', v_n;
+END
+;;
+DROP PROCEDURE IF EXISTS @pevict_session
+;;
+-- Ends the one live session whose public tag is p_tag (an administrator's
+-- "end this session"): as on close, its entries on every name go at once
+-- and each name settles (waiters behind it are granted, its version bumps);
+-- unlike close, its row stays, ended (expires_ms = 0), so that its owner's
+-- next keep-alive fails, and its bound cells read empty. Answers whether a
+-- live session had that tag.
+CREATE PROCEDURE @pevict_session(IN p_tag VARCHAR(32) CHARACTER SET utf8mb4)
+proc: BEGIN
+    DECLARE v_id CHAR(32) CHARACTER SET ascii DEFAULT NULL;
+    DECLARE v_ended INT DEFAULT 0;
+    DECLARE v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_name VARCHAR(255) CHARACTER SET utf8mb4;
+    DECLARE cur CURSOR FOR
+        SELECT DISTINCT name FROM @pentries WHERE session = v_id ORDER BY name;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    -- Compared as bytes: the column's collation may ignore case and
+    -- trailing spaces, and its character set may not be the parameter's.
+    SELECT id INTO v_id FROM @psessions
+     WHERE CAST(tag AS BINARY) = CAST(p_tag AS BINARY) AND expires_ms > 0 LIMIT 1;
+    IF v_id IS NULL THEN
+        COMMIT;
+        SELECT 'ok', FALSE;
+        LEAVE proc;
+    END IF;
+    -- The names' locks first, in name order, then the session's row: the
+    -- order close takes them in, and evict and the watchers' confirmations.
+    SET v_done = FALSE;
+    OPEN cur;
+    lock_loop: LOOP
+        FETCH cur INTO v_name;
+        IF v_done THEN LEAVE lock_loop; END IF;
+        CALL @plock_name(v_name);
+    END LOOP;
+    CLOSE cur;
+    UPDATE @psessions SET expires_ms = 0 WHERE id = v_id AND expires_ms > 0;
+    SET v_ended = ROW_COUNT();
+    IF v_ended = 0 THEN
+        -- Ended meanwhile (closed, evicted, confirmed expired): not by this call.
+        COMMIT;
+        SELECT 'ok', FALSE;
+        LEAVE proc;
+    END IF;
+    SET v_done = FALSE;
+    OPEN cur;
+    evict_loop: LOOP
+        FETCH cur INTO v_name;
+        IF v_done THEN LEAVE evict_loop; END IF;
+        -- Held already, unless a join committed in between.
+        CALL @plock_name(v_name);
+        DELETE FROM @pentries WHERE name = v_name AND session = v_id;
+        CALL @psettle(v_name, TRUE);
+    END LOOP;
+    CLOSE cur;
+    COMMIT;
+    SELECT 'ok', TRUE;
 END
 ;;
 DROP PROCEDURE IF EXISTS @popen

@@ -25,15 +25,16 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "6";
+const SCHEMA_VERSION: &str = "7";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
 /// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
 /// fast join reads the clock after the name's lock, and `settle` re-checks
 /// an expiry as it ends the session; 4 walks queues from the head; 5 adds
 /// the fences' and cells' table and functions; 6 counts renewals and ends
-/// a session only when a watcher confirms it, never by the server's clock).
-const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5"];
+/// a session only when a watcher confirms it, never by the server's clock;
+/// 7 adds `evict_session`, ending one session by its tag).
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6"];
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 /// A LISTEN connection that failed to open is tried again after this long.
@@ -116,7 +117,9 @@ struct Statements {
     refresh: Statement,
     names: Statement,
     names_of: Statement,
+    names_of_tag: Statement,
     evict: Statement,
+    evict_session: Statement,
     fence: Statement,
     cell_get: Statement,
     cell_put: Statement,
@@ -135,6 +138,7 @@ impl Statements {
             "set_value" => &self.set_value,
             "refresh" => &self.refresh,
             "evict" => &self.evict,
+            "evict_session" => &self.evict_session,
             "fence" => &self.fence,
             "cell_get" => &self.cell_get,
             "cell_put" => &self.cell_put,
@@ -489,8 +493,14 @@ impl Postgres {
             ))
             .await?,
             names_of: prep(format!("SELECT DISTINCT name FROM {s}.entries WHERE session = $1")).await?,
+            names_of_tag: prep(format!(
+                "SELECT DISTINCT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
+                  WHERE s.tag = $1 AND s.expires_ms > 0"
+            ))
+            .await?,
             // A status first, as every routine answers.
             evict: prep(format!("SELECT 'ok', {s}.evict($1)")).await?,
+            evict_session: prep(format!("SELECT 'ok', {s}.evict_session($1)")).await?,
             fence: prep(format!("SELECT * FROM {s}.fence($1, $2, $3)")).await?,
             cell_get: prep(format!("SELECT * FROM {s}.cell_get($1)")).await?,
             cell_put: prep(format!("SELECT * FROM {s}.cell_put($1, $2, $3, $4)")).await?,
@@ -604,6 +614,10 @@ impl SqlDriver for Postgres {
 
     async fn names_of(&self, secret: &str) -> Result<Vec<String>> {
         self.texts(|s| &s.names_of, secret).await
+    }
+
+    async fn names_of_tag(&self, tag: &str) -> Result<Vec<String>> {
+        self.texts(|s| &s.names_of_tag, tag).await
     }
 
     /// Listens for this schema's notifications on a connection of its own,

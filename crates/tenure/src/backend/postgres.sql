@@ -1,4 +1,4 @@
--- tenure's PostgreSQL store, schema version 6 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock). "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 7 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock; 6 could not end one session by its tag). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
 -- one transaction.
 --
@@ -465,6 +465,39 @@ BEGIN
     UPDATE @s.sessions SET expires_ms = 0 WHERE id = ANY(holders);
     PERFORM @s.settle(p_name, true);
     RETURN cardinality(holders);
+END $$;
+
+-- Ends the one live session whose public tag is p_tag (an administrator's
+-- "end this session"): as on close, its entries on every name go at once
+-- and each name settles (waiters behind it are granted and notified, its
+-- version bumps); unlike close, its row stays, ended (expires_ms = 0), so
+-- that its owner's next keep-alive fails, and its bound cells read empty.
+-- Returns whether a live session had that tag.
+CREATE OR REPLACE FUNCTION @s.evict_session(p_tag text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    sid text;
+    n text;
+    ended integer;
+BEGIN
+    SELECT id INTO sid FROM @s.sessions WHERE tag = p_tag AND expires_ms > 0 LIMIT 1;
+    IF NOT FOUND THEN RETURN false; END IF;
+    -- The names' locks first, in name order, then the session's row: the
+    -- order close takes them in, and evict and the watchers' confirmations.
+    FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = sid ORDER BY name LOOP
+        PERFORM @s.lock_name(n);
+    END LOOP;
+    UPDATE @s.sessions SET expires_ms = 0 WHERE id = sid AND expires_ms > 0;
+    GET DIAGNOSTICS ended = ROW_COUNT;
+    -- Ended meanwhile (closed, evicted, confirmed expired): not by this call.
+    IF ended = 0 THEN RETURN false; END IF;
+    FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = sid ORDER BY name LOOP
+        -- Held already, unless a join committed in between.
+        PERFORM @s.lock_name(n);
+        DELETE FROM @s.entries WHERE name = n AND session = sid;
+        PERFORM @s.settle(n, true);
+    END LOOP;
+    RETURN true;
 END $$;
 
 -- A fence: read it (p_token NULL), or admit p_token if it is at least the

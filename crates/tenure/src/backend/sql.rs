@@ -1,9 +1,9 @@
 //! The SQL core. PostgreSQL and MySQL keep the same tables and run the
 //! contract through server-side routines of the same names and answers
-//! (`join`, `leave`, `look`, `set_value`, `refresh`, `evict`, `close`); all
-//! but talking to the server is written here once, over [`SqlDriver`]:
-//! decoding answers, the queue read that settles expired entries, waiting,
-//! wake-ups, and creating or upgrading the schema.
+//! (`join`, `leave`, `look`, `set_value`, `refresh`, `evict`,
+//! `evict_session`, `close`); all but talking to the server is written here
+//! once, over [`SqlDriver`]: decoding answers, the queue read that settles
+//! expired entries, waiting, wake-ups, and creating or upgrading the schema.
 
 use std::fmt;
 use std::sync::Arc;
@@ -169,6 +169,10 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
     /// The names a session has entries in (to wake them after it ends).
     async fn names_of(&self, secret: &str) -> Result<Vec<String>>;
 
+    /// The names the live session with the public tag `tag` has entries
+    /// in (to wake them after it is evicted).
+    async fn names_of_tag(&self, tag: &str) -> Result<Vec<String>>;
+
     /// Before a wait, and before each look: make sure the server's
     /// notifications arrive, where it sends any (PostgreSQL's `LISTEN`).
     /// Returns whether they do; if not, waiters poll.
@@ -213,6 +217,14 @@ fn int_arg(what: &'static str, v: u64) -> Result<i64> {
         what,
         reason: format!("{v} is larger than SQL's 64-bit integers"),
     })
+}
+
+/// Whether `tag` could be a session's public tag here. Tags are made by
+/// [`OpenedSession::random`] (12 hex digits); one longer than MySQL's column
+/// holds (32), or with a NUL (which PostgreSQL's text refuses), is nobody's,
+/// and is answered without asking the server (which would fail on it).
+fn storable_tag(tag: &str) -> bool {
+    tag.chars().count() <= 32 && !tag.contains('\0')
 }
 
 fn seq_arg(seq: u64) -> Result<i64> {
@@ -529,6 +541,28 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         usize::try_from(n).map_err(|e| Error::backend(self.driver.backend(), e))
     }
 
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        if !storable_tag(tag) {
+            return Ok(false);
+        }
+        // As on close: the names to wake here are read first, since the
+        // routine takes the session's entries away.
+        let names = if self.driver.wakes_by_hand() {
+            self.counted().names_of_tag(tag).await?
+        } else {
+            Vec::new()
+        };
+        let row = self.driver.call("evict_session", &[Arg::Text(tag)]).await?;
+        // A status, then whether a live session had that tag.
+        let ended = row.flag(1)?;
+        if ended {
+            for name in names {
+                self.wake_next(&name);
+            }
+        }
+        Ok(ended)
+    }
+
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
         let (token, value) = match op {
             FenceOp::Read => (Arg::Null, Arg::Null),
@@ -647,6 +681,15 @@ pub(crate) async fn ensure_schema(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tags_no_store_could_hold_are_nobodys() {
+        assert!(storable_tag("0123456789ab"));
+        assert!(storable_tag("x'; DROP TABLE sessions; --"));
+        assert!(storable_tag(""));
+        assert!(!storable_tag(&"a".repeat(33)));
+        assert!(!storable_tag("ab\0cd"));
+    }
 
     #[test]
     fn rows_read_with_typed_errors() {

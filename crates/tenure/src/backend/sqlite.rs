@@ -1216,6 +1216,30 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        let tag = tag.to_string();
+        self.write(move |tx| {
+            // Live by the store's clock: one that expired is over already.
+            let session: Option<String> = tx
+                .prepare_cached(&format!(
+                    "SELECT id FROM tenure_sessions WHERE tag = ?1 AND expires_ms > {NOW} LIMIT 1"
+                ))
+                .and_then(|mut s| s.query_row([&tag], |r| r.get(0)).optional())
+                .map_err(db_err)?;
+            let Some(session) = session else {
+                return Ok((false, Vec::new()));
+            };
+            // As evict ends a holder: the row goes, its entries with it, and
+            // `write` settles (and wakes) every name they were in.
+            let names = session_names(tx, &session)?;
+            tx.prepare_cached("DELETE FROM tenure_sessions WHERE id = ?1")
+                .and_then(|mut s| s.execute([&session]))
+                .map_err(db_err)?;
+            Ok((true, names))
+        })
+        .await
+    }
+
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
         let name = name.clone();
         let (token, value) = match op {
