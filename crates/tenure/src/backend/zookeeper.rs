@@ -7,8 +7,11 @@
 //!   connection), with the TTL as its session timeout; a server that
 //!   negotiates a shorter timeout is refused, since the holder would learn of
 //!   an expiry too late. The client library pings by itself; a renewal is a
-//!   round trip that also checks that every entry of the session still
-//!   exists, so an evicted holder learns of it at its next renewal.
+//!   round trip that also checks that the session's node and every entry
+//!   of the session still exist, so an evicted holder learns of it at its
+//!   next renewal. The session's node, `PATH/s/TAG`, is an ephemeral node
+//!   its own client makes when it opens (one round trip more), and the
+//!   session as other stores can see it.
 //! - `evict` cannot end another client's session either: it deletes the
 //!   holders' entries, then the markers of the values bound to them (see
 //!   below), so those read as gone when it returns. A session of the same
@@ -18,8 +21,14 @@
 //!   own) has its markers found by listing the children of every fence and
 //!   cell node (1 round trip for `PATH/r`, then 1 multi-read per 256
 //!   names) and deleted by path; its next bound write then fails with
-//!   `SessionLost`, since a bound write checks, in its `multi`, that every
-//!   entry of its session still exists.
+//!   `SessionLost`, since a bound write checks, in its `multi`, that the
+//!   session's node and every entry of its session still exist. The
+//!   sessions' nodes go too.
+//! - `evict_session` deletes the session's node (a tag whose node is not
+//!   there is no live session: `false`), then, for another store's session,
+//!   its entries, found by listing the children of every queue (1 round
+//!   trip for `PATH/q`, then 1 multi-read per 256 names), then the rest as
+//!   `evict` does. Its owner's next renewal finds the node gone.
 //! - A name's queue is the ephemeral-sequential children of one persistent
 //!   node per name, `PATH/q/NAME`. A child's name carries the session's tag
 //!   and the entry's kind, so one listing says who is granted
@@ -1005,6 +1014,76 @@ impl ZkStore {
         format!("{}/r/{}", self.inner.base, encode_name(name.as_str()))
     }
 
+    /// The node that says the session `tag` is live: an ephemeral node of
+    /// the session's own client, which `evict_session` deletes.
+    fn session_path(&self, tag: &str) -> String {
+        format!("{}/s/{tag}", self.inner.base)
+    }
+
+    /// Makes the node of a new session with the session's own client (and
+    /// `PATH/s` on first use). A create tried again after a lost answer may
+    /// find the node there: it is this session's if it is its ephemeral.
+    async fn create_session_node(&self, client: &zk::Client, tag: &str) -> Result<()> {
+        let path = self.session_path(tag);
+        let ephemeral = zk::CreateMode::Ephemeral.with_acls(self.acls());
+        let deadline = tokio::time::Instant::now() + RETRY_FOR;
+        loop {
+            let failure = match call_raw(client.create(&path, &[], &ephemeral)).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(zk::Error::NodeExists)) => {
+                    let stat = call(client.check_stat(&path)).await?;
+                    if stat.is_some_and(|s| s.ephemeral_owner == client.session_id().0) {
+                        return Ok(());
+                    }
+                    // Another live session's tag (or a node put by hand):
+                    // this one could never be told apart from it.
+                    return Err(Error::backend(
+                        BACKEND,
+                        format!("{path} already exists: not a new session's"),
+                    ));
+                }
+                Ok(Err(zk::Error::NoNode)) => {
+                    let dir = format!("{}/s", self.inner.base);
+                    let parent = zk::CreateMode::Persistent.with_acls(self.acls());
+                    match call_raw(client.create(&dir, &[], &parent)).await? {
+                        Ok(_) | Err(zk::Error::NodeExists) => continue,
+                        Err(e) => zk_err(e),
+                    }
+                }
+                Ok(Err(e)) => zk_err(e),
+                Err(timeout) => timeout,
+            };
+            if !failure.is_temporary() || tokio::time::Instant::now() >= deadline {
+                return Err(failure);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Deletes the node of the session `tag` (with the store's client: any
+    /// client may delete another session's ephemeral node), and says
+    /// whether it was there. Once a delete's answer was lost, a retry that
+    /// finds nothing cannot tell whether the lost one deleted it: it counts
+    /// as there.
+    async fn delete_session_node(&self, tag: &str) -> Result<bool> {
+        let path = self.session_path(tag);
+        let deadline = tokio::time::Instant::now() + RETRY_FOR;
+        let mut unsure = false;
+        loop {
+            let failure = match call_raw(self.inner.admin.delete(&path, None)).await {
+                Ok(Ok(())) => return Ok(true),
+                Ok(Err(zk::Error::NoNode)) => return Ok(unsure),
+                Ok(Err(e)) => zk_err(e),
+                Err(timeout) => timeout,
+            };
+            if !failure.is_temporary() || tokio::time::Instant::now() >= deadline {
+                return Err(failure);
+            }
+            unsure = true;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.inner.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1165,6 +1244,9 @@ impl ZkStore {
                     .map(|name| format!("{}/{}", self.register_path(name), session.tag)),
             );
         }
+        // And the sessions' nodes, so that their owners' next renewals fail
+        // even if they hold nothing else.
+        paths.extend(tags.iter().map(|tag| self.session_path(tag)));
         let remote: HashSet<&str> = tags
             .iter()
             .map(String::as_str)
@@ -1191,10 +1273,27 @@ impl ZkStore {
     /// one listing of `PATH/r`, then one multi-read of children per
     /// [`SCAN_BATCH`] names.
     async fn find_markers(&self, tags: &HashSet<&str>) -> Result<Vec<String>> {
-        let admin = &self.inner.admin;
         let dir = format!("{}/r", self.inner.base);
+        self.find_children(&dir, |marker| tags.contains(marker))
+            .await
+    }
+
+    /// The entries of the session `tag` in every queue: one listing of
+    /// `PATH/q`, then one multi-read of children per [`SCAN_BATCH`] names.
+    async fn find_entries(&self, tag: &str) -> Result<Vec<String>> {
+        let dir = format!("{}/q", self.inner.base);
+        self.find_children(&dir, |child| {
+            parse_child(child).is_some_and(|(owner, _, _)| owner == tag)
+        })
+        .await
+    }
+
+    /// The paths `dir/NODE/CHILD` of the grandchildren of `dir` that `keep`
+    /// keeps.
+    async fn find_children(&self, dir: &str, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
+        let admin = &self.inner.admin;
         let nodes = retrying(|| async {
-            match call_raw(admin.list_children(&dir)).await? {
+            match call_raw(admin.list_children(dir)).await? {
                 Ok(nodes) => Ok(nodes),
                 Err(zk::Error::NoNode) => Ok(Vec::new()),
                 Err(e) => Err(zk_err(e)),
@@ -1224,10 +1323,10 @@ impl ZkStore {
                     zk::MultiReadResult::Children { children } => found.extend(
                         children
                             .into_iter()
-                            .filter(|marker| tags.contains(marker.as_str()))
-                            .map(|marker| format!("{dir}/{node}/{marker}")),
+                            .filter(|child| keep(child))
+                            .map(|child| format!("{dir}/{node}/{child}")),
                     ),
-                    // Deleted meanwhile by hand: it has no markers.
+                    // Deleted meanwhile: it has no children.
                     zk::MultiReadResult::Error {
                         err: zk::Error::NoNode,
                     } => {}
@@ -1386,6 +1485,9 @@ impl Store for ZkStore {
             });
         }
         let OpenedSession { key, tag } = OpenedSession::random()?;
+        // Until this node goes, the session is live: `evict_session` finds
+        // a session by it, and deletes it to tell its renewals.
+        self.create_session_node(&client, &tag).await?;
         let label = super::poll::printable(&spec.label);
         let session = Arc::new(ZkSession {
             client,
@@ -1424,7 +1526,9 @@ impl Store for ZkStore {
         // One round trip that proves the session alive now and finds out
         // whether an entry was removed (evicted) behind its back.
         let mut reader = session.client.new_multi_reader();
-        reader.add_get_data(&self.inner.base).map_err(zk_err)?;
+        reader
+            .add_get_data(&self.session_path(&session.tag))
+            .map_err(zk_err)?;
         for (name, mine) in &entries {
             reader
                 .add_get_data(&format!("{}/{}", self.name_path(name), mine.child))
@@ -1435,6 +1539,19 @@ impl Store for ZkStore {
                 self.forget(key);
             }
         })?;
+        match results.first() {
+            Some(zk::MultiReadResult::Data { .. }) => {}
+            // The session's node is gone: `evict_session` ended it, perhaps
+            // from another store.
+            Some(zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            }) => {
+                self.forget(key);
+                return Err(lost());
+            }
+            Some(zk::MultiReadResult::Error { err }) => return Err(zk_err(err.clone())),
+            _ => return Err(Error::backend(BACKEND, "an unexpected answer to a renewal")),
+        }
         let missing: Vec<&(Name, Mine)> = results
             .iter()
             .skip(1)
@@ -1494,9 +1611,15 @@ impl Store for ZkStore {
                 }
             }
         });
-        futures_util::future::join(
+        // And its node, so that `evict_session` no longer finds it.
+        let node = async {
+            let path = self.session_path(&session.tag);
+            let _ = call(session.client.delete(&path, None)).await;
+        };
+        futures_util::future::join3(
             futures_util::future::join_all(deletes),
             futures_util::future::join_all(markers),
+            node,
         )
         .await;
         drop(session);
@@ -1837,6 +1960,47 @@ impl Store for ZkStore {
         Ok(tags.len())
     }
 
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        // Tags are hex: anything else names no session (and must not be
+        // put into a path or a child's name).
+        if tag.is_empty() || !tag.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Ok(false);
+        }
+        // The session's node is the session as others can see it: deleting
+        // it is the eviction (one of two racing finds it), and the owner's
+        // next renewal or bound write fails for it.
+        if !self.delete_session_node(tag).await? {
+            return Ok(false);
+        }
+        let local = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|s| s.tag == tag);
+        if !local {
+            // Another store's session: its entries (held and waiting) are
+            // deleted now, so the waiters behind are woken at once rather
+            // than when its owner finds out. `end_evicted` knows a local
+            // session's entries itself.
+            let paths = self.find_entries(tag).await?;
+            let admin = &self.inner.admin;
+            let deletes = paths.iter().map(|path| {
+                retrying(move || async move {
+                    match call_raw(admin.delete(path, None)).await? {
+                        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                        Err(e) => Err(zk_err(e)),
+                    }
+                })
+            });
+            let results: Vec<Result<()>> = futures_util::future::join_all(deletes).await;
+            results.into_iter().collect::<Result<()>>()?;
+        }
+        self.end_evicted(&HashSet::from([tag.to_string()])).await?;
+        Ok(true)
+    }
+
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
         match op {
             FenceOp::Admit { token, value } => self.admit(name, token, value).await,
@@ -1907,10 +2071,17 @@ impl Store for ZkStore {
                 continue;
             }
             let mut writer = client.new_multi_writer();
-            // A bound write first checks that its session still has every
-            // entry it knows of (version -1: any): one that vanished was
-            // evicted, perhaps by another store, which could not end the
-            // session itself (see `evict`).
+            // A bound write first checks that its session's node is still
+            // there and that it still has every entry it knows of (version
+            // -1: any): one that vanished was evicted, perhaps by another
+            // store, which could not end the session itself (see `evict`).
+            if let Some((_, session)) = &session {
+                writer
+                    .add_check_version(&self.session_path(&session.tag), -1)
+                    .map_err(zk_err)?;
+            }
+            // The index of the first entry's check.
+            let checked = usize::from(session.is_some());
             let entries: Vec<(Name, String)> = match &session {
                 Some((_, session)) => session
                     .entries
@@ -1927,7 +2098,7 @@ impl Store for ZkStore {
                     .map_err(zk_err)?;
             }
             // The index of the node's own first operation.
-            let first = entries.len();
+            let first = checked + entries.len();
             let mut marked = false;
             match &node {
                 None => {
@@ -1992,11 +2163,18 @@ impl Store for ZkStore {
                     );
                     return Ok(CellWrite::Done(version));
                 }
+                // The session's node is gone: evicted.
+                Err((0, zk::Error::NoNode)) if checked == 1 => {
+                    if let Some((key, _)) = &session {
+                        self.forget(key);
+                    }
+                    return Err(lost());
+                }
                 // One of the session's entries is gone: evicted, unless the
                 // session released it meanwhile (then try again).
                 Err((i, zk::Error::NoNode)) if i < first => {
                     if let (Some((key, session)), Some((entry_name, child))) =
-                        (&session, entries.get(i))
+                        (&session, entries.get(i - checked))
                     {
                         let still = session
                             .entries

@@ -4,7 +4,9 @@
 //! - A session is a lease (TTL in whole seconds, rounded up) kept alive by
 //!   [`Store::keep_alive`] over one keep-alive stream per lease. Its secret
 //!   lives in a key of the lease, and every write compares it in the same
-//!   transaction, so only the session's owner can act for it.
+//!   transaction, so only the session's owner can act for it. Its public
+//!   tag is in `PREFIX/si/<lease>`, so ending one session by its tag is
+//!   revoking the lease of the info key that has it.
 //! - A name's queue is the keys `PREFIX/n/NAME\0q<lease>` (one per session,
 //!   attached to its lease), ordered by create revision; the create revision
 //!   is the fencing token (etcd's revision never goes back, across restarts
@@ -66,6 +68,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_TXN_OPS: usize = 128;
 /// Attempts of a compare-and-swap that lost a race with another writer.
 const CAS_ATTEMPTS: usize = 16;
+/// Session info keys read per request when looking for a tag.
+const SCAN_PAGE: i64 = 512;
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca", "layout"]);
@@ -1684,6 +1688,24 @@ impl Store for EtcdStore {
         Ok(leases.len())
     }
 
+    async fn evict_session(&self, tag: &str) -> Result<bool> {
+        let Some(lease) = self.lease_tagged(tag).await? else {
+            return Ok(false);
+        };
+        // Every key of the session (secret, info, entries, hold counts,
+        // bound cells) is on its lease, in both layouts: revoking it ends
+        // them all at once, wakes the watchers behind, and the owner's next
+        // keep-alive hears TTL 0.
+        let mut client = self.client();
+        match tokio::time::timeout(CALL_TIMEOUT, client.lease_revoke(lease)).await {
+            Ok(Ok(())) => Ok(true),
+            // Expired or ended by someone else since it was found.
+            Ok(Err(e)) if lease_not_found(&e) => Ok(false),
+            Ok(Err(e)) => Err(etcd_err(e)),
+            Err(_) => Err(Error::unavailable(BACKEND, "no answer to the revoke")),
+        }
+    }
+
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
         let (token, new) = match op {
             FenceOp::Read => {
@@ -1893,6 +1915,60 @@ impl Store for EtcdStore {
 }
 
 impl EtcdStore {
+    /// The lease of the live session tagged `tag`, if any. It is found
+    /// among this prefix's session info keys (`PREFIX/si/<lease>`, each put
+    /// on its session's lease), so a lease of another prefix, or of no
+    /// tenure session at all, is never the answer.
+    async fn lease_tagged(&self, tag: &str) -> Result<Option<i64>> {
+        // Tags are hex; a tab could never be one (it ends the tag in the
+        // info value), nor could nothing.
+        if tag.is_empty() || tag.contains('\t') {
+            return Ok(None);
+        }
+        let head = self.key("si/");
+        let end = rpc::prefix_end(&head);
+        let mut from = head.clone();
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(SCAN_PAGE);
+            let resp = retrying(|| {
+                let (mut client, from, options) = (self.client(), from.clone(), options.clone());
+                async move { call(client.get(from, Some(options))).await }
+            })
+            .await?;
+            let kvs = resp.kvs();
+            for kv in kvs {
+                let Some(hex) = kv.key().strip_prefix(head.as_slice()) else {
+                    continue;
+                };
+                // Exactly a lease id: anything longer is the key of another
+                // prefix that starts with this one's (`PREFIX/si/x/si/…`).
+                if hex.len() != 16 {
+                    continue;
+                }
+                let Ok(lease) = lease_of(hex) else { continue };
+                // A key put by hand, on no lease or another one, is no
+                // session of ours.
+                if lease == 0 || kv.lease() != lease {
+                    continue;
+                }
+                let own = kv.value().split(|b| *b == b'\t').next().unwrap_or_default();
+                if own == tag.as_bytes() {
+                    return Ok(Some(lease));
+                }
+            }
+            match kvs.last() {
+                Some(last) if kvs.len() as i64 >= SCAN_PAGE => {
+                    // Just after the last key read.
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(None),
+            }
+        }
+    }
+
     /// The queue and the revision it was read at.
     async fn queue_at(&self, name: &Name) -> Result<(Queue, i64)> {
         self.check_recipe_name(name)?;
