@@ -685,23 +685,31 @@ fn main() {
         session.close().await.unwrap();
 
         measure_server(None);
-        // Metrics on (the default, no recorder installed: what a user who
-        // never looks at metrics pays) against off (`set_enabled(false)`),
-        // interleaved.
+        // Metrics on (the default: `Recording::Auto`, and no recorder is
+        // installed, so nothing is timed or keyed: what a user who never
+        // looks at metrics pays) against off (`Recording::Off`), and against
+        // forced on into the no-op recorder (`Recording::On`: every key
+        // built and every clock read, what recording costs apart from the
+        // recorder's own work), interleaved.
+        let with = |setting: tenure::metrics::Recording, label: &'static str| {
+            let memory = &memory;
+            runner(move |n| async move {
+                tenure::metrics::set_recording(setting);
+                let mut stats = uncontended(memory, n).await;
+                tenure::metrics::set_recording(tenure::metrics::Recording::Auto);
+                stats.label = label.into();
+                stats
+            })
+        };
         let mut rows = interleaved(
             cycles,
             vec![
                 runner(|n| uncontended(&memory, n)),
-                runner(|n| {
-                    let memory = &memory;
-                    async move {
-                        tenure::metrics::set_enabled(false);
-                        let mut stats = uncontended(memory, n).await;
-                        tenure::metrics::set_enabled(true);
-                        stats.label = "memory tenure, metrics off".into();
-                        stats
-                    }
-                }),
+                with(tenure::metrics::Recording::Off, "memory tenure, metrics off"),
+                with(
+                    tenure::metrics::Recording::On,
+                    "memory tenure, metrics forced on (no-op recorder)",
+                ),
             ],
         )
         .await;

@@ -141,7 +141,8 @@ impl Store for Metered {
     }
 
     async fn evict_session(&self, tag: &str) -> Result<bool> {
-        self.timed("evict_session", self.inner.evict_session(tag)).await
+        self.timed("evict_session", self.inner.evict_session(tag))
+            .await
     }
 
     async fn fence(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {

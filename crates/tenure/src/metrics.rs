@@ -31,11 +31,18 @@
 //!
 //! # Cost, and turning it off
 //!
-//! With no recorder installed, each recording still builds its key, and
-//! timings read the clock: well under a microsecond per lock and release,
-//! nothing beside a server's round trip, but measurable on `memory://`
-//! (which takes a lock in about a microsecond). [`set_enabled`]`(false)`
-//! skips all of it, once at start-up, for the whole process.
+//! By default ([`Recording::Auto`]) tenure records only while a recorder is
+//! installed (globally, or for the thread), and with none it builds no key
+//! and reads no clock: what it costs then is one look at the recorder per
+//! operation. The `metrics` facade cannot say whether a recorder is
+//! installed, only hand out the one in use, which is `metrics`' own no-op
+//! recorder when there is none; tenure takes a recorder of zero size for
+//! that no-op. An application whose own recorder is a zero-sized type
+//! (one that forwards to statics) calls [`set_recording`]`(Recording::On)`.
+//! [`set_recording`]`(Recording::Off)` (or [`set_enabled`]`(false)`) skips
+//! everything, whatever is installed. Whether an acquisition, a hold, a
+//! leadership or a session is recorded is decided once, when it starts, so
+//! a recorder installed meanwhile never sees a gauge go below zero.
 //!
 //! # Descriptions
 //!
@@ -47,7 +54,7 @@
 // record goes unread.
 #![cfg_attr(not(feature = "metrics"), allow(dead_code))]
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 #[cfg(feature = "metrics")]
 use std::sync::Arc;
 
@@ -72,21 +79,64 @@ pub enum NameLabel {
     Prefix(usize),
 }
 
-/// Whether tenure records at all (see [`set_enabled`]).
-static ENABLED: AtomicBool = AtomicBool::new(true);
-
-/// Turns tenure's metrics on (the default) or off, for the whole process:
-/// off, nothing is recorded and nothing is timed, whatever recorder is
-/// installed. Call it once at start-up: a gauge raised before and lowered
-/// after (a lock held across the switch) stays raised.
-pub fn set_enabled(on: bool) {
-    ENABLED.store(on, Ordering::Relaxed);
+/// When tenure records, for the whole process ([`set_recording`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Recording {
+    /// While a recorder other than `metrics`' no-op is installed (the
+    /// default): nothing is timed or keyed without one.
+    #[default]
+    Auto,
+    /// Always, even into the no-op recorder (for a recorder that is a
+    /// zero-sized type, which `Auto` takes for the no-op).
+    On,
+    /// Never, whatever recorder is installed.
+    Off,
 }
 
-/// Whether tenure records metrics ([`set_enabled`]); always false without
-/// the cargo feature `metrics`.
+/// The setting: 0 `Auto`, 1 `On`, 2 `Off`.
+static RECORDING: AtomicU8 = AtomicU8::new(0);
+
+/// Sets when tenure records, for the whole process. Call it once at
+/// start-up: a gauge raised before and lowered after (a lock held across
+/// the switch) stays raised.
+pub fn set_recording(setting: Recording) {
+    let raw = match setting {
+        Recording::Auto => 0,
+        Recording::On => 1,
+        Recording::Off => 2,
+    };
+    RECORDING.store(raw, Ordering::Relaxed);
+}
+
+/// When tenure records now.
+pub fn recording() -> Recording {
+    match RECORDING.load(Ordering::Relaxed) {
+        1 => Recording::On,
+        2 => Recording::Off,
+        _ => Recording::Auto,
+    }
+}
+
+/// `set_enabled(true)` is [`Recording::On`], `false` [`Recording::Off`].
+pub fn set_enabled(on: bool) {
+    set_recording(if on { Recording::On } else { Recording::Off });
+}
+
+/// Whether tenure records metrics now, on this thread ([`Recording`]);
+/// always false without the cargo feature `metrics`.
 pub fn enabled() -> bool {
-    cfg!(feature = "metrics") && ENABLED.load(Ordering::Relaxed)
+    #[cfg(feature = "metrics")]
+    {
+        match recording() {
+            Recording::On => true,
+            Recording::Off => false,
+            // `metrics`' no-op recorder is a zero-sized type; a real one
+            // keeps its series somewhere.
+            Recording::Auto => metrics::with_recorder(|r| std::mem::size_of_val(r) != 0),
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    false
 }
 
 /// The setting: `usize::MAX` for `Full`, `0` for `Off`, `n` for `Prefix(n)`.
@@ -1135,9 +1185,26 @@ mod tests {
                 .await
                 .expect("in time");
         }
-        set_enabled(true);
+        set_recording(Recording::Auto);
         let all = snapshot(&recorder);
         assert!(all.is_empty(), "{all:?}");
+    }
+
+    /// Auto records into a recorder that keeps series, not into `metrics`'
+    /// no-op (nothing timed or keyed then); On records into either.
+    #[tokio::test]
+    async fn auto_records_only_into_a_real_recorder() {
+        let _setting = SETTING.lock().await;
+        let recorder = DebuggingRecorder::new();
+        let noop = metrics::NoopRecorder;
+        assert_eq!(recording(), Recording::Auto);
+        assert!(metrics::with_local_recorder(&recorder, enabled));
+        assert!(!metrics::with_local_recorder(&noop, enabled));
+        set_recording(Recording::On);
+        assert!(metrics::with_local_recorder(&noop, enabled));
+        set_recording(Recording::Off);
+        assert!(!metrics::with_local_recorder(&recorder, enabled));
+        set_recording(Recording::Auto);
     }
 
     #[test]
