@@ -655,9 +655,9 @@ fn validate(command: &Command) -> Result<(), Failure> {
         Command::Release(ReleaseArgs {
             session: Some(tag), ..
         }) => check_session_tag(tag).map_err(|m| Failure::new(exit::USAGE, m)),
-        Command::Release(ReleaseArgs { name: Some(name), .. }) => {
-            Name::new(name).map(|_| ()).map_err(Into::into)
-        }
+        Command::Release(ReleaseArgs {
+            name: Some(name), ..
+        }) => Name::new(name).map(|_| ()).map_err(Into::into),
         Command::Fence(args) => {
             Name::new(&args.name)?;
             positive("TOKEN", &args.token).map(|_| ())

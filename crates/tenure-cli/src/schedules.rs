@@ -97,7 +97,10 @@ fn paused_json(p: &tenure::Paused) -> serde_json::Value {
 }
 
 /// The board of every job that starts with `prefix`, as JSON.
-pub async fn schedules_json(store: &Arc<dyn Store>, prefix: &str) -> tenure::Result<serde_json::Value> {
+pub async fn schedules_json(
+    store: &Arc<dyn Store>,
+    prefix: &str,
+) -> tenure::Result<serde_json::Value> {
     let now = chrono::Utc::now();
     let mut all = Vec::new();
     for job in ScheduleBoard::jobs(store).await? {
@@ -156,7 +159,11 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                     crate::escape_line(&text("expr")),
                     text("time_zone"),
                     text("mode"),
-                    if s["paused"].is_null() { "" } else { "  PAUSED" }
+                    if s["paused"].is_null() {
+                        ""
+                    } else {
+                        "  PAUSED"
+                    }
                 );
                 if let Some(next) = s["next_ticks"].as_array().and_then(|n| n.first()) {
                     outln!("  next: {}", next.as_str().unwrap_or_default());

@@ -983,7 +983,14 @@ fn schedule_pause_list_resume_and_end_session() {
     let audit = env.path("audit.jsonl");
     let audit_arg = audit.display().to_string();
     let out = env.run(&[
-        "schedule", "pause", "listed-job", "--for", "1h", "--reason", "backup", "--audit-log",
+        "schedule",
+        "pause",
+        "listed-job",
+        "--for",
+        "1h",
+        "--reason",
+        "backup",
+        "--audit-log",
         &audit_arg,
     ]);
     assert!(out.status.success(), "{out:?}");
@@ -992,11 +999,26 @@ fn schedule_pause_list_resume_and_end_session() {
     assert_eq!(paused["reason"], "backup");
     assert!(paused["until"].is_string(), "{paused}");
     let text = env.run(&["schedule", "list"]);
-    assert!(String::from_utf8_lossy(&text.stdout).contains("PAUSED"), "{text:?}");
-    let out = env.run(&["schedule", "resume", "listed-job", "--audit-log", &audit_arg]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "resumed listed-job");
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("PAUSED"),
+        "{text:?}"
+    );
+    let out = env.run(&[
+        "schedule",
+        "resume",
+        "listed-job",
+        "--audit-log",
+        &audit_arg,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "resumed listed-job"
+    );
     let out = env.run(&["schedule", "resume", "listed-job"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "listed-job was not paused");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "listed-job was not paused"
+    );
     assert!(list()[0]["paused"].is_null());
     let records = std::fs::read_to_string(&audit).unwrap();
     assert_eq!(records.lines().count(), 2, "{records}");

@@ -824,7 +824,9 @@ fn pause_resume_and_end_session_from_the_page() {
             Duration::from_secs(10),
         );
     };
-    browser.js(&format!("{schedule} r.querySelector('button.action').click(); return true"));
+    browser.js(&format!(
+        "{schedule} r.querySelector('button.action').click(); return true"
+    ));
     assert_eq!(
         browser.js("return document.getElementById('dialog-for-label').hidden"),
         false,
@@ -848,7 +850,9 @@ fn pause_resume_and_end_session_from_the_page() {
         &shot,
     )
     .unwrap();
-    browser.js(&format!("{schedule} r.querySelector('button.action').click(); return true"));
+    browser.js(&format!(
+        "{schedule} r.querySelector('button.action').click(); return true"
+    ));
     act("ticker", "window over");
     browser.until(
         &format!("{schedule} return r.querySelector('.running') !== null"),
@@ -894,5 +898,139 @@ fn pause_resume_and_end_session_from_the_page() {
     for instance in &mut instances {
         signal(instance.id(), libc::SIGTERM);
         wait_exit(instance, Duration::from_secs(20));
+    }
+}
+
+/// The console on one backend: a `tenure lock` holder shows with its
+/// session; ending that session from the API stops the holder (79) and
+/// empties the name; schedules and metrics answer.
+fn console_on(url: String) {
+    let env = Env::with_url(url);
+    std::fs::write(env.path("token"), format!("{TOKEN}\n")).unwrap();
+    let token_file = env.path("token").display().to_string();
+    let console = Console::start(&env, &["--admin-token-file", &token_file]);
+    let name = "on-every-backend";
+    let (mut lock, command) = holder(&env, name, "15s");
+    let entries = || {
+        let a = http(&console.addr, "GET", "/api/status", &[], "");
+        assert_eq!(a.status, 200, "{}", a.body);
+        json(&a)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .map(|n| n["entries"].clone())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let tag = loop {
+        if let Some(e) = entries() {
+            assert_eq!(e[0]["state"], "holder", "{e}");
+            break e[0]["session"].as_str().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "the holder never showed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let schedules = http(&console.addr, "GET", "/api/schedules", &[], "");
+    assert_eq!(schedules.status, 200, "{}", schedules.body);
+    assert!(json(&schedules).is_array());
+    assert_eq!(http(&console.addr, "GET", "/metrics", &[], "").status, 200);
+    let bearer = format!("Bearer {TOKEN}");
+    let body = serde_json::json!({
+        "name": tag, "confirm": tag, "reason": "conformance of the console", "action": "end-session",
+    });
+    let done = http(
+        &console.addr,
+        "POST",
+        "/api/action",
+        &[
+            ("Authorization", &bearer),
+            ("X-Tenure-CSRF", "1"),
+            ("Content-Type", "application/json"),
+        ],
+        &body.to_string(),
+    );
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(json(&done)["ended"], true);
+    let status = wait_exit(&mut lock, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(79), "{status:?}");
+    assert!(dead(command));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while entries().is_some_and(|e| !e.as_array().unwrap().is_empty()) {
+        assert!(
+            Instant::now() < deadline,
+            "the ended session's entry stayed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One test per backend: the same page and API on each (memory lives in the
+/// console's own process, so it only shows an empty store).
+mod every_backend {
+    use super::*;
+    use tenure_testkit::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, ZkEnsemble};
+
+    #[test]
+    fn sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        console_on(format!("sqlite://{}", dir.path().join("t.db").display()));
+    }
+
+    #[test]
+    fn memory() {
+        let env = Env::with_url("memory://".into());
+        let console = Console::start(&env, &[]);
+        let a = http(&console.addr, "GET", "/api/status", &[], "");
+        assert_eq!((a.status, json(&a)), (200, serde_json::json!([])));
+    }
+
+    #[test]
+    fn postgres() {
+        let Some(server) = PostgresServer::start_or_skip() else {
+            return;
+        };
+        console_on(server.url());
+    }
+
+    #[test]
+    fn mysql() {
+        let Some(server) = MariaDbServer::start_or_skip() else {
+            return;
+        };
+        console_on(server.url());
+    }
+
+    #[test]
+    fn redis() {
+        let Some(server) = RedisServer::start_or_skip() else {
+            return;
+        };
+        console_on(server.url());
+    }
+
+    #[test]
+    fn redlock() {
+        let servers: Option<Vec<RedisServer>> =
+            (0..3).map(|_| RedisServer::start_or_skip()).collect();
+        let Some(servers) = servers else {
+            return;
+        };
+        console_on(RedisServer::redlock_url(&servers));
+    }
+
+    #[test]
+    fn etcd() {
+        let Some(cluster) = EtcdCluster::start_or_skip(1) else {
+            return;
+        };
+        console_on(cluster.url());
+    }
+
+    #[test]
+    fn zookeeper() {
+        let Some(ensemble) = ZkEnsemble::start_or_skip(1) else {
+            return;
+        };
+        console_on(ensemble.url());
     }
 }

@@ -61,8 +61,8 @@ pub use registry::{backend_for, backends, builtin_backends, open, Backend};
 pub use rwlock::RwLock;
 #[cfg(feature = "schedule")]
 pub use schedule::{
-    parse_cron, LastRun, Missed, Mode as ScheduleMode, PauseHandle, Paused, Schedule, ScheduleBoard,
-    ScheduleInfo, Tick,
+    parse_cron, LastRun, Missed, Mode as ScheduleMode, PauseHandle, Paused, Schedule,
+    ScheduleBoard, ScheduleInfo, Tick,
 };
 pub use semaphore::Semaphore;
 pub use session::{default_label, Session, SessionOptions, DEFAULT_TTL};

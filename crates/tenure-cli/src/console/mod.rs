@@ -819,7 +819,9 @@ async fn pause_or_resume(
 ) -> Result<Done, Refusal> {
     let board = tenure::ScheduleBoard::new(&c.store, &req.name).map_err(unavailable)?;
     let before = board.paused().await.map_err(unavailable)?;
-    let show = |p: &Option<tenure::Paused>| crate::schedules::record("", "", "", p, None)["before"].clone();
+    let show = |p: &Option<tenure::Paused>| {
+        crate::schedules::record("", "", "", p, None)["before"].clone()
+    };
     if action == "resume" {
         let was = board.resume().await.map_err(unavailable)?;
         return Ok((
@@ -830,10 +832,17 @@ async fn pause_or_resume(
     }
     let until = match req.for_seconds {
         None => None,
-        Some(0) => return Err((StatusCode::BAD_REQUEST, "for_seconds must be more than 0".into())),
+        Some(0) => {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                "for_seconds must be more than 0".into(),
+            ))
+        }
         Some(s) => {
-            let d = chrono::Duration::try_seconds(i64::try_from(s).unwrap_or(i64::MAX))
-                .ok_or((StatusCode::BAD_REQUEST, "for_seconds is too long".to_string()))?;
+            let d = chrono::Duration::try_seconds(i64::try_from(s).unwrap_or(i64::MAX)).ok_or((
+                StatusCode::BAD_REQUEST,
+                "for_seconds is too long".to_string(),
+            ))?;
             Some(chrono::Utc::now() + d)
         }
     };

@@ -376,7 +376,10 @@ pub async fn check_evicted_session_is_told(t: &Target) {
         .await
         .expect("the evicted session's wait ended")
         .unwrap();
-    assert!(waited.is_err(), "the evicted session was granted: {waited:?}");
+    assert!(
+        waited.is_err(),
+        "the evicted session was granted: {waited:?}"
+    );
     // Its entries are gone from both queues; `b` holds `first` now.
     let next = tokio::time::timeout(Duration::from_secs(10), b_waits)
         .await
@@ -394,7 +397,11 @@ pub async fn check_evicted_session_is_told(t: &Target) {
     }
     if bound.is_some() {
         let plain = Cell::new(&t.store, &cell_name).unwrap();
-        assert_eq!(plain.get().await.unwrap(), None, "the evicted session's cell");
+        assert_eq!(
+            plain.get().await.unwrap(),
+            None,
+            "the evicted session's cell"
+        );
     }
     // The other session lives on; an unknown or ended tag changes nothing.
     assert!(!b.is_lost());

@@ -106,7 +106,10 @@ pub async fn check_schedule_paused_cluster_wide(t: &Target) {
     let paused = board.pause(None, "conformance", "a test").await;
     if cells {
         let p = paused.unwrap();
-        assert_eq!((p.by.as_str(), p.reason.as_str()), ("conformance", "a test"));
+        assert_eq!(
+            (p.by.as_str(), p.reason.as_str()),
+            ("conformance", "a test")
+        );
         assert_eq!(board.paused().await.unwrap(), Some(p));
     } else {
         let e = paused.unwrap_err();
@@ -131,7 +134,10 @@ pub async fn check_schedule_paused_cluster_wide(t: &Target) {
     tokio::time::sleep(Duration::from_millis(2300)).await;
     let while_paused = runs.lock().unwrap().clone();
     if cells {
-        assert!(while_paused.is_empty(), "ran while paused: {while_paused:?}");
+        assert!(
+            while_paused.is_empty(),
+            "ran while paused: {while_paused:?}"
+        );
         assert!(board.resume().await.unwrap(), "the pause was not in force");
         assert!(!board.resume().await.unwrap(), "resumed twice");
     }
@@ -151,10 +157,7 @@ pub async fn check_schedule_paused_cluster_wide(t: &Target) {
         return;
     }
     // The board lists the job and shows its last run.
-    assert!(ScheduleBoard::jobs(&t.store)
-        .await
-        .unwrap()
-        .contains(&name));
+    assert!(ScheduleBoard::jobs(&t.store).await.unwrap().contains(&name));
     let info = board.info().await.unwrap().expect("the job is described");
     assert_eq!(
         (info.job.as_str(), info.expr.as_str(), info.mode.as_str()),
@@ -163,19 +166,36 @@ pub async fn check_schedule_paused_cluster_wide(t: &Target) {
     assert_eq!(info.time_zone, "UTC");
     let last = info.last_run.clone().expect("the last run is recorded");
     let latest = all.iter().map(|r| r.0).max().unwrap();
-    assert_eq!(last.tick_ms, latest.timestamp_millis(), "{last:?} vs {all:?}");
+    assert_eq!(
+        last.tick_ms,
+        latest.timestamp_millis(),
+        "{last:?} vs {all:?}"
+    );
     assert!(last.token > 0 && last.outcome == "finished", "{last:?}");
-    assert!(!last.by.is_empty() && !last.session_tag.is_empty(), "{last:?}");
+    assert!(
+        !last.by.is_empty() && !last.session_tag.is_empty(),
+        "{last:?}"
+    );
     assert_eq!(info.next_ticks(chrono::Utc::now(), 3).len(), 3);
 
     // A pause with an end lifts by itself; one that ends in the past is refused.
     let until = chrono::Utc::now() + chrono::Duration::milliseconds(800);
-    board.pause(Some(until), "conformance", "short").await.unwrap();
+    board
+        .pause(Some(until), "conformance", "short")
+        .await
+        .unwrap();
     assert!(board.paused().await.unwrap().is_some());
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert_eq!(board.paused().await.unwrap(), None, "the pause did not lift");
+    assert_eq!(
+        board.paused().await.unwrap(),
+        None,
+        "the pause did not lift"
+    );
     let past = chrono::Utc::now() - chrono::Duration::seconds(1);
-    let e = board.pause(Some(past), "conformance", "past").await.unwrap_err();
+    let e = board
+        .pause(Some(past), "conformance", "past")
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
     board.resume().await.unwrap();
 }

@@ -95,7 +95,8 @@ pub struct Paused {
 impl Paused {
     /// Whether the pause still holds at `now`.
     pub fn holds_at(&self, now: DateTime<Utc>) -> bool {
-        self.until_ms.is_none_or(|until| now.timestamp_millis() < until)
+        self.until_ms
+            .is_none_or(|until| now.timestamp_millis() < until)
     }
 
     /// When it resumes by itself, if it does.

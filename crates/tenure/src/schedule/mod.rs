@@ -546,11 +546,7 @@ impl Schedule {
         };
         let took = started.elapsed();
         let ended = Utc::now();
-        cron_ran(
-            tag,
-            took,
-            (outcome == "finished").then(|| unix_secs(ended)),
-        );
+        cron_ran(tag, took, (outcome == "finished").then(|| unix_secs(ended)));
         let run = LastRun {
             tick_ms: at.timestamp_millis(),
             ended_ms: ended.timestamp_millis(),
