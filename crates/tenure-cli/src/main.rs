@@ -1299,8 +1299,11 @@ async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<
     if let Some(tag) = &args.session {
         check_session_tag(tag).map_err(|m| Failure::new(exit::USAGE, m))?;
         let before = session_entries(store.as_ref(), tag).await;
-        let ended = store.evict_session(tag).await?;
+        let ended = store.evict_session(tag).await;
         let after = session_entries(store.as_ref(), tag).await;
+        // A failure may have ended the session all the same (on some nodes
+        // of a Redlock, say): it is audited too.
+        let error = ended.as_ref().err().map(ToString::to_string);
         let record = serde_json::json!({
             "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             "who": std::env::var("USER").unwrap_or_default(),
@@ -1308,7 +1311,8 @@ async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<
             "action": "end-session",
             "target": tag,
             "reason": args.reason,
-            "ended": ended,
+            "ended": ended.as_ref().ok(),
+            "error": error,
             "before": before,
             "after": after,
         });
@@ -1318,7 +1322,7 @@ async fn release(store: std::sync::Arc<dyn Store>, args: ReleaseArgs) -> Result<
                 format!("done, but the audit log could not be written: {e}"),
             )
         })?;
-        if ended {
+        if ended? {
             outln!("ended session {tag}");
             return Ok(0);
         }

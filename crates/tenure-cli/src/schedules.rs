@@ -82,9 +82,11 @@ pub fn validate(command: &ScheduleCommand) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Unix milliseconds as RFC 3339 (`None` for a time chrono cannot hold,
+/// which only a cell tenure did not write could have).
 fn ms_rfc3339(ms: i64) -> Option<String> {
-    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).ok()?);
-    Some(humantime::format_rfc3339_millis(at).to_string())
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
 }
 
 fn paused_json(p: &tenure::Paused) -> serde_json::Value {
@@ -107,11 +109,30 @@ pub async fn schedules_json(
         if !job.starts_with(prefix) {
             continue;
         }
-        let board = ScheduleBoard::new(store, &job)?;
-        let Some(info) = board.info().await? else {
+        // A job whose board cells do not hold what tenure wrote is listed
+        // with the reason, not allowed to hide the others.
+        let unreadable =
+            |e: tenure::Error| serde_json::json!({ "job": job, "error": e.to_string() });
+        let Ok(board) = ScheduleBoard::new(store, &job) else {
             continue;
         };
-        let paused = board.paused().await?;
+        let info = match board.info().await {
+            Ok(Some(info)) => info,
+            Ok(None) => continue,
+            Err(e @ tenure::Error::InvalidArgument { .. }) => {
+                all.push(unreadable(e));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let paused = match board.paused().await {
+            Ok(paused) => paused,
+            Err(e @ tenure::Error::InvalidArgument { .. }) => {
+                all.push(unreadable(e));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let next: Vec<String> = info
             .next_ticks(now, 3)
             .iter()
@@ -152,11 +173,15 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                 return Ok(0);
             }
             for s in all.as_array().into_iter().flatten() {
-                let text = |k: &str| s[k].as_str().unwrap_or_default().to_string();
+                let text = |k: &str| crate::escape_line(s[k].as_str().unwrap_or_default());
+                if let Some(e) = s["error"].as_str() {
+                    outln!("{}  unreadable: {}", text("job"), crate::escape_line(e));
+                    continue;
+                }
                 outln!(
                     "{}  '{}' {} {}{}",
-                    crate::escape_line(&text("job")),
-                    crate::escape_line(&text("expr")),
+                    text("job"),
+                    text("expr"),
                     text("time_zone"),
                     text("mode"),
                     if s["paused"].is_null() {
@@ -175,7 +200,7 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                         last["tick"].as_str().unwrap_or_default(),
                         crate::escape_line(last["by"].as_str().unwrap_or_default()),
                         last["token"],
-                        last["outcome"].as_str().unwrap_or_default(),
+                        crate::escape_line(last["outcome"].as_str().unwrap_or_default()),
                         last["seconds"].as_f64().unwrap_or_default(),
                     );
                 }
@@ -195,9 +220,10 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
             let board = ScheduleBoard::new(&store, &args.job)?;
             let until = match args.for_ {
                 Some(d) => Some(
-                    chrono::Utc::now()
-                        + chrono::Duration::from_std(d)
-                            .map_err(|_| Failure::new(exit::USAGE, "--for is too long"))?,
+                    chrono::Duration::from_std(d)
+                        .ok()
+                        .and_then(|d| chrono::Utc::now().checked_add_signed(d))
+                        .ok_or_else(|| Failure::new(exit::USAGE, "--for is too long"))?,
                 ),
                 None => None,
             };
@@ -206,7 +232,8 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                 std::env::var("USER").unwrap_or_default(),
                 tenure::default_label()
             );
-            let before = board.paused().await?;
+            // Best effort: an unreadable pause is replaced all the same.
+            let before = board.paused().await.ok().flatten();
             let paused = board.pause(until, &by, args.reason.trim()).await?;
             let record = record("pause", &args.job, &args.reason, &before, Some(&paused));
             audit(args.audit_log.as_deref(), &record).map_err(|e| {
@@ -223,7 +250,7 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
         }
         ScheduleCommand::Resume(args) => {
             let board = ScheduleBoard::new(&store, &args.job)?;
-            let before = board.paused().await?;
+            let before = board.paused().await.ok().flatten();
             let was = board.resume().await?;
             let record = record("resume", &args.job, &args.reason, &before, None);
             audit(args.audit_log.as_deref(), &record).map_err(|e| {

@@ -944,6 +944,8 @@ fn schedule_pause_list_resume_and_end_session() {
     let long = "j".repeat(240);
     for bad in [
         vec!["schedule", "pause", "job", "--for", "0s"],
+        vec!["schedule", "pause", "job", "--for", "9000years"],
+        vec!["schedule", "pause", "job", "--for", "20000000000years"],
         vec!["schedule", "pause", long.as_str()],
         vec!["schedule", "resume", ""],
         vec!["release", "--session", "", "--force"],
@@ -1022,6 +1024,41 @@ fn schedule_pause_list_resume_and_end_session() {
     assert!(list()[0]["paused"].is_null());
     let records = std::fs::read_to_string(&audit).unwrap();
     assert_eq!(records.lines().count(), 2, "{records}");
+    // A pause cell that tenure did not write: listed as unreadable, and
+    // pause and resume overwrite it.
+    let out = env.run(&[
+        "cell",
+        "put",
+        "tenure.pause:listed-job",
+        "garbage",
+        "--if-absent",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let listed = list();
+    assert!(
+        listed[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("tenure.pause:listed-job"),
+        "{listed}"
+    );
+    let out = env.run(&["schedule", "list"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("unreadable"),
+        "{out:?}"
+    );
+    let out = env.run(&[
+        "schedule",
+        "pause",
+        "listed-job",
+        "--reason",
+        "over garbage",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(list()[0]["paused"]["reason"], "over garbage");
+    let out = env.run(&["schedule", "resume", "listed-job"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(list()[0]["paused"].is_null());
     signal(cron.id(), libc::SIGTERM);
     assert!(wait_exit(&mut cron, Duration::from_secs(10)).success());
 

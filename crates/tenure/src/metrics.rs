@@ -255,7 +255,7 @@ metric_names! {
     LEADER_TRANSITIONS = "tenure_leader_transitions_total", Counter, "", ["name", "to"],
         "Leadership changes of this process: to=leader when a term begins, to=follower when it ends.";
     CRON_TICKS = "tenure_cron_ticks_total", Counter, "", ["name", "outcome"],
-        "Schedule ticks as this instance saw them: ran, claimed_elsewhere, not_leader, missed, paused.";
+        "Schedule ticks as this instance saw them: ran, claimed_elsewhere, not_leader, missed, paused, error.";
     CRON_RUN = "tenure_cron_run_seconds", Histogram, "seconds", ["name"],
         "How long the runs of a schedule's job took.";
     CRON_LAST_SUCCESS = "tenure_cron_last_success_timestamp_seconds", Gauge, "seconds", ["name"],
@@ -657,6 +657,9 @@ pub(crate) enum TickOutcome {
     NotLeader,
     Missed,
     Paused,
+    /// The tick was claimed but whether it may run could not be read (the
+    /// schedule's pause): skipped.
+    Error,
 }
 
 /// `count` ticks of the schedule `name` ended as `outcome`.
@@ -675,6 +678,7 @@ pub(crate) fn cron_ticks(name: &NameTag, outcome: TickOutcome, count: usize) {
             TickOutcome::NotLeader => "not_leader",
             TickOutcome::Missed => "missed",
             TickOutcome::Paused => "paused",
+            TickOutcome::Error => "error",
         };
         counter(
             CRON_TICKS,

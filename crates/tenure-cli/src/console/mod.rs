@@ -237,7 +237,9 @@ async fn read_loop(
     loop {
         let read = tokio::time::timeout(Duration::from_secs(10), async {
             let names = crate::status_json(store.as_ref(), &prefix).await?;
-            let schedules = crate::schedules::schedules_json(&store, &prefix).await?;
+            // The schedules' board apart: if it cannot be read, the names
+            // still are.
+            let schedules = crate::schedules::schedules_json(&store, &prefix).await;
             Ok::<_, tenure::Error>((names, schedules))
         })
         .await;
@@ -248,7 +250,14 @@ async fn read_loop(
         };
         match read {
             Ok(Ok((mut names, schedules))) => {
-                snapshot.schedules = schedules;
+                match schedules {
+                    Ok(schedules) => snapshot.schedules = schedules,
+                    Err(e) => {
+                        failed += 1;
+                        snapshot.error = Some(format!("schedules: {e}"));
+                        snapshot.schedules = publish.borrow().schedules.clone();
+                    }
+                }
                 let now = Instant::now();
                 let mut seen = std::collections::HashSet::new();
                 for n in names.as_array_mut().into_iter().flatten() {
@@ -742,7 +751,37 @@ async fn act(
     };
     let (result, before, after) = match done {
         Ok(done) => done,
-        Err((code, why)) => return refuse(code, &why),
+        Err(Refusal {
+            code,
+            why,
+            tried: None,
+        }) => return refuse(code, &why),
+        // It may have taken effect in part: audited, with the error.
+        Err(Refusal {
+            code,
+            why,
+            tried: Some((before, after)),
+        }) => {
+            let record = serde_json::json!({
+                "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+                "who": "console admin token",
+                "from": peer.to_string(),
+                "action": action,
+                "target": req.name,
+                "reason": reason,
+                "store": c.store_url,
+                "error": why,
+                "before": before,
+                "after": after,
+            });
+            if let Err(e) = crate::audit(c.audit_log.as_deref(), &record) {
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("{why}; and the audit log could not be written: {e}"),
+                );
+            }
+            return refuse(code, &why);
+        }
     };
     let mut record = serde_json::json!({
         "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
@@ -773,7 +812,35 @@ async fn act(
 
 /// What an action did, and the target's state before and after it.
 type Done = (serde_json::Value, serde_json::Value, serde_json::Value);
-type Refusal = (StatusCode, String);
+
+/// Why an action was not done; with `tried`, it may have taken effect in
+/// part, and the audit keeps (before, after).
+struct Refusal {
+    code: StatusCode,
+    why: String,
+    tried: Option<(serde_json::Value, serde_json::Value)>,
+}
+
+impl From<(StatusCode, String)> for Refusal {
+    fn from((code, why): (StatusCode, String)) -> Self {
+        Refusal {
+            code,
+            why,
+            tried: None,
+        }
+    }
+}
+
+fn refusal_after_trying(
+    e: tenure::Error,
+    before: serde_json::Value,
+    after: serde_json::Value,
+) -> Refusal {
+    Refusal {
+        tried: Some((before, after)),
+        ..unavailable(e)
+    }
+}
 
 fn unavailable(e: tenure::Error) -> Refusal {
     let code = match e {
@@ -782,7 +849,7 @@ fn unavailable(e: tenure::Error) -> Refusal {
         | tenure::Error::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
-    (code, e.to_string())
+    (code, e.to_string()).into()
 }
 
 async fn release(c: &Console, name: &str) -> Result<Done, Refusal> {
@@ -798,14 +865,23 @@ async fn release(c: &Console, name: &str) -> Result<Done, Refusal> {
 }
 
 async fn end_session(c: &Console, tag: &str) -> Result<Done, Refusal> {
-    crate::check_session_tag(tag).map_err(|m| (StatusCode::BAD_REQUEST, m))?;
+    crate::check_session_tag(tag).map_err(|m| Refusal::from((StatusCode::BAD_REQUEST, m)))?;
     let before = crate::session_entries(c.store.as_ref(), tag).await;
-    let ended = c.store.evict_session(tag).await.map_err(unavailable)?;
+    let ended = match c.store.evict_session(tag).await {
+        Ok(ended) => ended,
+        // It may have ended the session all the same (on some nodes of a
+        // Redlock, say): what was tried is audited.
+        Err(e) => {
+            let after = crate::session_entries(c.store.as_ref(), tag).await;
+            return Err(refusal_after_trying(e, before, after));
+        }
+    };
     if !ended {
         return Err((
             StatusCode::NOT_FOUND,
             format!("no live session has the tag {tag}"),
-        ));
+        )
+            .into());
     }
     let after = crate::session_entries(c.store.as_ref(), tag).await;
     Ok((serde_json::json!({ "ended": ended }), before, after))
@@ -818,7 +894,8 @@ async fn pause_or_resume(
     peer: SocketAddr,
 ) -> Result<Done, Refusal> {
     let board = tenure::ScheduleBoard::new(&c.store, &req.name).map_err(unavailable)?;
-    let before = board.paused().await.map_err(unavailable)?;
+    // Best effort: an unreadable pause is replaced or lifted all the same.
+    let before = board.paused().await.ok().flatten();
     let show = |p: &Option<tenure::Paused>| {
         crate::schedules::record("", "", "", p, None)["before"].clone()
     };
@@ -836,14 +913,19 @@ async fn pause_or_resume(
             return Err((
                 StatusCode::BAD_REQUEST,
                 "for_seconds must be more than 0".into(),
-            ))
+            )
+                .into())
         }
         Some(s) => {
-            let d = chrono::Duration::try_seconds(i64::try_from(s).unwrap_or(i64::MAX)).ok_or((
-                StatusCode::BAD_REQUEST,
-                "for_seconds is too long".to_string(),
-            ))?;
-            Some(chrono::Utc::now() + d)
+            let too_long =
+                || Refusal::from((StatusCode::BAD_REQUEST, "for_seconds is too long".into()));
+            let d = chrono::Duration::try_seconds(i64::try_from(s).unwrap_or(i64::MAX))
+                .ok_or_else(too_long)?;
+            Some(
+                chrono::Utc::now()
+                    .checked_add_signed(d)
+                    .ok_or_else(too_long)?,
+            )
         }
     };
     let by = format!("console admin token from {peer}");

@@ -149,6 +149,9 @@ pub async fn check_schedule_paused_cluster_wide(t: &Target) {
             .unwrap();
     }
     let all = runs.lock().unwrap().clone();
+    // Where a first claim is not exact (Redlock), a tick may be skipped;
+    // some still run.
+    assert!(!all.is_empty(), "no tick ran after resuming");
     if t.store.capabilities().exact_first {
         assert!(all.len() >= 2, "too few ticks ran after resuming: {all:?}");
     }

@@ -532,6 +532,8 @@ proc: BEGIN
     DECLARE v_ended INT DEFAULT 0;
     DECLARE v_done BOOLEAN DEFAULT FALSE;
     DECLARE v_name VARCHAR(255) CHARACTER SET utf8mb4;
+    -- The names locked before the session's row, as a JSON array.
+    DECLARE v_locked LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
     DECLARE cur CURSOR FOR
         SELECT DISTINCT name FROM @pentries WHERE session = v_id ORDER BY name;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
@@ -557,6 +559,7 @@ proc: BEGIN
         FETCH cur INTO v_name;
         IF v_done THEN LEAVE lock_loop; END IF;
         CALL @plock_name(v_name);
+        SET v_locked = JSON_ARRAY_APPEND(v_locked, '$', v_name);
     END LOOP;
     CLOSE cur;
     UPDATE @psessions SET expires_ms = 0 WHERE id = v_id AND expires_ms > 0;
@@ -572,10 +575,14 @@ proc: BEGIN
     evict_loop: LOOP
         FETCH cur INTO v_name;
         IF v_done THEN LEAVE evict_loop; END IF;
-        -- Held already, unless a join committed in between.
-        CALL @plock_name(v_name);
-        DELETE FROM @pentries WHERE name = v_name AND session = v_id;
-        CALL @psettle(v_name, TRUE);
+        -- Only the names locked above: taking another name's lock while
+        -- holding the session's row could deadlock with a watcher's
+        -- confirmation. An entry joined meanwhile belongs to an ended
+        -- session now, which settle and refresh drop.
+        IF JSON_CONTAINS(v_locked, JSON_QUOTE(v_name)) THEN
+            DELETE FROM @pentries WHERE name = v_name AND session = v_id;
+            CALL @psettle(v_name, TRUE);
+        END IF;
     END LOOP;
     CLOSE cur;
     COMMIT;

@@ -478,22 +478,27 @@ LANGUAGE plpgsql AS $$
 DECLARE
     sid text;
     n text;
+    locked text[];
     ended integer;
 BEGIN
     SELECT id INTO sid FROM @s.sessions WHERE tag = p_tag AND expires_ms > 0 LIMIT 1;
     IF NOT FOUND THEN RETURN false; END IF;
     -- The names' locks first, in name order, then the session's row: the
     -- order close takes them in, and evict and the watchers' confirmations.
-    FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = sid ORDER BY name LOOP
+    SELECT coalesce(array_agg(d.name ORDER BY d.name), '{}') INTO locked
+      FROM (SELECT DISTINCT name FROM @s.entries WHERE session = sid) d;
+    FOREACH n IN ARRAY locked LOOP
         PERFORM @s.lock_name(n);
     END LOOP;
     UPDATE @s.sessions SET expires_ms = 0 WHERE id = sid AND expires_ms > 0;
     GET DIAGNOSTICS ended = ROW_COUNT;
     -- Ended meanwhile (closed, evicted, confirmed expired): not by this call.
     IF ended = 0 THEN RETURN false; END IF;
-    FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = sid ORDER BY name LOOP
-        -- Held already, unless a join committed in between.
-        PERFORM @s.lock_name(n);
+    -- Only the names locked above: taking another name's lock while
+    -- holding the session's row could deadlock with a watcher's
+    -- confirmation. An entry joined meanwhile belongs to an ended session
+    -- now, which settle and refresh drop.
+    FOREACH n IN ARRAY locked LOOP
         DELETE FROM @s.entries WHERE name = n AND session = sid;
         PERFORM @s.settle(n, true);
     END LOOP;

@@ -39,7 +39,9 @@
 //! - A waiter watches only the child whose deletion can grant it (the one
 //!   just ahead for a mutex, the last writer ahead for a reader; a
 //!   semaphore waiter watches the list of children), and reports an expired
-//!   session instead of waiting on.
+//!   session instead of waiting on. A mutex or reader waiter lists the
+//!   queue once; as the entries ahead of it leave it checks only them
+//!   (nothing joins ahead), so a handoff costs one `exists`, not a listing.
 //! - Disconnected is not lost: the library reconnects within the session.
 //!   But a renewal that cannot be confirmed leaves the local deadline where
 //!   it was, so `lost()` fires once the session may have expired; a session
@@ -585,13 +587,6 @@ impl Listing {
     fn position(&self, child: &str) -> Option<usize> {
         self.children.iter().position(|c| c.0 == child)
     }
-
-    /// The child whose deletion may grant the one at `i` (None: watch the
-    /// whole list, for a semaphore).
-    fn blocker(&self, i: usize) -> Option<&str> {
-        let kinds: Vec<EntryKind> = self.children.iter().map(|c| c.2).collect();
-        super::poll::blocker(&kinds, i).map(|j| self.children[j].0.as_str())
-    }
 }
 
 /// What a `zk://` URL asks for.
@@ -925,6 +920,41 @@ impl ZkStore {
                 Ok(children) => Ok(listing(children)),
                 Err(zk::Error::NoNode) => Ok(listing(Vec::new())),
                 Err(e) => Err(zk_err(e)),
+            }
+        })
+        .await
+    }
+
+    /// Lists `name`'s queue and, in the same multi-read (one round trip),
+    /// checks that the session's node is still there: a session ended by
+    /// another store (`evict_session`) must not be granted a new entry
+    /// before its owner's next renewal tells it. Either the ending store's
+    /// search for the session's entries (after it deleted the node) finds a
+    /// child made before this read, or this read finds the node gone.
+    async fn list_checking_session(&self, session: &ZkSession, name: &Name) -> Result<Listing> {
+        let dir = self.name_path(name);
+        let node = self.session_path(&session.tag);
+        retrying(|| async {
+            let mut reader = session.client.new_multi_reader();
+            reader.add_get_children(&dir).map_err(zk_err)?;
+            reader.add_get_data(&node).map_err(zk_err)?;
+            let results = call(reader.commit()).await?;
+            let mut results = results.into_iter();
+            let children = match results.next() {
+                Some(zk::MultiReadResult::Children { children }) => children,
+                Some(zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                }) => Vec::new(),
+                Some(zk::MultiReadResult::Error { err }) => return Err(zk_err(err)),
+                _ => return Err(Error::backend(BACKEND, "unexpected multi-read answer")),
+            };
+            match results.next() {
+                Some(zk::MultiReadResult::Data { .. }) => Ok(listing(children)),
+                Some(zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                }) => Err(lost()),
+                Some(zk::MultiReadResult::Error { err }) => Err(zk_err(err)),
+                _ => Err(Error::backend(BACKEND, "unexpected multi-read answer")),
             }
         })
         .await
@@ -1697,7 +1727,10 @@ impl Store for ZkStore {
             .await
         };
         let seq = u64::try_from(stat.czxid).map_err(|e| Error::backend(BACKEND, e));
-        let list = match (seq.as_ref(), self.list(&session.client, name).await) {
+        let list = match (
+            seq.as_ref(),
+            self.list_checking_session(&session, name).await,
+        ) {
             (Ok(_), Ok(list)) if list.position(&child).is_some() => list,
             (_, Err(e)) => {
                 remove().await?;
@@ -1779,51 +1812,91 @@ impl Store for ZkStore {
 
     async fn await_grant(&self, key: &SessionKey, name: &Name, seq: u64) -> Result<()> {
         let session = self.session(key)?;
-        let child = {
+        let (child, kind) = {
             let entries = session.entries.lock().await;
             match entries.get(name) {
-                Some(m) if m.seq == seq => m.child.clone(),
+                Some(m) if m.seq == seq => (m.child.clone(), m.kind),
                 _ => return Err(Error::NotHeld("this session holds no such entry")),
             }
         };
         let dir = self.name_path(name);
+        // A mutex or reader waiter is blocked only by entries ahead of it
+        // (all of them for a mutex, the writers for a reader), and no entry
+        // ever joins ahead (sequence numbers grow). So it lists the queue
+        // once, then only checks those entries, nearest first, as they
+        // leave: a handoff costs one `exists`, not a listing of every
+        // waiter. A semaphore waiter depends on the permits of all ahead and
+        // lists again each time.
+        let mut blockers: Option<Vec<String>> = None;
         loop {
             // Closed or ended by the store (no renewals) while waiting.
             self.session(key)?;
-            let list = self.list(&session.client, name).await?;
-            let Some(i) = list.position(&child) else {
-                return Err(Error::NotHeld("the entry is no longer in the queue"));
-            };
-            if list.granted[i] {
-                return Ok(());
-            }
-            let watched = match list.blocker(i) {
-                Some(blocker) => call(
-                    session
-                        .client
-                        .check_and_watch_stat(&format!("{dir}/{blocker}")),
-                )
-                .await
-                .map(|(stat, watcher)| stat.map(|_| watcher)),
-                // Set against the children as they are now: if they
-                // changed since the listing, look again instead of waiting.
-                None => call(session.client.list_and_watch_children(&dir))
+            let watched = match blockers.as_mut() {
+                Some(ahead) => {
+                    let Some(nearest) = ahead.last() else {
+                        // Nothing ahead is left: granted, if the entry is
+                        // still there (not evicted meanwhile).
+                        let path = format!("{dir}/{child}");
+                        return match call(session.client.check_stat(&path)).await? {
+                            Some(_) => Ok(()),
+                            None => Err(Error::NotHeld("the entry is no longer in the queue")),
+                        };
+                    };
+                    match call(
+                        session
+                            .client
+                            .check_and_watch_stat(&format!("{dir}/{nearest}")),
+                    )
                     .await
-                    .map(|(children, watcher)| {
-                        let now = listing(children);
-                        let same = now.children.len() == list.children.len()
-                            && now
-                                .children
+                    {
+                        Ok((None, _)) => {
+                            ahead.pop();
+                            continue;
+                        }
+                        Ok((Some(_), watcher)) => Ok(Some(watcher)),
+                        Err(e) => Err(e),
+                    }
+                }
+                None => {
+                    let list = self.list(&session.client, name).await?;
+                    let Some(i) = list.position(&child) else {
+                        return Err(Error::NotHeld("the entry is no longer in the queue"));
+                    };
+                    if list.granted[i] {
+                        return Ok(());
+                    }
+                    if !matches!(kind, EntryKind::Permits { .. }) {
+                        blockers = Some(
+                            list.children[..i]
                                 .iter()
-                                .zip(&list.children)
-                                .all(|(a, b)| a.0 == b.0);
-                        same.then_some(watcher)
-                    }),
+                                .filter(|c| {
+                                    kind == EntryKind::Exclusive || c.2 != EntryKind::Shared
+                                })
+                                .map(|c| c.0.clone())
+                                .collect(),
+                        );
+                        continue;
+                    }
+                    // Set against the children as they are now: if they
+                    // changed since the listing, look again instead of
+                    // waiting.
+                    call(session.client.list_and_watch_children(&dir))
+                        .await
+                        .map(|(children, watcher)| {
+                            let now = listing(children);
+                            let same = now.children.len() == list.children.len()
+                                && now
+                                    .children
+                                    .iter()
+                                    .zip(&list.children)
+                                    .all(|(a, b)| a.0 == b.0);
+                            same.then_some(watcher)
+                        })
+                }
             };
             let event = match watched {
                 Ok(Some(watcher)) => watcher.changed().await,
-                // The blocker went (or the list changed) between the
-                // listing and the watch.
+                // The list changed between the listing and the watch.
                 Ok(None) => continue,
                 // The session's own deadline ends a wait that cannot reach
                 // the ensemble.

@@ -22,6 +22,8 @@ const REGISTRY: &str = "tenure.schedules";
 /// How often a read-modify-write of a board cell is tried before giving up
 /// (each miss means another instance wrote in between, so progress is made).
 const CAS_TRIES: usize = 8;
+/// The longest pause with an end: ten years (longer is "until resumed").
+const MAX_PAUSE: chrono::TimeDelta = chrono::TimeDelta::days(3653);
 
 /// A schedule as its instances last described it in the store.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -169,35 +171,56 @@ impl ScheduleBoard {
         self.job.as_str()
     }
 
+    /// Whether the store keeps cells: without, the board reads nothing and
+    /// asks the store nothing (no failed call to count every tick).
+    fn has_cells(store: &Arc<dyn Store>) -> bool {
+        store.capabilities().cells
+    }
+
     /// The jobs whose instances ever published here, sorted; empty on a
-    /// store without cells.
+    /// store without cells. A registry that does not hold what tenure
+    /// wrote counts as empty (the next instance to start rewrites it).
     pub async fn jobs(store: &Arc<dyn Store>) -> Result<Vec<String>> {
+        if !Self::has_cells(store) {
+            return Ok(Vec::new());
+        }
         let registry = Cell::new(store, REGISTRY)?;
         match read::<Vec<String>>(&registry).await {
             Ok(Some((jobs, _))) => Ok(jobs),
-            Ok(None) | Err(Error::Unsupported { .. }) => Ok(Vec::new()),
+            Ok(None) | Err(Error::InvalidArgument { .. }) => Ok(Vec::new()),
             Err(e) => Err(e),
         }
     }
 
     /// What the instances last published: expression, zone, mode, last run.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the cell does not hold what tenure
+    /// wrote there; store errors.
     pub async fn info(&self) -> Result<Option<ScheduleInfo>> {
-        match read(&self.info).await {
-            Ok(found) => Ok(found.map(|(info, _)| info)),
-            Err(Error::Unsupported { .. }) => Ok(None),
-            Err(e) => Err(e),
+        if !Self::has_cells(&self.store) {
+            return Ok(None);
         }
+        Ok(read(&self.info).await?.map(|(info, _)| info))
     }
 
     /// The pause in force now (by this machine's clock), if any.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the pause cell does not hold what
+    /// tenure wrote there (a schedule then skips its ticks, and
+    /// [`ScheduleBoard::pause`] or [`ScheduleBoard::resume`] overwrite it);
+    /// store errors.
     pub async fn paused(&self) -> Result<Option<Paused>> {
-        match read::<Paused>(&self.pause).await {
-            Ok(found) => Ok(found
-                .map(|(paused, _)| paused)
-                .filter(|p| p.holds_at(Utc::now()))),
-            Err(Error::Unsupported { .. }) => Ok(None),
-            Err(e) => Err(e),
+        if !Self::has_cells(&self.store) {
+            return Ok(None);
         }
+        Ok(read::<Paused>(&self.pause)
+            .await?
+            .map(|(paused, _)| paused)
+            .filter(|p| p.holds_at(Utc::now())))
     }
 
     /// Pauses the job on every instance, until `until` (by each instance's
@@ -206,8 +229,8 @@ impl ScheduleBoard {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an `until` already past;
-    /// [`Error::Unsupported`] on a store without cells.
+    /// [`Error::InvalidArgument`] for an `until` already past or more than
+    /// ten years ahead; [`Error::Unsupported`] on a store without cells.
     pub async fn pause(
         &self,
         until: Option<DateTime<Utc>>,
@@ -221,6 +244,12 @@ impl ScheduleBoard {
                 reason: "the time is already past".into(),
             });
         }
+        if until.is_some_and(|u| u - now > MAX_PAUSE) {
+            return Err(Error::InvalidArgument {
+                what: "pause until",
+                reason: "more than ten years ahead: pause until resumed instead".into(),
+            });
+        }
         let paused = Paused {
             since_ms: now.timestamp_millis(),
             until_ms: until.map(|u| u.timestamp_millis()),
@@ -228,6 +257,8 @@ impl ScheduleBoard {
             reason: reason.to_string(),
         };
         let set = paused.clone();
+        // Whatever the cell held (even what tenure did not write), the new
+        // pause replaces it.
         update(&self.pause, move |_: Option<Paused>| Some(set.clone())).await?;
         Ok(paused)
     }
@@ -257,6 +288,9 @@ impl ScheduleBoard {
     pub(crate) async fn publish(&self, mut info: ScheduleInfo) -> Result<()> {
         let registry = Cell::new(&self.store, REGISTRY)?;
         let job = self.job.to_string();
+        if !Self::has_cells(&self.store) {
+            return Ok(());
+        }
         let listed = update(&registry, |jobs: Option<Vec<String>>| {
             let mut jobs = jobs.unwrap_or_default();
             match jobs.binary_search(&job) {
@@ -267,29 +301,25 @@ impl ScheduleBoard {
                 }
             }
         });
-        ignore_unsupported(listed.await)?;
+        listed.await?;
         let described = update(&self.info, move |old: Option<ScheduleInfo>| {
             info.last_run = old.as_ref().and_then(|o| o.last_run.clone());
             (old.as_ref() != Some(&info)).then(|| info.clone())
         });
-        ignore_unsupported(described.await)
+        described.await
     }
 
     /// Records a run as the job's last.
     pub(crate) async fn record(&self, run: LastRun) -> Result<()> {
+        if !Self::has_cells(&self.store) {
+            return Ok(());
+        }
         let recorded = update(&self.info, move |old: Option<ScheduleInfo>| {
             let mut info = old?;
             info.last_run = Some(run.clone());
             Some(info)
         });
-        ignore_unsupported(recorded.await)
-    }
-}
-
-fn ignore_unsupported(r: Result<()>) -> Result<()> {
-    match r {
-        Err(Error::Unsupported { .. }) => Ok(()),
-        r => r,
+        recorded.await
     }
 }
 
@@ -322,8 +352,10 @@ where
     F: FnMut(Option<T>) -> Option<T>,
 {
     for _ in 0..CAS_TRIES {
-        let (old, expect) = match read::<T>(cell).await? {
-            Some((old, version)) => (Some(old), Expect::Version(version)),
+        // What tenure did not write is overwritten, as if absent (at its
+        // version, so a concurrent writer still wins or loses cleanly).
+        let (old, expect) = match cell.get().await? {
+            Some(v) => (decode::<T>(cell, &v.value).ok(), Expect::Version(v.version)),
             None => (None, Expect::Absent),
         };
         let Some(new) = change(old) else {

@@ -492,22 +492,6 @@ impl Schedule {
         F: FnMut(Tick) -> Fut,
         Fut: Future<Output = ()>,
     {
-        // Paused cluster-wide: every instance skips the tick. A pause that
-        // cannot be read is taken as a pause (a tick may be skipped, never
-        // run against an operator's wish).
-        match self.board.paused().await {
-            Ok(None) => {}
-            Ok(Some(p)) => {
-                tracing::info!(job = %self.name, %at, by = %p.by, reason = %p.reason, "tick skipped: paused");
-                cron_ticks(tag, TickOutcome::Paused, 1);
-                return Ok(());
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, job = %self.name, %at, "tick skipped: cannot read whether paused");
-                cron_ticks(tag, TickOutcome::Paused, 1);
-                return Ok(());
-            }
-        }
         let claim = Name::new(format!("{}@{}", self.name, at.timestamp()))?;
         let label = session.tag().as_bytes().to_vec();
         // A claim name, one per tick, is never a metric label: untracked.
@@ -522,6 +506,26 @@ impl Schedule {
         if !joined.first {
             // This tick already ran.
             cron_ticks(tag, TickOutcome::ClaimedElsewhere, 1);
+            hold.release().await?;
+            return Ok(());
+        }
+        // Paused cluster-wide: the tick is skipped. Read after the claim, so
+        // a tick claimed after a pause was written never runs (the claim is
+        // used up either way). A pause that cannot be read is taken as one:
+        // a tick may be skipped, never run against an operator's wish.
+        let skip = match self.board.paused().await {
+            Ok(None) => None,
+            Ok(Some(p)) => {
+                tracing::info!(job = %self.name, %at, by = %p.by, reason = %p.reason, "tick skipped: paused");
+                Some(TickOutcome::Paused)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, job = %self.name, %at, "tick skipped: cannot read whether paused");
+                Some(TickOutcome::Error)
+            }
+        };
+        if let Some(outcome) = skip {
+            cron_ticks(tag, outcome, 1);
             hold.release().await?;
             return Ok(());
         }
