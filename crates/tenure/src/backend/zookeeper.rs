@@ -39,9 +39,7 @@
 //! - A waiter watches only the child whose deletion can grant it (the one
 //!   just ahead for a mutex, the last writer ahead for a reader; a
 //!   semaphore waiter watches the list of children), and reports an expired
-//!   session instead of waiting on. A mutex or reader waiter lists the
-//!   queue once; as the entries ahead of it leave it checks only them
-//!   (nothing joins ahead), so a handoff costs one `exists`, not a listing.
+//!   session instead of waiting on.
 //! - Disconnected is not lost: the library reconnects within the session.
 //!   But a renewal that cannot be confirmed leaves the local deadline where
 //!   it was, so `lost()` fires once the session may have expired; a session
@@ -586,6 +584,13 @@ fn listing(mut names: Vec<String>) -> Listing {
 impl Listing {
     fn position(&self, child: &str) -> Option<usize> {
         self.children.iter().position(|c| c.0 == child)
+    }
+
+    /// The child whose deletion may grant the one at `i` (None: watch the
+    /// whole list, for a semaphore).
+    fn blocker(&self, i: usize) -> Option<&str> {
+        let kinds: Vec<EntryKind> = self.children.iter().map(|c| c.2).collect();
+        super::poll::blocker(&kinds, i).map(|j| self.children[j].0.as_str())
     }
 }
 
@@ -1812,91 +1817,51 @@ impl Store for ZkStore {
 
     async fn await_grant(&self, key: &SessionKey, name: &Name, seq: u64) -> Result<()> {
         let session = self.session(key)?;
-        let (child, kind) = {
+        let child = {
             let entries = session.entries.lock().await;
             match entries.get(name) {
-                Some(m) if m.seq == seq => (m.child.clone(), m.kind),
+                Some(m) if m.seq == seq => m.child.clone(),
                 _ => return Err(Error::NotHeld("this session holds no such entry")),
             }
         };
         let dir = self.name_path(name);
-        // A mutex or reader waiter is blocked only by entries ahead of it
-        // (all of them for a mutex, the writers for a reader), and no entry
-        // ever joins ahead (sequence numbers grow). So it lists the queue
-        // once, then only checks those entries, nearest first, as they
-        // leave: a handoff costs one `exists`, not a listing of every
-        // waiter. A semaphore waiter depends on the permits of all ahead and
-        // lists again each time.
-        let mut blockers: Option<Vec<String>> = None;
         loop {
             // Closed or ended by the store (no renewals) while waiting.
             self.session(key)?;
-            let watched = match blockers.as_mut() {
-                Some(ahead) => {
-                    let Some(nearest) = ahead.last() else {
-                        // Nothing ahead is left: granted, if the entry is
-                        // still there (not evicted meanwhile).
-                        let path = format!("{dir}/{child}");
-                        return match call(session.client.check_stat(&path)).await? {
-                            Some(_) => Ok(()),
-                            None => Err(Error::NotHeld("the entry is no longer in the queue")),
-                        };
-                    };
-                    match call(
-                        session
-                            .client
-                            .check_and_watch_stat(&format!("{dir}/{nearest}")),
-                    )
+            let list = self.list(&session.client, name).await?;
+            let Some(i) = list.position(&child) else {
+                return Err(Error::NotHeld("the entry is no longer in the queue"));
+            };
+            if list.granted[i] {
+                return Ok(());
+            }
+            let watched = match list.blocker(i) {
+                Some(blocker) => call(
+                    session
+                        .client
+                        .check_and_watch_stat(&format!("{dir}/{blocker}")),
+                )
+                .await
+                .map(|(stat, watcher)| stat.map(|_| watcher)),
+                // Set against the children as they are now: if they
+                // changed since the listing, look again instead of waiting.
+                None => call(session.client.list_and_watch_children(&dir))
                     .await
-                    {
-                        Ok((None, _)) => {
-                            ahead.pop();
-                            continue;
-                        }
-                        Ok((Some(_), watcher)) => Ok(Some(watcher)),
-                        Err(e) => Err(e),
-                    }
-                }
-                None => {
-                    let list = self.list(&session.client, name).await?;
-                    let Some(i) = list.position(&child) else {
-                        return Err(Error::NotHeld("the entry is no longer in the queue"));
-                    };
-                    if list.granted[i] {
-                        return Ok(());
-                    }
-                    if !matches!(kind, EntryKind::Permits { .. }) {
-                        blockers = Some(
-                            list.children[..i]
+                    .map(|(children, watcher)| {
+                        let now = listing(children);
+                        let same = now.children.len() == list.children.len()
+                            && now
+                                .children
                                 .iter()
-                                .filter(|c| {
-                                    kind == EntryKind::Exclusive || c.2 != EntryKind::Shared
-                                })
-                                .map(|c| c.0.clone())
-                                .collect(),
-                        );
-                        continue;
-                    }
-                    // Set against the children as they are now: if they
-                    // changed since the listing, look again instead of
-                    // waiting.
-                    call(session.client.list_and_watch_children(&dir))
-                        .await
-                        .map(|(children, watcher)| {
-                            let now = listing(children);
-                            let same = now.children.len() == list.children.len()
-                                && now
-                                    .children
-                                    .iter()
-                                    .zip(&list.children)
-                                    .all(|(a, b)| a.0 == b.0);
-                            same.then_some(watcher)
-                        })
-                }
+                                .zip(&list.children)
+                                .all(|(a, b)| a.0 == b.0);
+                        same.then_some(watcher)
+                    }),
             };
             let event = match watched {
                 Ok(Some(watcher)) => watcher.changed().await,
-                // The list changed between the listing and the watch.
+                // The blocker went (or the list changed) between the
+                // listing and the watch.
                 Ok(None) => continue,
                 // The session's own deadline ends a wait that cannot reach
                 // the ensemble.
