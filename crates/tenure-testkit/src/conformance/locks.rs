@@ -414,6 +414,67 @@ pub async fn check_evicted_session_is_told(t: &Target) {
     b.close().await.unwrap();
 }
 
+/// Every process of a queue crashed: a holder and two waiters that joined
+/// and died (the raw contract: never renewed, never left, never closed).
+/// With nobody left to watch them, a try-lock alone must clear the name
+/// within a few TTLs, not find it held for ever; a blocking lock must too.
+pub async fn check_crashed_queue_cleared_by_try(t: &Target) {
+    let ttl = short_ttl(t, Duration::from_millis(500));
+    let name = unique("crashed-queue");
+    let n = Name::new(&name).unwrap();
+    let spec = SessionSpec {
+        ttl,
+        label: "dies".into(),
+    };
+    let mut last = 0;
+    for i in 0..3 {
+        let dead = t.store.open_session(&spec).await.unwrap();
+        let joined = t
+            .store
+            .join(&dead.key, request(&n, EntryKind::Exclusive, b""))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(joined.granted, i == 0, "{joined:?}");
+        last = joined.seq;
+    }
+    let s = session(&t.store).await;
+    let m = Mutex::new(&s, &name).unwrap();
+    let deadline = Instant::now() + ttl * 6 + Duration::from_secs(10);
+    let guard = loop {
+        if let Some(g) = m.try_lock().await.unwrap() {
+            break g;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a queue of crashed sessions still blocks a try-lock: {:?}",
+            t.store.queue(&n).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(guard.token() > last, "token went back");
+    guard.release().await.unwrap();
+    // The same with a blocking lock behind a crashed holder and waiter.
+    let name = unique("crashed-queue-lock");
+    let n = Name::new(&name).unwrap();
+    for _ in 0..2 {
+        let dead = t.store.open_session(&spec).await.unwrap();
+        t.store
+            .join(&dead.key, request(&n, EntryKind::Exclusive, b""))
+            .await
+            .unwrap();
+    }
+    let g = tokio::time::timeout(
+        ttl * 6 + Duration::from_secs(10),
+        Mutex::new(&s, &name).unwrap().lock(),
+    )
+    .await
+    .expect("a lock behind crashed sessions was granted in time")
+    .unwrap();
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
 /// A holder that stops renewing learns of the loss before its local
 /// deadline, and the lock passes on within TTL + one renew interval — never
 /// before the old holder was told.

@@ -244,9 +244,12 @@ proc: BEGIN
         END IF;
         IF p_if_granted AND NOT v_granted THEN
             COMMIT;
-            -- Only holders in the way (nobody waits): what to watch, and
-            -- whether they all lapsed by the clock (worth watching).
-            IF v_tail_granted IS NOT NULL THEN
+            -- Nobody in the queue alive by the clock, holders and waiters
+            -- alike (a crashed process's waiter watches no one, so such a
+            -- queue would stay for ever): what to watch, all of it. The
+            -- scan stops at the first live entry, the holder as a rule.
+            IF NOT EXISTS (SELECT 1 FROM @pentries e JOIN @psessions s ON s.id = e.session
+                            WHERE e.name = p_name AND s.expires_ms > v_now) THEN
                 SET SESSION group_concat_max_len = 16777216;
                 SELECT 'none', NULL, NULL, NULL, NULL,
                        GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals, ':', s.expires_ms)
@@ -398,19 +401,13 @@ DROP PROCEDURE IF EXISTS @pexpire
 -- (p_blockers) end. Returns how many.
 CREATE PROCEDURE @pexpire(IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_blockers LONGTEXT)
 proc: BEGIN
-    DECLARE v_waiting INT DEFAULT 0;
     DECLARE v_n INT DEFAULT 0;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
     CALL @plock_name(p_name);
     CALL @psettle(p_name, FALSE);
-    SELECT COUNT(*) INTO v_waiting FROM @pentries WHERE name = p_name AND granted_ms IS NULL;
-    IF v_waiting > 0 THEN
-        COMMIT;
-        SELECT 'ok', 0;
-        LEAVE proc;
-    END IF;
+    -- Holders and waiters alike: each only if still exactly as watched.
     UPDATE @psessions s JOIN @pentries e ON e.session = s.id
        SET s.expires_ms = 0
      WHERE e.name = p_name AND s.expires_ms > 0

@@ -247,9 +247,12 @@ BEGIN
     END IF;
     IF p_if_granted AND NOT granted THEN
         status := 'none';
-        -- Only holders in the way (nobody waits): what to watch, and whether
-        -- they all lapsed by the clock (worth watching).
-        IF NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name AND e.granted_ms IS NULL) THEN
+        -- Nobody in the queue alive by the clock, holders and waiters alike
+        -- (a crashed process's waiter watches no one, so such a queue would
+        -- stay for ever): what to watch, all of it. The scan goes in queue
+        -- order and stops at the first live entry, the holder as a rule.
+        IF NOT EXISTS (SELECT 1 FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+                        WHERE e.name = p_name AND s.expires_ms > @s.now_ms()) THEN
             SELECT b.fingerprint, b.ttl_ms, b.all_lapsed INTO blockers, ttl_ms, lapsed
               FROM @s.blockers(p_name, 9223372036854775807, NULL) b;
         END IF;
@@ -373,9 +376,7 @@ DECLARE
 BEGIN
     PERFORM @s.lock_name(p_name);
     PERFORM @s.settle(p_name, false);
-    IF EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name AND e.granted_ms IS NULL) THEN
-        RETURN 0;
-    END IF;
+    -- Holders and waiters alike: each only if still exactly as watched.
     n := @s.end_confirmed(p_name, 9223372036854775807, p_blockers);
     IF n > 0 THEN PERFORM @s.settle(p_name, true); END IF;
     RETURN n;

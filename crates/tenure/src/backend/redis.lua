@@ -433,10 +433,25 @@ elseif op == 'join' then
   elseif kind == 'S' then granted = seen.all_shared
   else granted = seen.permits + count <= limit end
   if mode == 'ifgranted' and not granted then
-    -- Only holders block (no waiter queued): say what to watch, and
-    -- whether they all lapsed by Redis's clock (worth watching).
-    if seen.blocked then return {'none'} end
-    local fp, ttl, _, last = watch(seen.granted)
+    -- Nobody in the queue alive by Redis's clock, holders and waiters
+    -- alike (a crashed process's waiter watches no one, so such a queue
+    -- would stay for ever): say what to watch, all of it. A live holder
+    -- (the rule) or the first live waiter ends the look at once.
+    for _, r in ipairs(seen.granted) do
+      if r.exp > now then return {'none'} end
+    end
+    local all = seen.granted
+    if seen.blocked then
+      all = {}
+      local live = false
+      walk(name, function(r)
+        if r.exp > now then live = true return false end
+        all[#all + 1] = r
+        return true
+      end)
+      if live then return {'none'} end
+    end
+    local fp, ttl, _, last = watch(all)
     return {'none', fp, fmt(ttl), (last and last <= now) and 1 or 0}
   end
   local ckey = k('c', name)
@@ -545,13 +560,15 @@ elseif op == 'look' then
   end
 
 elseif op == 'expire' then
-  -- ARGV: name, the holders a newcomer watched for their TTL. Those of the
-  -- name's holders (with no waiter queued) still exactly so are ended.
+  -- ARGV: name, the entries a newcomer watched for their TTL (all of the
+  -- queue, none of them alive). Those still exactly so are ended.
   -- Returns how many.
   local name, expire = ARGV[3], ARGV[4]
-  local seen = settle(name, false)
-  if seen.blocked or #seen.granted == 0 then return {'ok', 0} end
-  local ended = end_confirmed(seen.granted, expire)
+  settle(name, false)
+  local all = {}
+  walk(name, function(r) all[#all + 1] = r return true end)
+  if #all == 0 then return {'ok', 0} end
+  local ended = end_confirmed(all, expire)
   if ended > 0 then settle(name, true) end
   return {'ok', ended}
 
