@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{output_within, Env};
-use tenure_testkit::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, ZkEnsemble};
+use tenure_testkit::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, Server, ZkEnsemble};
 
 /// A bounded run: 4 workers, 20 s, TTL 1 s (or the store's shortest), a
 /// fault every 3 s or so.
@@ -58,6 +58,11 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) {
         let kept = std::env::temp_dir().join(format!("torture-{seed}.jsonl"));
         let _ = std::fs::copy(&history, &kept);
         eprintln!("history kept at {}", kept.display());
+        let status = env.run(&["status", "--json"]);
+        eprintln!(
+            "left in the store: {}",
+            String::from_utf8_lossy(&status.stdout)
+        );
     }
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let report: serde_json::Value =
@@ -188,4 +193,136 @@ fn memory_is_refused() {
     let out = env.run(&["torture", "--duration", "1s"]);
     assert_eq!(out.status.code(), Some(64), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("processes"));
+}
+
+/// What the test does to the server it owns, at each `--nemesis-exec` turn.
+#[derive(Clone, Copy, Debug)]
+enum ServerFault {
+    /// SIGSTOP every process of it for the fault's length, then SIGCONT.
+    Pause,
+    /// Take turns: a pause, then a kill -9 and a restart on its data.
+    PauseOrRestart,
+}
+
+/// Runs a bounded torture with the test itself as the nemesis: the
+/// harness's `--nemesis-exec` script asks (a file in a directory of its
+/// own) and waits (bounded) until this thread has done it to `server`
+/// (pause and resume, or kill and restart), so the server faults come from
+/// the test kit, which owns the server. Safety rules as in every run; the
+/// recovery bound applies to the client faults, which take turns with it.
+fn torture_with_server_faults<S: Server + Send + 'static>(
+    server: S,
+    url: String,
+    seed: u64,
+    ttl: &str,
+    fault: ServerFault,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let script = d.join("nemesis");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nset -e\nprintf '%s\\n' \"$1\" > {d}/req.tmp\nmv {d}/req.tmp {d}/req\n\
+             i=0\nwhile [ ! -e {d}/ack ]; do sleep 0.05; i=$((i+1)); [ $i -lt 400 ] || exit 1; done\n\
+             rm {d}/ack\n",
+            d = d.display()
+        ),
+    )
+    .unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let acting = {
+        let (stop, d) = (stop.clone(), d.clone());
+        std::thread::spawn(move || {
+            let mut server = server;
+            let mut starts = 0usize;
+            let mut killed = false;
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(phase) = std::fs::read_to_string(d.join("req")) else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                let _ = std::fs::remove_file(d.join("req"));
+                match phase.trim() {
+                    "start" => {
+                        starts += 1;
+                        killed = matches!(fault, ServerFault::PauseOrRestart) && starts % 2 == 0;
+                        if killed {
+                            server.kill();
+                        } else {
+                            server.pause();
+                        }
+                    }
+                    _ if killed => server.restart(),
+                    _ => server.resume(),
+                }
+                std::fs::write(d.join("ack"), "").unwrap();
+            }
+            server.resume();
+            (server, starts)
+        })
+    };
+    let cmd = format!("sh {}", script.display());
+    torture_run(url, seed, ttl, &["--nemesis-exec", &cmd]);
+    stop.store(true, Ordering::Relaxed);
+    let (_server, starts) = acting.join().unwrap();
+    assert!(starts >= 1, "no server fault took its turn");
+}
+
+#[test]
+fn redis_server_paused() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let url = server.url();
+    // A killed Redis comes back empty (no persistence): paused only.
+    torture_with_server_faults(server, url, 12, "1s", ServerFault::Pause);
+}
+
+#[test]
+fn redlock_minority_paused() {
+    let servers: Option<Vec<RedisServer>> = (0..3).map(|_| RedisServer::start_or_skip()).collect();
+    let Some(mut servers) = servers else { return };
+    let url = RedisServer::redlock_url(&servers);
+    // One node of three: the majority goes on.
+    let node = servers.remove(0);
+    torture_with_server_faults(node, url, 13, "1s", ServerFault::Pause);
+    drop(servers);
+}
+
+#[test]
+fn postgres_server_paused_and_restarted() {
+    let Some(server) = PostgresServer::start_or_skip() else {
+        return;
+    };
+    let url = server.url();
+    torture_with_server_faults(server, url, 14, "1s", ServerFault::PauseOrRestart);
+}
+
+#[test]
+fn mysql_server_paused_and_restarted() {
+    let Some(server) = MariaDbServer::start_or_skip() else {
+        return;
+    };
+    let url = server.url();
+    torture_with_server_faults(server, url, 15, "1s", ServerFault::PauseOrRestart);
+}
+
+#[test]
+fn etcd_server_paused_and_restarted() {
+    let Some(cluster) = EtcdCluster::start_or_skip(1) else {
+        return;
+    };
+    let url = cluster.url();
+    torture_with_server_faults(cluster, url, 16, "2s", ServerFault::PauseOrRestart);
+}
+
+#[test]
+fn zookeeper_server_paused_and_restarted() {
+    let Some(ensemble) = ZkEnsemble::start_or_skip(1) else {
+        return;
+    };
+    let url = ensemble.url();
+    torture_with_server_faults(ensemble, url, 17, "1s", ServerFault::PauseOrRestart);
 }

@@ -136,8 +136,10 @@ struct Shared {
     /// Per worker: its process id, and the token it holds (0: none).
     workers: StdMutex<HashMap<u32, (u32, u64)>>,
     grants: AtomicU64,
-    /// Workers the harness is to pause when they next read.
-    pause_on_read: StdMutex<Vec<u32>>,
+    /// Workers the harness is to pause when they next write: the write is
+    /// then applied only once the pause is over, as the write of a process
+    /// that checked its lease and paused just as it sent it lands late.
+    pause_on_write: StdMutex<Vec<u32>>,
     stopping: AtomicBool,
 }
 
@@ -217,7 +219,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         registers: StdMutex::new(Registers::default()),
         workers: StdMutex::new(HashMap::new()),
         grants: AtomicU64::new(0),
-        pause_on_read: StdMutex::new(Vec::new()),
+        pause_on_write: StdMutex::new(Vec::new()),
         stopping: AtomicBool::new(false),
     });
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
@@ -426,12 +428,13 @@ async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng)
             // The worker's task records its exit and starts it again.
         }
         "pause" => {
-            // Every other pause lands between a holder's read and its write
-            // (its late write then meets the fence); the others wherever
-            // the worker is (in its critical section, or waiting).
+            // Every other pause lands on a holder's write, after its last
+            // look at its lease (its late write then meets the fence); the
+            // others wherever the worker is (in its critical section, or
+            // waiting).
             if rng.next() % 2 == 0 {
                 shared
-                    .pause_on_read
+                    .pause_on_write
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push(target);
@@ -479,7 +482,8 @@ async fn nemesis(shared: Arc<Shared>, cmd: String, length: Duration) {
 }
 
 /// Stops a worker for 1.5–3 TTLs, in the background.
-fn pause(shared: Arc<Shared>, id: u32, pid: u32, ttl: Duration, seed: u64) {
+/// Returns how long.
+fn pause(shared: Arc<Shared>, id: u32, pid: u32, ttl: Duration, seed: u64) -> Duration {
     let mut rng = Rng::new(seed);
     let length = rng.between(ttl * 3 / 2, ttl * 3);
     shared.record(
@@ -499,6 +503,7 @@ fn pause(shared: Arc<Shared>, id: u32, pid: u32, ttl: Duration, seed: u64) {
             },
         );
     });
+    length
 }
 
 /// Runs worker `id`, and again whenever its process dies, until the harness
@@ -611,22 +616,24 @@ async fn serve(shared: &Arc<Shared>, id: u32, pid: u32, ttl: Duration, child: &m
                         None => format!("refused {} {}\n", regs.highest, regs.twin),
                     }
                 };
+                if reply(&mut stdin, &answer).await.is_err() {
+                    return;
+                }
+            }
+            (Some("write"), Some(token), Some(value)) => {
                 let paused = {
                     let mut queue = shared
-                        .pause_on_read
+                        .pause_on_write
                         .lock()
                         .unwrap_or_else(|e| e.into_inner());
                     let at = queue.iter().position(|w| *w == id);
                     at.map(|i| queue.remove(i)).is_some()
                 };
                 if paused {
-                    pause(shared.clone(), id, pid, ttl, rng.next());
+                    // The write is in flight while its writer is stopped.
+                    let length = pause(shared.clone(), id, pid, ttl, rng.next());
+                    tokio::time::sleep(length).await;
                 }
-                if reply(&mut stdin, &answer).await.is_err() {
-                    return;
-                }
-            }
-            (Some("write"), Some(token), Some(value)) => {
                 let answer = {
                     let mut regs = shared.registers.lock().unwrap_or_else(|e| e.into_inner());
                     let accepted = token >= regs.highest;
@@ -851,7 +858,18 @@ pub async fn worker(store: Arc<dyn Store>, args: WorkerArgs) -> Result<u8, Strin
             ["refused", _, twin] => twin.parse::<u64>().unwrap_or(0),
             _ => return Ok(0),
         };
-        tokio::time::sleep(rng.between(Duration::from_millis(2), Duration::from_millis(30))).await;
+        // A careful holder: it stops acting the moment its session is lost
+        // (the library tells it before anyone else can be granted), and
+        // looks once more just before it writes.
+        let lost = tokio::select! {
+            () = tokio::time::sleep(rng.between(Duration::from_millis(2), Duration::from_millis(30))) => s.is_lost(),
+            _ = s.lost() => true,
+        };
+        if lost {
+            say(&mut out, "lost").await?;
+            drop(guard);
+            continue;
+        }
         say(&mut out, &format!("write {token} {}", value + 1)).await?;
         let _ = answers.next_line().await.map_err(|e| e.to_string())?;
         if s.is_lost() {

@@ -790,20 +790,22 @@ impl Store for RedlockStore {
                 };
             }
             if mode == JoinMode::IfGranted && !behind {
+                // Held only by entries that lapsed by the nodes' clocks, on
+                // enough nodes that a majority would grant without them
+                // (say a node that missed a release while the others
+                // granted): those clocks alone are not trusted, so each such
+                // node's entries are watched for their TTL, ended where none
+                // renewed, and the name tried once more.
+                if !confirmed && !lapsed.is_empty() && count(granted) + lapsed.len() >= majority {
+                    confirmed = true;
+                    let confirms = lapsed.iter().map(|(i, watch)| async move {
+                        let node = self.inner.nodes[*i].get(self.inner.node_timeout).await?;
+                        node.confirm_expired(name, watch).await
+                    });
+                    futures_util::future::join_all(confirms).await;
+                    continue;
+                }
                 if granted == 0 {
-                    // Held only by holders that lapsed by the nodes' clocks
-                    // on a majority: those clocks alone are not trusted, so
-                    // each node's holders are watched for their TTL, ended
-                    // where none renewed, and the name tried once more.
-                    if !confirmed && lapsed.len() >= majority {
-                        confirmed = true;
-                        let confirms = lapsed.iter().map(|(i, watch)| async move {
-                            let node = self.inner.nodes[*i].get(self.inner.node_timeout).await?;
-                            node.confirm_expired(name, watch).await
-                        });
-                        futures_util::future::join_all(confirms).await;
-                        continue;
-                    }
                     // Refused by every node that answered: it is taken.
                     return Ok(None);
                 }
