@@ -225,7 +225,7 @@ fn torture_with_server_faults<S: Server + Send + 'static>(
         &script,
         format!(
             "#!/bin/sh\nset -e\nprintf '%s\\n' \"$1\" > {d}/req.tmp\nmv {d}/req.tmp {d}/req\n\
-             i=0\nwhile [ ! -e {d}/ack ]; do sleep 0.05; i=$((i+1)); [ $i -lt 400 ] || exit 1; done\n\
+             i=0\nwhile [ ! -e {d}/ack ]; do sleep 0.05; i=$((i+1)); [ $i -lt 1200 ] || exit 1; done\n\
              rm {d}/ack\n",
             d = d.display()
         ),
@@ -237,6 +237,7 @@ fn torture_with_server_faults<S: Server + Send + 'static>(
         std::thread::spawn(move || {
             let mut server = server;
             let mut starts = 0usize;
+            // What is done to the server now: the stop undoes it.
             let mut killed = false;
             while !stop.load(Ordering::Relaxed) {
                 let Ok(phase) = std::fs::read_to_string(d.join("req")) else {
@@ -254,19 +255,40 @@ fn torture_with_server_faults<S: Server + Send + 'static>(
                             server.pause();
                         }
                     }
-                    _ if killed => server.restart(),
+                    _ if killed => {
+                        server.restart();
+                        killed = false;
+                    }
                     _ => server.resume(),
                 }
                 std::fs::write(d.join("ack"), "").unwrap();
+            }
+            if killed {
+                server.restart();
             }
             server.resume();
             (server, starts)
         })
     };
+    // Whatever happens to the run (a failed assertion), the thread stops
+    // and the server is resumed or restarted, then dropped.
+    struct Stop<T>(
+        std::sync::Arc<AtomicBool>,
+        Option<std::thread::JoinHandle<T>>,
+    );
+    impl<T> Drop for Stop<T> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+            if let Some(t) = self.1.take() {
+                let _ = t.join();
+            }
+        }
+    }
+    let mut guard = Stop(stop, Some(acting));
     let cmd = format!("sh {}", script.display());
     torture_run(url, seed, ttl, &["--nemesis-exec", &cmd]);
-    stop.store(true, Ordering::Relaxed);
-    let (_server, starts) = acting.join().unwrap();
+    guard.0.store(true, Ordering::Relaxed);
+    let (_server, starts) = guard.1.take().unwrap().join().unwrap();
     assert!(starts >= 1, "no server fault took its turn");
 }
 

@@ -246,6 +246,13 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             let fault = faults[turn % faults.len()].clone();
             turn += 1;
             match (&args.nemesis_exec, fault.as_str()) {
+                // One of the user's faults at a time: a second `start`
+                // before the first `stop` would be a fault the command may
+                // not expect (its turn is skipped).
+                (Some(_), "nemesis")
+                    if nemeses
+                        .last()
+                        .is_some_and(|n: &tokio::task::JoinHandle<()>| !n.is_finished()) => {}
                 (Some(cmd), "nemesis") => {
                     let length = rng.between(args.ttl * 3 / 2, args.ttl * 3);
                     nemeses.push(tokio::spawn(nemesis(shared.clone(), cmd.clone(), length)));

@@ -246,10 +246,13 @@ proc: BEGIN
             COMMIT;
             -- Nobody in the queue alive by the clock, holders and waiters
             -- alike (a crashed process's waiter watches no one, so such a
-            -- queue would stay for ever): what to watch, all of it. The
-            -- scan stops at the first live entry, the holder as a rule.
-            IF NOT EXISTS (SELECT 1 FROM @pentries e JOIN @psessions s ON s.id = e.session
-                            WHERE e.name = p_name AND s.expires_ms > v_now) THEN
+            -- queue would stay for ever): what to watch, all of it. The head
+            -- is looked at first (live, as a rule: done at once).
+            IF NOT EXISTS (SELECT 1 FROM (SELECT session FROM @pentries WHERE name = p_name
+                                           ORDER BY seq LIMIT 1) h
+                             JOIN @psessions s ON s.id = h.session WHERE s.expires_ms > v_now)
+               AND NOT EXISTS (SELECT 1 FROM @pentries e JOIN @psessions s ON s.id = e.session
+                                WHERE e.name = p_name AND s.expires_ms > v_now) THEN
                 SET SESSION group_concat_max_len = 16777216;
                 SELECT 'none', NULL, NULL, NULL, NULL,
                        GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals, ':', s.expires_ms)
@@ -327,6 +330,7 @@ proc: BEGIN
     DECLARE v_aseq BIGINT;
     DECLARE v_agranted BIGINT;
     DECLARE v_aexpires BIGINT;
+    DECLARE v_from BIGINT DEFAULT NULL;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
     IF v_alive = 0 THEN SELECT 'lost', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
@@ -381,13 +385,25 @@ proc: BEGIN
                 ITERATE ahead;
             END IF;
         END IF;
+        SET v_from = NULL;
+        IF NOT v_next AND v_aexpires <= @pnow_ms() THEN
+            -- The entry just ahead lapsed by the clock: watch the whole run
+            -- of lapsed entries ahead, back to the nearest live one, at
+            -- once (crashed waiters would otherwise go one per TTL).
+            SET v_from = 0;
+            SELECT STRAIGHT_JOIN e.seq INTO v_from
+              FROM @pentries e JOIN @psessions s ON s.id = e.session
+             WHERE e.name = p_name AND e.seq < p_seq AND s.expires_ms > @pnow_ms()
+             ORDER BY e.seq DESC LIMIT 1;
+        END IF;
         SELECT STRAIGHT_JOIN
                COALESCE(GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals, ':', s.expires_ms)
                                      ORDER BY e.seq SEPARATOR ','), ''),
                COALESCE(MAX(s.ttl_ms), 0), GREATEST(COALESCE(MIN(s.expires_ms), 0) - @pnow_ms(), 0)
           INTO v_blockers, v_ttl, v_until
           FROM @pentries e JOIN @psessions s ON s.id = e.session
-         WHERE e.name = p_name AND e.seq < p_seq AND (v_next OR e.seq = v_aseq);
+         WHERE e.name = p_name AND e.seq < p_seq
+           AND (v_next OR e.seq = v_aseq OR (v_from IS NOT NULL AND e.seq > v_from));
         LEAVE ahead;
     END LOOP;
     COMMIT;

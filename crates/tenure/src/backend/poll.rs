@@ -49,8 +49,8 @@ pub(crate) fn confirm_after(ttl: Duration) -> Duration {
     ttl + ttl / 100 + Duration::from_millis(10)
 }
 
-/// A newcomer's confirmation (a try-lock that found only holders lapsed
-/// by the store's clock): watches them for [`confirm_after`] their TTL, then
+/// A newcomer's confirmation (a try-lock that found nobody in the queue
+/// alive by the store's clock, holders and waiters): watches them for [`confirm_after`] their TTL, then
 /// runs `expire`, which ends those still as in `watch`; says whether any
 /// ended. A TTL of 0 would be a store that lost a session's record: never
 /// confirmed by.

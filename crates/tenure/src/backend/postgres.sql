@@ -150,6 +150,19 @@ LANGUAGE sql AS $$
      WHERE e.name = p_name AND e.seq < p_before AND (p_only IS NULL OR e.seq = p_only)
 $$;
 
+-- The same, for the entries between p_after and p_before (both excluded).
+CREATE OR REPLACE FUNCTION @s.blockers_after(p_name text, p_after bigint, p_before bigint,
+    OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT all_lapsed boolean)
+LANGUAGE sql AS $$
+    SELECT coalesce(string_agg(e.seq || ':' || s.renewals || ':' || s.expires_ms, ','
+                               ORDER BY e.seq), ''),
+           coalesce(max(s.ttl_ms), 0),
+           greatest(coalesce(min(s.expires_ms), 0) - @s.now_ms(), 0),
+           coalesce(max(s.expires_ms) <= @s.now_ms(), false)
+      FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+     WHERE e.name = p_name AND e.seq > p_after AND e.seq < p_before
+$$;
+
 -- Ends the sessions of p_name's entries before p_before that are still
 -- exactly as a watcher saw them for their TTL (p_confirm: "seq:renewals:
 -- lapse,…"). The check is in the UPDATE's own condition, so a renewal that
@@ -249,12 +262,17 @@ BEGIN
         status := 'none';
         -- Nobody in the queue alive by the clock, holders and waiters alike
         -- (a crashed process's waiter watches no one, so such a queue would
-        -- stay for ever): what to watch, all of it. The scan goes in queue
-        -- order and stops at the first live entry, the holder as a rule.
-        IF NOT EXISTS (SELECT 1 FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
-                        WHERE e.name = p_name AND s.expires_ms > @s.now_ms()) THEN
-            SELECT b.fingerprint, b.ttl_ms, b.all_lapsed INTO blockers, ttl_ms, lapsed
-              FROM @s.blockers(p_name, 9223372036854775807, NULL) b;
+        -- stay for ever): what to watch, all of it. The head is looked at
+        -- first (live, as a rule: done at once), then the rest.
+        IF NOT EXISTS (SELECT 1 FROM (SELECT e.session FROM @s.entries e WHERE e.name = p_name
+                                       ORDER BY e.seq LIMIT 1) h
+                         JOIN @s.sessions s ON s.id = h.session
+                        WHERE s.expires_ms > @s.now_ms()) THEN
+            IF NOT EXISTS (SELECT 1 FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+                            WHERE e.name = p_name AND s.expires_ms > @s.now_ms()) THEN
+                SELECT b.fingerprint, b.ttl_ms, b.all_lapsed INTO blockers, ttl_ms, lapsed
+                  FROM @s.blockers(p_name, 9223372036854775807, NULL) b;
+            END IF;
         END IF;
         RETURN;
     END IF;
@@ -359,16 +377,26 @@ BEGIN
             END IF;
             confirm := NULL;
         END IF;
-        SELECT * INTO b FROM @s.blockers(p_name, p_seq,
-            CASE WHEN next THEN NULL ELSE ahead.seq END);
+        IF NOT next AND ahead.expires_ms <= @s.now_ms() THEN
+            -- The entry just ahead lapsed by the clock: watch the whole run
+            -- of lapsed entries ahead, back to the nearest live one, at
+            -- once (crashed waiters would otherwise go one per TTL).
+            SELECT * INTO b FROM @s.blockers_after(p_name, coalesce(
+                (SELECT e.seq FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+                  WHERE e.name = p_name AND e.seq < p_seq AND s.expires_ms > @s.now_ms()
+                  ORDER BY e.seq DESC LIMIT 1), 0), p_seq);
+        ELSE
+            SELECT * INTO b FROM @s.blockers(p_name, p_seq,
+                CASE WHEN next THEN NULL ELSE ahead.seq END);
+        END IF;
         until_ms := b.until_ms; blockers := b.fingerprint; ttl_ms := b.ttl_ms;
         RETURN;
     END LOOP;
 END $$;
 
--- A newcomer's confirmation: of the name's holders (nobody waiting), the
--- sessions of those still exactly as it watched them for their TTL
--- (p_blockers) end. Returns how many.
+-- A newcomer's confirmation (a try-lock that found nobody in the queue
+-- alive): the sessions of the entries still exactly as it watched them for
+-- their TTL (p_blockers) end, holders and waiters alike. Returns how many.
 CREATE OR REPLACE FUNCTION @s.expire(p_name text, p_blockers text) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -449,6 +449,8 @@ elseif op == 'join' then
         all[#all + 1] = r
         return true
       end)
+      -- (The walk may have ended sessions found ended: settle after them.)
+      settle_pending(name)
       if live then return {'none'} end
     end
     local fp, ttl, _, last = watch(all)
@@ -546,7 +548,28 @@ elseif op == 'look' then
       local ahead = redis.call('ZREVRANGEBYSCORE', k('q', name), '(' .. seq, '-inf', 'LIMIT', 0, 1)
       if #ahead == 0 then return {'wait', '0', 1, '', '0'} end
       local r = entry(name, ahead[1])
-      if r then list = {r} end
+      if r then
+        list = {r}
+        if r.exp <= now then
+          -- The entry just ahead lapsed by Redis's clock: watch the whole
+          -- run of lapsed entries ahead, back to the nearest live one, at
+          -- once (crashed waiters would otherwise go one per TTL).
+          local before = '(' .. ahead[1]
+          local live = false
+          while not live do
+            local batch = redis.call('ZREVRANGEBYSCORE', k('q', name), before, '-inf', 'LIMIT', 0, 8)
+            if #batch == 0 then break end
+            for _, other in ipairs(batch) do
+              before = '(' .. other
+              local e = entry(name, other)
+              if e then
+                if e.exp > now then live = true break end
+                list[#list + 1] = e
+              end
+            end
+          end
+        end
+      end
     end
     if list then
       local ended = 0

@@ -613,9 +613,9 @@ impl RedisStore {
         }
     }
 
-    /// Watches `name`'s holders for [`poll::confirm_after`] their TTL, then
-    /// ends those still exactly as in `watch` (not renewed); says whether it
-    /// ended any.
+    /// Watches `name`'s entries named in `watch` (a queue where nobody was
+    /// alive by Redis's clock) for [`poll::confirm_after`] their TTL, then
+    /// ends those still exactly so (not renewed); says whether it ended any.
     pub(crate) async fn confirm_expired(&self, name: &Name, watch: &Watch) -> Result<bool> {
         poll::confirm_lapsed(watch, || async {
             let args = [name.as_str().as_bytes(), watch.blockers.as_bytes()];

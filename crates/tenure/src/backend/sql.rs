@@ -397,9 +397,10 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             if self.status(&row, name)? != "none" {
                 break row;
             }
-            // A try-lock held only by holders that lapsed by the server's
-            // clock: that clock alone is not trusted, so watch them for
-            // their TTL, end them if none renewed, and try once more.
+            // A try-lock on a queue where nobody is alive by the server's
+            // clock (holders and waiters): that clock alone is not trusted,
+            // so watch them all for their TTL, end those none renewed, and
+            // try once more.
             match self.watch_at(&row, 5)? {
                 Some(watch) if row.truthy(7) && !confirmed => {
                     confirmed = true;
