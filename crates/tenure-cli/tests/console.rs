@@ -850,6 +850,10 @@ fn pause_resume_and_end_session_from_the_page() {
         &shot,
     )
     .unwrap();
+    if std::env::var_os("TENURE_UPDATE_SCREENSHOT").is_some() {
+        let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/console-admin.png");
+        std::fs::write(docs, &shot).unwrap();
+    }
     browser.js(&format!(
         "{schedule} r.querySelector('button.action').click(); return true"
     ));
