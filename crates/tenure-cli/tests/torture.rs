@@ -195,28 +195,88 @@ fn memory_is_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("processes"));
 }
 
-/// What the test does to the server it owns, at each `--nemesis-exec` turn.
-#[derive(Clone, Copy, Debug)]
-enum ServerFault {
-    /// SIGSTOP every process of it for the fault's length, then SIGCONT.
-    Pause,
-    /// Take turns: a pause, then a kill -9 and a restart on its data.
-    PauseOrRestart,
+/// What the test does at each `--nemesis-exec` turn (from 1): start a
+/// fault, then stop it.
+trait Fault: Send + 'static {
+    fn start(&mut self, turn: usize);
+    fn stop(&mut self, turn: usize);
+}
+
+/// A server's own faults: SIGSTOP then SIGCONT, or (every other turn, where
+/// the server keeps its data) kill -9 then a restart on its data.
+struct ServerFault<S> {
+    server: S,
+    restarts: bool,
+    killed: bool,
+}
+
+impl<S: Server + Send + 'static> Fault for ServerFault<S> {
+    fn start(&mut self, turn: usize) {
+        self.killed = self.restarts && turn % 2 == 0;
+        if self.killed {
+            self.server.kill();
+        } else {
+            self.server.pause();
+        }
+    }
+    fn stop(&mut self, _: usize) {
+        if std::mem::take(&mut self.killed) {
+            self.server.restart();
+        } else {
+            self.server.resume();
+        }
+    }
+}
+
+/// A cluster's minority killed -9 and restarted on its data (etcd,
+/// ZooKeeper), a different member each turn.
+struct MemberKilled<C> {
+    cluster: C,
+    members: usize,
+}
+
+impl<C: tenure_testkit::Cluster + Send + 'static> Fault for MemberKilled<C> {
+    fn start(&mut self, turn: usize) {
+        self.cluster.kill_member(turn % self.members);
+    }
+    fn stop(&mut self, turn: usize) {
+        self.cluster.restart_member(turn % self.members);
+    }
+}
+
+/// Two Redlock nodes of five killed -9, and restarted empty after the
+/// fault's 1.5–3 TTLs (the delayed restart Redlock asks for), other nodes
+/// each turn.
+struct RedlockMinorityKilled(Vec<RedisServer>);
+
+impl RedlockMinorityKilled {
+    fn two(&self, turn: usize) -> [usize; 2] {
+        let n = self.0.len();
+        [turn % n, (turn + 2) % n]
+    }
+}
+
+impl Fault for RedlockMinorityKilled {
+    fn start(&mut self, turn: usize) {
+        for i in self.two(turn) {
+            self.0[i].kill();
+        }
+    }
+    fn stop(&mut self, turn: usize) {
+        for i in self.two(turn) {
+            self.0[i].restart();
+        }
+    }
 }
 
 /// Runs a bounded torture with the test itself as the nemesis: the
 /// harness's `--nemesis-exec` script asks (a file in a directory of its
-/// own) and waits (bounded) until this thread has done it to `server`
-/// (pause and resume, or kill and restart), so the server faults come from
-/// the test kit, which owns the server. Safety rules as in every run; the
-/// recovery bound applies to the client faults, which take turns with it.
-fn torture_with_server_faults<S: Server + Send + 'static>(
-    server: S,
-    url: String,
-    seed: u64,
-    ttl: &str,
-    fault: ServerFault,
-) {
+/// own) and waits (bounded) until this thread has started or stopped
+/// `fault`, so the server faults come from the test kit, which owns the
+/// servers (the harness runs one such fault at a time). Safety rules as in
+/// every run; the recovery bound applies to the client faults, which take
+/// turns with it.
+fn torture_with_faults<F: Fault>(fault: F, url: String, seed: u64, ttl: &str) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_path_buf();
@@ -235,10 +295,10 @@ fn torture_with_server_faults<S: Server + Send + 'static>(
     let acting = {
         let (stop, d) = (stop.clone(), d.clone());
         std::thread::spawn(move || {
-            let mut server = server;
-            let mut starts = 0usize;
-            // What is done to the server now: the stop undoes it.
-            let mut killed = false;
+            let mut fault = fault;
+            let mut turns = 0usize;
+            // Whether a fault is in force: the end undoes it.
+            let mut started = false;
             while !stop.load(Ordering::Relaxed) {
                 let Ok(phase) = std::fs::read_to_string(d.join("req")) else {
                     std::thread::sleep(Duration::from_millis(20));
@@ -246,32 +306,27 @@ fn torture_with_server_faults<S: Server + Send + 'static>(
                 };
                 let _ = std::fs::remove_file(d.join("req"));
                 match phase.trim() {
-                    "start" => {
-                        starts += 1;
-                        killed = matches!(fault, ServerFault::PauseOrRestart) && starts % 2 == 0;
-                        if killed {
-                            server.kill();
-                        } else {
-                            server.pause();
-                        }
+                    "start" if !started => {
+                        turns += 1;
+                        fault.start(turns);
+                        started = true;
                     }
-                    _ if killed => {
-                        server.restart();
-                        killed = false;
+                    "stop" if started => {
+                        fault.stop(turns);
+                        started = false;
                     }
-                    _ => server.resume(),
+                    _ => {}
                 }
                 std::fs::write(d.join("ack"), "").unwrap();
             }
-            if killed {
-                server.restart();
+            if started {
+                fault.stop(turns);
             }
-            server.resume();
-            (server, starts)
+            (fault, turns)
         })
     };
     // Whatever happens to the run (a failed assertion), the thread stops
-    // and the server is resumed or restarted, then dropped.
+    // and the fault is undone, then the servers dropped.
     struct Stop<T>(
         std::sync::Arc<AtomicBool>,
         Option<std::thread::JoinHandle<T>>,
@@ -288,8 +343,24 @@ fn torture_with_server_faults<S: Server + Send + 'static>(
     let cmd = format!("sh {}", script.display());
     torture_run(url, seed, ttl, &["--nemesis-exec", &cmd]);
     guard.0.store(true, Ordering::Relaxed);
-    let (_server, starts) = guard.1.take().unwrap().join().unwrap();
-    assert!(starts >= 1, "no server fault took its turn");
+    let (_fault, turns) = guard.1.take().unwrap().join().unwrap();
+    assert!(turns >= 1, "no server fault took its turn");
+}
+
+fn paused<S: Server + Send + 'static>(server: S) -> ServerFault<S> {
+    ServerFault {
+        server,
+        restarts: false,
+        killed: false,
+    }
+}
+
+fn paused_or_restarted<S: Server + Send + 'static>(server: S) -> ServerFault<S> {
+    ServerFault {
+        server,
+        restarts: true,
+        killed: false,
+    }
 }
 
 #[test]
@@ -299,7 +370,7 @@ fn redis_server_paused() {
     };
     let url = server.url();
     // A killed Redis comes back empty (no persistence): paused only.
-    torture_with_server_faults(server, url, 12, "1s", ServerFault::Pause);
+    torture_with_faults(paused(server), url, 12, "1s");
 }
 
 #[test]
@@ -309,8 +380,16 @@ fn redlock_minority_paused() {
     let url = RedisServer::redlock_url(&servers);
     // One node of three: the majority goes on.
     let node = servers.remove(0);
-    torture_with_server_faults(node, url, 13, "1s", ServerFault::Pause);
+    torture_with_faults(paused(node), url, 13, "1s");
     drop(servers);
+}
+
+#[test]
+fn redlock_five_nodes_two_killed() {
+    let servers: Option<Vec<RedisServer>> = (0..5).map(|_| RedisServer::start_or_skip()).collect();
+    let Some(servers) = servers else { return };
+    let url = RedisServer::redlock_url(&servers);
+    torture_with_faults(RedlockMinorityKilled(servers), url, 18, "1s");
 }
 
 #[test]
@@ -319,7 +398,7 @@ fn postgres_server_paused_and_restarted() {
         return;
     };
     let url = server.url();
-    torture_with_server_faults(server, url, 14, "1s", ServerFault::PauseOrRestart);
+    torture_with_faults(paused_or_restarted(server), url, 14, "1s");
 }
 
 #[test]
@@ -328,7 +407,7 @@ fn mysql_server_paused_and_restarted() {
         return;
     };
     let url = server.url();
-    torture_with_server_faults(server, url, 15, "1s", ServerFault::PauseOrRestart);
+    torture_with_faults(paused_or_restarted(server), url, 15, "1s");
 }
 
 #[test]
@@ -337,7 +416,20 @@ fn etcd_server_paused_and_restarted() {
         return;
     };
     let url = cluster.url();
-    torture_with_server_faults(cluster, url, 16, "2s", ServerFault::PauseOrRestart);
+    torture_with_faults(paused_or_restarted(cluster), url, 16, "2s");
+}
+
+#[test]
+fn etcd_three_members_one_killed() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let url = cluster.url();
+    let fault = MemberKilled {
+        cluster,
+        members: 3,
+    };
+    torture_with_faults(fault, url, 19, "2s");
 }
 
 #[test]
@@ -346,5 +438,18 @@ fn zookeeper_server_paused_and_restarted() {
         return;
     };
     let url = ensemble.url();
-    torture_with_server_faults(ensemble, url, 17, "1s", ServerFault::PauseOrRestart);
+    torture_with_faults(paused_or_restarted(ensemble), url, 17, "1s");
+}
+
+#[test]
+fn zookeeper_three_servers_one_killed() {
+    let Some(ensemble) = ZkEnsemble::start_or_skip(3) else {
+        return;
+    };
+    let url = ensemble.url();
+    let fault = MemberKilled {
+        cluster: ensemble,
+        members: 3,
+    };
+    torture_with_faults(fault, url, 20, "2s");
 }

@@ -26,6 +26,10 @@ impl Session {
         // The kind's own sense (permits within the limit) is checked here,
         // once, so no backend has to; its fit with the queue is the store's.
         crate::queue::check_compatible(name, kind, [])?;
+        // A release of this name that the store did not answer is retried
+        // in the background: joining before it lands would take the old
+        // entry again, with its old token.
+        self.settled(name).await?;
         let store = self.store().clone();
         let key = self.key().clone();
         let task_name = name.clone();
@@ -54,6 +58,7 @@ impl Session {
         )
         .await?;
         Ok(joined.map(|joined| {
+            self.count_hold(name, 1);
             (
                 Hold {
                     session: self.clone(),
@@ -203,22 +208,36 @@ impl Hold {
         let key = self.session.key().clone();
         let name = self.name.clone();
         let seq = self.seq;
-        finish(async move { store.leave(&key, &name, seq).await }, |_| {}).await
+        let others = self.session.count_hold(&self.name, -1);
+        let result = finish(async move { store.leave(&key, &name, seq).await }, |_| {}).await;
+        if let Err(e) = &result {
+            // The store may still hold the entry: keep leaving until it
+            // answers, or the lock would stay taken as long as the session.
+            // Only the last hold: a retry after a lost answer could give
+            // back another guard's hold of the same entry.
+            if e.is_temporary() && others == 0 {
+                self.session.leave_in_background(&self.name, self.seq);
+            }
+        }
+        result
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
         if self.armed {
-            let store = self.session.store().clone();
-            let key = self.session.key().clone();
-            let name = self.name.clone();
-            let seq = self.seq;
-            spawn_detached(async move {
-                if let Err(e) = store.leave(&key, &name, seq).await {
-                    tracing::debug!(error = %e, %name, "release on drop failed");
-                }
-            });
+            if self.session.count_hold(&self.name, -1) == 0 {
+                self.session.leave_in_background(&self.name, self.seq);
+            } else {
+                let store = self.session.store().clone();
+                let key = self.session.key().clone();
+                let (name, seq) = (self.name.clone(), self.seq);
+                spawn_detached(async move {
+                    if let Err(e) = store.leave(&key, &name, seq).await {
+                        tracing::debug!(error = %e, %name, "release on drop failed");
+                    }
+                });
+            }
         }
     }
 }
@@ -229,5 +248,120 @@ impl fmt::Debug for Hold {
             .field("name", &self.name)
             .field("seq", &self.seq)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use crate::error::{Error, Result};
+    use crate::store::*;
+    use crate::{Mutex, Session};
+
+    /// A memory store whose next `fail` leaves answer "unavailable" without
+    /// doing anything (the store did not answer).
+    #[derive(Debug)]
+    struct Flaky {
+        inner: Arc<dyn Store>,
+        fail: AtomicU32,
+    }
+
+    #[async_trait]
+    impl Store for Flaky {
+        fn capabilities(&self) -> &Capabilities {
+            self.inner.capabilities()
+        }
+        async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
+            self.inner.open_session(spec).await
+        }
+        async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
+            self.inner.keep_alive(session).await
+        }
+        async fn close_session(&self, session: &SessionKey) -> Result<()> {
+            self.inner.close_session(session).await
+        }
+        async fn join(
+            &self,
+            session: &SessionKey,
+            request: JoinRequest<'_>,
+        ) -> Result<Option<Joined>> {
+            self.inner.join(session, request).await
+        }
+        async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+            let failing = self
+                .fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                return Err(Error::unavailable("flaky", "no answer"));
+            }
+            self.inner.leave(session, name, seq).await
+        }
+        async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
+            self.inner.await_grant(session, name, seq).await
+        }
+        async fn set_value(
+            &self,
+            key: &SessionKey,
+            name: &Name,
+            seq: u64,
+            value: &[u8],
+        ) -> Result<()> {
+            self.inner.set_value(key, name, seq, value).await
+        }
+        async fn queue(&self, name: &Name) -> Result<Queue> {
+            self.inner.queue(name).await
+        }
+        async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
+            self.inner.wait_changed(name, version).await
+        }
+        async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
+            self.inner.names(prefix).await
+        }
+        async fn evict(&self, name: &Name) -> Result<usize> {
+            self.inner.evict(name).await
+        }
+    }
+
+    /// A release the store did not answer is retried in the background, so
+    /// the lock does not stay taken for the session's life; and the same
+    /// session's next lock of the name waits for it, then gets a new entry
+    /// with a higher token (not the old one again, reentrantly).
+    #[tokio::test]
+    async fn a_release_without_an_answer_is_retried() {
+        let memory = crate::open("memory://").await.unwrap();
+        let flaky = Arc::new(Flaky {
+            inner: memory,
+            fail: AtomicU32::new(0),
+        });
+        let store: Arc<dyn Store> = flaky.clone();
+        let s = Session::new(&store).await.unwrap();
+        let m = Mutex::new(&s, "flaky").unwrap();
+        let first = m.lock().await.unwrap();
+        let token = first.token();
+        flaky.fail.store(3, Ordering::SeqCst);
+        let e = first.release().await.unwrap_err();
+        assert!(e.is_temporary(), "{e:?}");
+        let again = tokio::time::timeout(Duration::from_secs(5), m.lock())
+            .await
+            .expect("locked again in time")
+            .unwrap();
+        assert!(again.token() > token, "{} after {token}", again.token());
+        let q = store.queue(&Name::new("flaky").unwrap()).await.unwrap();
+        assert_eq!(q.entries.len(), 1, "{q:?}");
+        assert_eq!(q.entries[0].holds, 1, "{q:?}");
+        again.release().await.unwrap();
+        assert!(store
+            .queue(&Name::new("flaky").unwrap())
+            .await
+            .unwrap()
+            .entries
+            .is_empty());
+        s.close().await.unwrap();
     }
 }

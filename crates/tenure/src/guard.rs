@@ -124,7 +124,12 @@ macro_rules! guard_type {
             /// # Errors
             ///
             /// [`Error::SessionLost`](crate::Error::SessionLost) if the session
-            /// had already ended (the store released it then).
+            /// had already ended (the store released it then). A temporary
+            /// error ([`Error::is_temporary`](crate::Error::is_temporary)):
+            /// the store did not answer, so the release is tried again in the
+            /// background until it lands or the session ends (when this was
+            /// the process's last hold of the name), and this session's next
+            /// acquisition of the name waits for it.
             ///
             /// # Cancel safety
             ///

@@ -697,16 +697,30 @@ async fn reply(stdin: &mut ChildStdin, line: &str) -> std::io::Result<()> {
 async fn leaks(store: &Arc<dyn Store>, prefix: &str, ttl: Duration) -> Result<usize, String> {
     let deadline = Instant::now() + ttl * 4 + Duration::from_secs(5);
     loop {
-        let names = store.names(prefix).await.map_err(|e| e.to_string())?;
+        // A server the run restarted answers again after a reconnect: a
+        // connection it broke fails once, then works.
+        let names = match store.names(prefix).await {
+            Ok(names) => names,
+            Err(e) if e.is_temporary() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         if names.is_empty() {
             return Ok(0);
         }
         if Instant::now() >= deadline {
             return Ok(names.len());
         }
-        let session = Session::with_options(store, SessionOptions::new().ttl(ttl))
-            .await
-            .map_err(|e| e.to_string())?;
+        let session = match Session::with_options(store, SessionOptions::new().ttl(ttl)).await {
+            Ok(s) => s,
+            Err(e) if e.is_temporary() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         for name in &names {
             if let Ok(Some(guard)) = Mutex::new(&session, name.as_str())
                 .map_err(|e| e.to_string())?

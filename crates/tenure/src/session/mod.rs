@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 pub use crate::error::LostReason;
 use crate::error::{Error, Result};
-use crate::store::{SessionKey, SessionSpec, Store};
+use crate::store::{Name, SessionKey, SessionSpec, Store};
 use crate::task::{finish, spawn_detached};
 
 /// A lease on a store. Everything taken through a session is released by the
@@ -50,6 +50,14 @@ struct Inner {
     /// What ends with the session ([`Session::tie`]): run once when it is
     /// lost or closed. The next id, and the hooks by id.
     on_end: StdMutex<(u64, std::collections::HashMap<u64, EndHook>)>,
+    /// Entries whose release failed for a while (the store did not answer):
+    /// left again in the background, and this session's next acquisition of
+    /// the name waits for that first (else it would take the old entry
+    /// again, reentrantly, with its old token).
+    leaving: StdMutex<std::collections::HashMap<Name, watch::Receiver<bool>>>,
+    /// Holds this process has of each name's entry (reentrant acquisitions
+    /// share one entry): a release is retried only when it is the last.
+    holds: StdMutex<std::collections::HashMap<Name, u32>>,
 }
 
 type EndHook = Box<dyn FnOnce() + Send>;
@@ -239,6 +247,8 @@ impl Session {
             detached: std::sync::atomic::AtomicBool::new(false),
             counted_open: std::sync::atomic::AtomicBool::new(false),
             on_end: StdMutex::new((0, std::collections::HashMap::new())),
+            leaving: StdMutex::new(std::collections::HashMap::new()),
+            holds: StdMutex::new(std::collections::HashMap::new()),
         });
         if crate::metrics::session_opened(inner.backend()) {
             inner
@@ -358,6 +368,80 @@ impl Session {
                 task.abort();
             }
         }
+    }
+
+    /// Leaves the entry `seq` of `name` in the background, again and again
+    /// while the store does not answer, until it is gone or the session is
+    /// (its entries then go with it); meanwhile this session's acquisitions
+    /// of `name` wait ([`Session::settled`]).
+    pub(crate) fn leave_in_background(&self, name: &Name, seq: u64) {
+        let (done, rx) = watch::channel(false);
+        if let Ok(mut leaving) = self.inner.leaving.lock() {
+            leaving.insert(name.clone(), rx);
+        }
+        let session = self.clone();
+        let name = name.clone();
+        crate::task::spawn_detached(async move {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                if session.is_lost() {
+                    break;
+                }
+                match session.store().leave(session.key(), &name, seq).await {
+                    // Gone (an earlier try's answer may have been lost).
+                    Ok(_) | Err(Error::NotHeld(_)) | Err(Error::SessionLost(_)) => break,
+                    Err(e) if e.is_temporary() => {
+                        tracing::debug!(error = %e, %name, "leaving again in a moment");
+                        tokio::select! {
+                            () = tokio::time::sleep(backoff) => {}
+                            _ = session.lost() => break,
+                        }
+                        backoff = (backoff * 2).min(session.renew_interval());
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, %name, "could not leave the queue; it goes with the session");
+                        break;
+                    }
+                }
+            }
+            if let Ok(mut leaving) = session.inner.leaving.lock() {
+                leaving.remove(&name);
+            }
+            let _ = done.send(true);
+        });
+    }
+
+    /// Counts a hold of `name` taken (`+1`) or given back (`-1`); returns
+    /// how many this process has left.
+    pub(crate) fn count_hold(&self, name: &Name, delta: i32) -> u32 {
+        let Ok(mut holds) = self.inner.holds.lock() else {
+            return u32::MAX;
+        };
+        let n = holds.entry(name.clone()).or_insert(0);
+        *n = n.saturating_add_signed(delta);
+        let left = *n;
+        if left == 0 {
+            holds.remove(name);
+        }
+        left
+    }
+
+    /// Waits until no entry of `name` is being left in the background (or
+    /// the session is lost).
+    pub(crate) async fn settled(&self, name: &Name) -> Result<()> {
+        let pending = self
+            .inner
+            .leaving
+            .lock()
+            .ok()
+            .and_then(|leaving| leaving.get(name).cloned());
+        if let Some(mut rx) = pending {
+            tokio::select! {
+                _ = rx.wait_for(|done| *done) => {}
+                reason = self.lost() => return Err(Error::SessionLost(reason)),
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn check_alive(&self) -> Result<()> {
