@@ -203,7 +203,8 @@ pub async fn check_fence_values(t: &Target) {
 
 /// 16 tasks admit interleaved tokens (drawn from one counter as they go):
 /// the admitted tokens never go down in real-time order, a refusal names a
-/// token that was admitted, and the fence ends at the highest admitted.
+/// token that was admitted (on Redlock: presented), and the fence ends at
+/// the highest admitted.
 pub async fn check_fence_interleaved(t: &Target) {
     const TASKS: u64 = 16;
     const EACH: usize = 30;
@@ -252,12 +253,26 @@ pub async fn check_fence_interleaved(t: &Target) {
         .map(|c| c.2)
         .collect();
     assert!(!admitted.is_empty());
+    // Where nodes admit each on their own (Redlock, which for the same
+    // reason keeps no values through a fence), a token that reached a
+    // minority before a higher one refused it stays there, and a later
+    // refusal may name it: it was presented, and it is above the refused
+    // one. Elsewhere an admission is one atomic step.
+    let atomic = t.store.capabilities().fence_values;
+    let presented: std::collections::HashSet<u64> = calls.iter().map(|c| c.2).collect();
     for &(_, a_end, a_token, a_refused) in &calls {
         if let Some(highest) = a_refused {
-            assert!(
-                admitted.contains(&highest),
-                "a refusal named {highest}, which no call had admitted"
-            );
+            if atomic {
+                assert!(
+                    admitted.contains(&highest),
+                    "a refusal named {highest}, which no call had admitted"
+                );
+            } else {
+                assert!(
+                    presented.contains(&highest),
+                    "a refusal named {highest}, which no call had presented"
+                );
+            }
         }
         // Whatever a finished call saw as the highest, a later admission
         // is at least that.
@@ -277,7 +292,15 @@ pub async fn check_fence_interleaved(t: &Target) {
         .await
         .unwrap()
         .highest;
-    assert_eq!(Some(highest), admitted.iter().max().copied());
+    let top = admitted.iter().max().copied().unwrap_or(0);
+    if atomic {
+        assert_eq!(highest, top);
+    } else {
+        assert!(
+            highest >= top && presented.contains(&highest),
+            "the fence ends at {highest}, admitted up to {top}"
+        );
+    }
 }
 
 /// Versions: absent and present cases, a mismatch carries the current
