@@ -26,10 +26,6 @@ impl Session {
         // The kind's own sense (permits within the limit) is checked here,
         // once, so no backend has to; its fit with the queue is the store's.
         crate::queue::check_compatible(name, kind, [])?;
-        // A release of this name that the store did not answer is retried
-        // in the background: joining before it lands would take the old
-        // entry again, with its old token.
-        self.settled(name).await?;
         let store = self.store().clone();
         let key = self.key().clone();
         let task_name = name.clone();
@@ -58,7 +54,6 @@ impl Session {
         )
         .await?;
         Ok(joined.map(|joined| {
-            self.count_hold(name, 1);
             (
                 Hold {
                     session: self.clone(),
@@ -208,36 +203,36 @@ impl Hold {
         let key = self.session.key().clone();
         let name = self.name.clone();
         let seq = self.seq;
-        let others = self.session.count_hold(&self.name, -1);
-        let result = finish(async move { store.leave(&key, &name, seq).await }, |_| {}).await;
-        if let Err(e) = &result {
-            // The store may still hold the entry: keep leaving until it
-            // answers, or the lock would stay taken as long as the session.
-            // Only the last hold: a retry after a lost answer could give
-            // back another guard's hold of the same entry.
-            if e.is_temporary() && others == 0 {
-                self.session.leave_in_background(&self.name, self.seq);
-            }
-        }
-        result
+        // Decided inside the call, so that it holds even if the caller
+        // stops waiting: a release the store did not answer ends the session.
+        let session = self.session.clone();
+        finish(
+            async move {
+                let result = store.leave(&key, &name, seq).await;
+                if matches!(&result, Err(e) if e.is_temporary()) {
+                    session.end_unconfirmed();
+                }
+                result
+            },
+            |_| {},
+        )
+        .await
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
         if self.armed {
-            if self.session.count_hold(&self.name, -1) == 0 {
-                self.session.leave_in_background(&self.name, self.seq);
-            } else {
-                let store = self.session.store().clone();
-                let key = self.session.key().clone();
-                let (name, seq) = (self.name.clone(), self.seq);
-                spawn_detached(async move {
-                    if let Err(e) = store.leave(&key, &name, seq).await {
-                        tracing::debug!(error = %e, %name, "release on drop failed");
-                    }
-                });
-            }
+            let session = self.session.clone();
+            let (name, seq) = (self.name.clone(), self.seq);
+            spawn_detached(async move {
+                match session.store().leave(session.key(), &name, seq).await {
+                    // Unanswered: the session ends (see `release`).
+                    Err(e) if e.is_temporary() => session.end_unconfirmed(),
+                    Err(e) => tracing::debug!(error = %e, %name, "release on drop failed"),
+                    Ok(_) => {}
+                }
+            });
         }
     }
 }
@@ -328,12 +323,12 @@ mod tests {
         }
     }
 
-    /// A release the store did not answer is retried in the background, so
-    /// the lock does not stay taken for the session's life; and the same
-    /// session's next lock of the name waits for it, then gets a new entry
-    /// with a higher token (not the old one again, reentrantly).
+    /// A release the store did not answer ends the session: its holders are
+    /// told, its next lock fails instead of taking the old entry again with
+    /// its old token, its entries go with its close, and a new session gets
+    /// the name with a higher token.
     #[tokio::test]
-    async fn a_release_without_an_answer_is_retried() {
+    async fn a_release_without_an_answer_ends_the_session() {
         let memory = crate::open("memory://").await.unwrap();
         let flaky = Arc::new(Flaky {
             inner: memory,
@@ -344,24 +339,22 @@ mod tests {
         let m = Mutex::new(&s, "flaky").unwrap();
         let first = m.lock().await.unwrap();
         let token = first.token();
-        flaky.fail.store(3, Ordering::SeqCst);
+        flaky.fail.store(1, Ordering::SeqCst);
         let e = first.release().await.unwrap_err();
         assert!(e.is_temporary(), "{e:?}");
-        let again = tokio::time::timeout(Duration::from_secs(5), m.lock())
-            .await
-            .expect("locked again in time")
-            .unwrap();
+        assert_eq!(s.lost_reason(), Some(crate::LostReason::Unconfirmed));
+        let e = m.lock().await.unwrap_err();
+        assert!(matches!(e, Error::SessionLost(_)), "{e:?}");
+        let other = Session::new(&store).await.unwrap();
+        let again = tokio::time::timeout(
+            Duration::from_secs(5),
+            Mutex::new(&other, "flaky").unwrap().lock(),
+        )
+        .await
+        .expect("locked again in time")
+        .unwrap();
         assert!(again.token() > token, "{} after {token}", again.token());
-        let q = store.queue(&Name::new("flaky").unwrap()).await.unwrap();
-        assert_eq!(q.entries.len(), 1, "{q:?}");
-        assert_eq!(q.entries[0].holds, 1, "{q:?}");
         again.release().await.unwrap();
-        assert!(store
-            .queue(&Name::new("flaky").unwrap())
-            .await
-            .unwrap()
-            .entries
-            .is_empty());
-        s.close().await.unwrap();
+        other.close().await.unwrap();
     }
 }

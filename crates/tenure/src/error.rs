@@ -201,7 +201,8 @@ pub enum LostReason {
     /// release --force`) — or the store's clock stepped forward.
     Evicted,
     /// No renewal was confirmed before the local deadline, so the store may
-    /// already have expired the session.
+    /// already have expired the session; or a release went unanswered, so
+    /// the session no longer knows what it holds and ends.
     Unconfirmed,
     /// The session was closed by its owner.
     Closed,

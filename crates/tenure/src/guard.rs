@@ -126,10 +126,11 @@ macro_rules! guard_type {
             /// [`Error::SessionLost`](crate::Error::SessionLost) if the session
             /// had already ended (the store released it then). A temporary
             /// error ([`Error::is_temporary`](crate::Error::is_temporary)):
-            /// the store did not answer, so the release is tried again in the
-            /// background until it lands or the session ends (when this was
-            /// the process's last hold of the name), and this session's next
-            /// acquisition of the name waits for it.
+            /// the store did not answer, so it may or may not have let go;
+            /// the session then ends ([`LostReason::Unconfirmed`](crate::LostReason::Unconfirmed),
+            /// its other holders are told), and its entries go with its
+            /// close, or with its lease if the store does not answer that
+            /// either. Lock again with a new session.
             ///
             /// # Cancel safety
             ///

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 pub use crate::error::LostReason;
 use crate::error::{Error, Result};
-use crate::store::{Name, SessionKey, SessionSpec, Store};
+use crate::store::{SessionKey, SessionSpec, Store};
 use crate::task::{finish, spawn_detached};
 
 /// A lease on a store. Everything taken through a session is released by the
@@ -50,14 +50,6 @@ struct Inner {
     /// What ends with the session ([`Session::tie`]): run once when it is
     /// lost or closed. The next id, and the hooks by id.
     on_end: StdMutex<(u64, std::collections::HashMap<u64, EndHook>)>,
-    /// Entries whose release failed for a while (the store did not answer):
-    /// left again in the background, and this session's next acquisition of
-    /// the name waits for that first (else it would take the old entry
-    /// again, reentrantly, with its old token).
-    leaving: StdMutex<std::collections::HashMap<Name, watch::Receiver<bool>>>,
-    /// Holds this process has of each name's entry (reentrant acquisitions
-    /// share one entry): a release is retried only when it is the last.
-    holds: StdMutex<std::collections::HashMap<Name, u32>>,
 }
 
 type EndHook = Box<dyn FnOnce() + Send>;
@@ -247,8 +239,6 @@ impl Session {
             detached: std::sync::atomic::AtomicBool::new(false),
             counted_open: std::sync::atomic::AtomicBool::new(false),
             on_end: StdMutex::new((0, std::collections::HashMap::new())),
-            leaving: StdMutex::new(std::collections::HashMap::new()),
-            holds: StdMutex::new(std::collections::HashMap::new()),
         });
         if crate::metrics::session_opened(inner.backend()) {
             inner
@@ -370,78 +360,25 @@ impl Session {
         }
     }
 
-    /// Leaves the entry `seq` of `name` in the background, again and again
-    /// while the store does not answer, until it is gone or the session is
-    /// (its entries then go with it); meanwhile this session's acquisitions
-    /// of `name` wait ([`Session::settled`]).
-    pub(crate) fn leave_in_background(&self, name: &Name, seq: u64) {
-        let (done, rx) = watch::channel(false);
-        if let Ok(mut leaving) = self.inner.leaving.lock() {
-            leaving.insert(name.clone(), rx);
+    /// Ends the session because a release went unanswered: the store may or
+    /// may not have let go, and a session that does not know what it holds
+    /// cannot go on (a retry could give back another guard's hold of a
+    /// reentrant entry; taking the name again would take the old entry with
+    /// its old token). Its holders are told ([`LostReason::Unconfirmed`]);
+    /// its entries go with its close, or with its lease if that is not
+    /// answered either.
+    pub(crate) fn end_unconfirmed(&self) {
+        if let Ok(mut task) = self.inner.task.lock() {
+            if let Some(task) = task.take() {
+                task.abort();
+            }
         }
-        let session = self.clone();
-        let name = name.clone();
+        mark_lost(&self.inner, LostReason::Unconfirmed);
+        let store = self.inner.store.clone();
+        let key = self.inner.key.clone();
         crate::task::spawn_detached(async move {
-            let mut backoff = Duration::from_millis(50);
-            loop {
-                if session.is_lost() {
-                    break;
-                }
-                match session.store().leave(session.key(), &name, seq).await {
-                    // Gone (an earlier try's answer may have been lost).
-                    Ok(_) | Err(Error::NotHeld(_)) | Err(Error::SessionLost(_)) => break,
-                    Err(e) if e.is_temporary() => {
-                        tracing::debug!(error = %e, %name, "leaving again in a moment");
-                        tokio::select! {
-                            () = tokio::time::sleep(backoff) => {}
-                            _ = session.lost() => break,
-                        }
-                        backoff = (backoff * 2).min(session.renew_interval());
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, %name, "could not leave the queue; it goes with the session");
-                        break;
-                    }
-                }
-            }
-            if let Ok(mut leaving) = session.inner.leaving.lock() {
-                leaving.remove(&name);
-            }
-            let _ = done.send(true);
+            let _ = store.close_session(&key).await;
         });
-    }
-
-    /// Counts a hold of `name` taken (`+1`) or given back (`-1`); returns
-    /// how many this process has left.
-    pub(crate) fn count_hold(&self, name: &Name, delta: i32) -> u32 {
-        let Ok(mut holds) = self.inner.holds.lock() else {
-            return u32::MAX;
-        };
-        let n = holds.entry(name.clone()).or_insert(0);
-        *n = n.saturating_add_signed(delta);
-        let left = *n;
-        if left == 0 {
-            holds.remove(name);
-        }
-        left
-    }
-
-    /// Waits until no entry of `name` is being left in the background (or
-    /// the session is lost).
-    pub(crate) async fn settled(&self, name: &Name) -> Result<()> {
-        let pending = self
-            .inner
-            .leaving
-            .lock()
-            .ok()
-            .and_then(|leaving| leaving.get(name).cloned());
-        if let Some(mut rx) = pending {
-            tokio::select! {
-                _ = rx.wait_for(|done| *done) => {}
-                reason = self.lost() => return Err(Error::SessionLost(reason)),
-            }
-        }
-        Ok(())
     }
 
     pub(crate) fn check_alive(&self) -> Result<()> {
