@@ -405,24 +405,27 @@ async fn config(State(c): State<Arc<Console>>) -> Json<serde_json::Value> {
 }
 
 async fn status(State(c): State<Arc<Console>>) -> Response {
-    c.count("status");
-    let snapshot = c.fresh().await;
-    match &snapshot.error {
-        Some(e) if snapshot.reads <= 1 => {
-            (StatusCode::SERVICE_UNAVAILABLE, e.clone()).into_response()
-        }
-        _ => Json(snapshot.names.clone()).into_response(),
-    }
+    answer(&c, "status", |s| &s.names).await
 }
 
 async fn schedules(State(c): State<Arc<Console>>) -> Response {
-    c.count("schedules");
+    answer(&c, "schedules", |s| &s.schedules).await
+}
+
+/// A part of a fresh snapshot as JSON, or 503 while the store has never
+/// answered.
+async fn answer(
+    c: &Console,
+    route: &'static str,
+    part: impl Fn(&Snapshot) -> &serde_json::Value,
+) -> Response {
+    c.count(route);
     let snapshot = c.fresh().await;
     match &snapshot.error {
         Some(e) if snapshot.reads <= 1 => {
             (StatusCode::SERVICE_UNAVAILABLE, e.clone()).into_response()
         }
-        _ => Json(snapshot.schedules.clone()).into_response(),
+        _ => Json(part(&snapshot).clone()).into_response(),
     }
 }
 

@@ -132,25 +132,11 @@ CREATE OR REPLACE FUNCTION @s.unlapsed(p_secret text) RETURNS boolean LANGUAGE s
     SELECT EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > @s.now_ms())
 $$;
 
--- What a watcher watches: the entries of p_name before p_before (or only
--- p_only), each as "seq:renewals:lapse" (any renewal changes it, also one
--- by a client of an older schema, which counts none), comma-separated;
--- their longest TTL; ms until the first lapses by the clock (a hint of
--- when to look); and whether all have lapsed.
-DROP FUNCTION IF EXISTS @s.blockers(text, bigint, bigint);
-CREATE FUNCTION @s.blockers(p_name text, p_before bigint, p_only bigint,
-    OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT all_lapsed boolean)
-LANGUAGE sql AS $$
-    SELECT coalesce(string_agg(e.seq || ':' || s.renewals || ':' || s.expires_ms, ','
-                               ORDER BY e.seq), ''),
-           coalesce(max(s.ttl_ms), 0),
-           greatest(coalesce(min(s.expires_ms), 0) - @s.now_ms(), 0),
-           coalesce(max(s.expires_ms) <= @s.now_ms(), false)
-      FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
-     WHERE e.name = p_name AND e.seq < p_before AND (p_only IS NULL OR e.seq = p_only)
-$$;
-
--- The same, for the entries between p_after and p_before (both excluded).
+-- What a watcher watches: the entries of p_name between p_after and
+-- p_before (both excluded), each as "seq:renewals:lapse" (any renewal
+-- changes it, also one by a client of an older schema, which counts none),
+-- comma-separated; their longest TTL; ms until the first lapses by the
+-- clock (a hint of when to look); and whether all have lapsed.
 CREATE OR REPLACE FUNCTION @s.blockers_after(p_name text, p_after bigint, p_before bigint,
     OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT all_lapsed boolean)
 LANGUAGE sql AS $$
@@ -161,6 +147,16 @@ LANGUAGE sql AS $$
            coalesce(max(s.expires_ms) <= @s.now_ms(), false)
       FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
      WHERE e.name = p_name AND e.seq > p_after AND e.seq < p_before
+$$;
+
+-- The same, for the entries before p_before (or only p_only).
+DROP FUNCTION IF EXISTS @s.blockers(text, bigint, bigint);
+CREATE FUNCTION @s.blockers(p_name text, p_before bigint, p_only bigint,
+    OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT all_lapsed boolean)
+LANGUAGE sql AS $$
+    SELECT * FROM @s.blockers_after(p_name,
+        coalesce(p_only - 1, -1),
+        CASE WHEN p_only IS NULL THEN p_before ELSE least(p_only + 1, p_before) END)
 $$;
 
 -- Ends the sessions of p_name's entries before p_before that are still
