@@ -3,8 +3,12 @@
 //! Every other backend is compared with this one. State sits behind one mutex;
 //! expiry is judged by tokio's monotonic clock, and a reaper task ends each
 //! session at its deadline so that waiters and observers are woken on time.
+//!
+//! Like the stores, it does work per call that does not grow with a queue's
+//! length: sessions are indexed by expiry, a queue is ordered by token, and a
+//! change settles the granted entries and the first waiter only.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
@@ -65,6 +69,9 @@ impl Drop for Inner {
 #[derive(Debug, Default)]
 struct State {
     sessions: HashMap<SessionKey, SessionRec>,
+    /// Every session by its deadline (and its number, to tell ties apart).
+    by_expiry: BTreeMap<(Instant, u64), SessionKey>,
+    by_tag: HashMap<String, SessionKey>,
     names: BTreeMap<Name, NameRec>,
     registers: HashMap<Name, Register>,
     next_tag: u64,
@@ -110,17 +117,43 @@ impl State {
 
 #[derive(Debug)]
 struct SessionRec {
+    number: u64,
     tag: String,
     label: String,
     ttl: Duration,
     expires: Instant,
+    /// The names this session has an entry on.
+    names: HashSet<Name>,
 }
 
 #[derive(Debug)]
 struct NameRec {
     last_seq: u64,
     version: watch::Sender<u64>,
-    entries: Vec<EntryRec>,
+    /// The queue, in order: tokens only grow.
+    entries: BTreeMap<u64, EntryRec>,
+    /// Each session's entry here (a session has at most one per name).
+    by_session: HashMap<SessionKey, u64>,
+}
+
+impl NameRec {
+    fn new() -> Self {
+        NameRec {
+            last_seq: 0,
+            version: watch::channel(0).0,
+            entries: BTreeMap::new(),
+            by_session: HashMap::new(),
+        }
+    }
+
+    /// The session's entry with token `seq`.
+    fn entry(&self, session: &SessionKey, seq: u64) -> Option<&EntryRec> {
+        self.entries.get(&seq).filter(|e| &e.session == session)
+    }
+
+    fn entry_mut(&mut self, session: &SessionKey, seq: u64) -> Option<&mut EntryRec> {
+        self.entries.get_mut(&seq).filter(|e| &e.session == session)
+    }
 }
 
 #[derive(Debug)]
@@ -177,46 +210,52 @@ impl MemoryStore {
         state
     }
 
-    /// Ends every session whose deadline has passed and settles its queues.
+    /// Ends every session whose deadline has passed (the first ones by
+    /// deadline only) and settles their queues.
     fn purge(&self, state: &mut State, now: Instant) {
-        let expired: Vec<SessionKey> = state
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.expires <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in expired {
+        while let Some(entry) = state.by_expiry.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let key = entry.remove();
             self.remove_session(state, &key);
         }
     }
 
     fn remove_session(&self, state: &mut State, key: &SessionKey) {
-        state.sessions.remove(key);
-        for rec in state.names.values_mut() {
-            if rec.entries.iter().any(|e| &e.session == key) {
-                rec.entries.retain(|e| {
-                    if &e.session == key {
-                        // Wake a waiter of the removed entry so it can report.
-                        if !e.granted {
-                            e.wake.notify_waiters();
-                            self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
-                        }
-                        false
-                    } else {
-                        true
-                    }
-                });
-                self.settle(rec);
+        let Some(session) = state.sessions.remove(key) else {
+            return;
+        };
+        state.by_expiry.remove(&(session.expires, session.number));
+        state.by_tag.remove(&session.tag);
+        for name in &session.names {
+            let Some(rec) = state.names.get_mut(name) else {
+                continue;
+            };
+            let Some(seq) = rec.by_session.remove(key) else {
+                continue;
+            };
+            if let Some(e) = rec.entries.remove(&seq) {
+                // Wake a waiter of the removed entry so it can report.
+                if !e.granted {
+                    e.wake.notify_waiters();
+                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                }
             }
+            self.settle(rec);
         }
     }
 
-    /// Recomputes grants after a change, wakes exactly the newly granted
-    /// entries and bumps the version.
+    /// Grants what a change made grantable (a walk from the head over the
+    /// granted entries and the first waiter), wakes exactly those entries
+    /// and bumps the version.
     fn settle(&self, rec: &mut NameRec) {
-        let kinds: Vec<EntryKind> = rec.entries.iter().map(|e| e.kind).collect();
-        for (entry, granted) in rec.entries.iter_mut().zip(queue::grants(&kinds)) {
-            if granted && !entry.granted {
+        let mut walk = queue::GrantWalk::new();
+        for entry in rec.entries.values_mut() {
+            if !walk.admit(entry.kind) {
+                break;
+            }
+            if !entry.granted {
                 entry.granted = true;
                 entry.granted_at = Some(SystemTime::now());
                 // Every task waiting on this entry (a session's reentrant
@@ -262,7 +301,7 @@ async fn reap(weak: Weak<Inner>, wake: Arc<Notify>, caps: Arc<Capabilities>) {
                 caps: caps.clone(),
             };
             let state = store.lock(); // purges
-            state.sessions.values().map(|s| s.expires).min()
+            state.by_expiry.keys().next().map(|(at, _)| *at)
         };
         match next {
             Some(at) => {
@@ -316,16 +355,22 @@ impl Store for MemoryStore {
         let key = SessionKey::new(crate::store::random_hex(16)?);
         let mut state = self.lock();
         state.next_tag += 1;
-        let tag = format!("m{}", state.next_tag);
+        let number = state.next_tag;
+        let tag = format!("m{number}");
+        let expires = far_add(Instant::now(), spec.ttl);
         state.sessions.insert(
             key.clone(),
             SessionRec {
+                number,
                 tag: tag.clone(),
                 label: spec.label.clone(),
                 ttl: spec.ttl,
-                expires: far_add(Instant::now(), spec.ttl),
+                expires,
+                names: HashSet::new(),
             },
         );
+        state.by_expiry.insert((expires, number), key.clone());
+        state.by_tag.insert(tag.clone(), key.clone());
         drop(state);
         self.inner.reaper.notify_one();
         Ok(OpenedSession { key, tag })
@@ -337,7 +382,11 @@ impl Store for MemoryStore {
             .sessions
             .get_mut(session)
             .ok_or(Error::SessionLost(crate::error::LostReason::Expired))?;
+        let was = (rec.expires, rec.number);
         rec.expires = far_add(Instant::now(), rec.ttl);
+        let now = (rec.expires, rec.number);
+        state.by_expiry.remove(&was);
+        state.by_expiry.insert(now, session.clone());
         Ok(())
     }
 
@@ -351,12 +400,9 @@ impl Store for MemoryStore {
         let (name, kind, value, mode) = (request.name, request.kind, request.value, request.mode);
         let mut state = self.lock();
         Self::session(&state, session)?;
-        let rec = state.names.entry(name.clone()).or_insert_with(|| NameRec {
-            last_seq: 0,
-            version: watch::channel(0).0,
-            entries: Vec::new(),
-        });
-        if let Some(own) = rec.entries.iter_mut().find(|e| &e.session == session) {
+        let rec = state.names.entry(name.clone()).or_insert_with(NameRec::new);
+        let own_seq = rec.by_session.get(session).copied();
+        if let Some(own) = own_seq.and_then(|seq| rec.entries.get_mut(&seq)) {
             queue::check_same_kind(name, own.kind, kind)?;
             if mode == JoinMode::IfGranted && !own.granted {
                 return Ok(None);
@@ -369,26 +415,41 @@ impl Store for MemoryStore {
                 first: false,
             }));
         }
-        queue::check_compatible(name, kind, rec.entries.iter().map(|e| e.kind))?;
-        let mut kinds: Vec<EntryKind> = rec.entries.iter().map(|e| e.kind).collect();
-        kinds.push(kind);
-        let granted = queue::grants(&kinds).last().copied().unwrap_or(false);
+        // Every entry agrees in kind with every other (each was checked on
+        // joining), so the head stands for them all.
+        let head = rec.entries.values().next().map(|e| e.kind);
+        queue::check_compatible(name, kind, head)?;
+        // A new entry goes last: it is granted only if every entry is, and
+        // the rule admits it after them.
+        let mut walk = queue::GrantWalk::new();
+        let granted = rec
+            .entries
+            .values()
+            .all(|e| e.granted && walk.admit(e.kind))
+            && walk.admit(kind);
         if mode == JoinMode::IfGranted && !granted {
             return Ok(None);
         }
         rec.last_seq += 1;
         let seq = rec.last_seq;
-        rec.entries.push(EntryRec {
+        rec.by_session.insert(session.clone(), seq);
+        rec.entries.insert(
             seq,
-            kind,
-            session: session.clone(),
-            value: value.to_vec(),
-            holds: 1,
-            granted,
-            granted_at: granted.then(SystemTime::now),
-            wake: Arc::new(Notify::new()),
-        });
+            EntryRec {
+                seq,
+                kind,
+                session: session.clone(),
+                value: value.to_vec(),
+                holds: 1,
+                granted,
+                granted_at: granted.then(SystemTime::now),
+                wake: Arc::new(Notify::new()),
+            },
+        );
         rec.version.send_modify(|v| *v += 1);
+        if let Some(s) = state.sessions.get_mut(session) {
+            s.names.insert(name.clone());
+        }
         Ok(Some(Joined {
             seq,
             granted,
@@ -404,16 +465,18 @@ impl Store for MemoryStore {
             .names
             .get_mut(name)
             .ok_or(Error::NotHeld("no such entry"))?;
-        let pos = rec
-            .entries
-            .iter()
-            .position(|e| e.seq == seq && &e.session == session)
+        let entry = rec
+            .entry_mut(session, seq)
             .ok_or(Error::NotHeld("this session has no such entry"))?;
-        rec.entries[pos].holds -= 1;
-        let holds = rec.entries[pos].holds;
+        entry.holds -= 1;
+        let holds = entry.holds;
         if holds == 0 {
-            rec.entries.remove(pos);
+            rec.entries.remove(&seq);
+            rec.by_session.remove(session);
             self.settle(rec);
+            if let Some(s) = state.sessions.get_mut(session) {
+                s.names.remove(name);
+            }
         }
         Ok(holds)
     }
@@ -426,11 +489,7 @@ impl Store for MemoryStore {
                 let entry = state
                     .names
                     .get(name)
-                    .and_then(|rec| {
-                        rec.entries
-                            .iter()
-                            .find(|e| e.seq == seq && &e.session == session)
-                    })
+                    .and_then(|rec| rec.entry(session, seq))
                     .ok_or(Error::NotHeld("this session has no such entry"))?;
                 if entry.granted {
                     return Ok(());
@@ -448,11 +507,7 @@ impl Store for MemoryStore {
                 let granted = state
                     .names
                     .get(name)
-                    .and_then(|rec| {
-                        rec.entries
-                            .iter()
-                            .find(|e| e.seq == seq && &e.session == session)
-                    })
+                    .and_then(|rec| rec.entry(session, seq))
                     .ok_or(Error::NotHeld("this session has no such entry"))?
                     .granted;
                 if granted {
@@ -471,9 +526,8 @@ impl Store for MemoryStore {
             .get_mut(name)
             .ok_or(Error::NotHeld("no such entry"))?;
         let entry = rec
-            .entries
-            .iter_mut()
-            .find(|e| e.seq == seq && &e.session == key && e.granted)
+            .entry_mut(key, seq)
+            .filter(|e| e.granted)
             .ok_or(Error::NotHeld(
                 "this session holds no granted entry with that token",
             ))?;
@@ -490,7 +544,7 @@ impl Store for MemoryStore {
                 version: *rec.version.borrow(),
                 entries: rec
                     .entries
-                    .iter()
+                    .values()
                     .map(|e| entry_view(&state, e, now))
                     .collect(),
             },
@@ -501,11 +555,7 @@ impl Store for MemoryStore {
     async fn wait_changed(&self, name: &Name, version: u64) -> Result<u64> {
         let mut rx = {
             let mut state = self.lock();
-            let rec = state.names.entry(name.clone()).or_insert_with(|| NameRec {
-                last_seq: 0,
-                version: watch::channel(0).0,
-                entries: Vec::new(),
-            });
+            let rec = state.names.entry(name.clone()).or_insert_with(NameRec::new);
             rec.version.subscribe()
         };
         let seen = rx
@@ -532,8 +582,8 @@ impl Store for MemoryStore {
             .get(name)
             .map(|rec| {
                 rec.entries
-                    .iter()
-                    .filter(|e| e.granted)
+                    .values()
+                    .take_while(|e| e.granted)
                     .map(|e| e.session.clone())
                     .collect()
             })
@@ -546,11 +596,7 @@ impl Store for MemoryStore {
 
     async fn evict_session(&self, tag: &str) -> Result<bool> {
         let mut state = self.lock();
-        let key = state
-            .sessions
-            .iter()
-            .find(|(_, rec)| rec.tag == tag)
-            .map(|(key, _)| key.clone());
+        let key = state.by_tag.get(tag).cloned();
         if let Some(key) = &key {
             self.remove_session(&mut state, key);
         }
