@@ -61,6 +61,82 @@ async fn no_thundering_herd() {
     tenure_testkit::conformance::check_no_thundering_herd(&store, || etcd.wakeups(), 1, 0).await;
 }
 
+/// A run of handoffs down a queue of 16 exclusive waiters: each waiter is
+/// told by the watch event that the entry just ahead left granted, so only
+/// the first (behind a holder granted at once, hence unmarked) reads its
+/// queue; the grants still come in order with increasing tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoffs_read_no_queue() {
+    let Some(server) = shared() else { return };
+    let etcd = tenure::backend::etcd::EtcdStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(etcd.clone());
+    const WAITERS: usize = 16;
+    let name = format!("marked-{}", std::process::id());
+    let holder = tenure::Session::new(&store).await.unwrap();
+    let held = tenure::Mutex::new(&holder, &name)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut sessions = Vec::new();
+    for i in 0..WAITERS {
+        let s = tenure::Session::new(&store).await.unwrap();
+        sessions.push(s.clone());
+        let (tx, waiting_on) = (tx.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = tenure::Mutex::new(&s, &waiting_on).unwrap().lock().await;
+            let token = g.as_ref().map(|g| g.token()).map_err(|e| e.to_string());
+            if let Ok(g) = g {
+                let _ = g.release().await;
+            }
+            let _ = tx.send((i, token));
+        });
+        // Join one at a time, so the queue's order is the spawn order.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while store
+            .queue(&tenure::Name::new(&name).unwrap())
+            .await
+            .unwrap()
+            .entries
+            .len()
+            < i + 2
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "waiter {i} never joined"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    // Every waiter has looked once and watches the entry just ahead.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = etcd.queue_looks();
+    let first = held.token();
+    held.release().await.unwrap();
+    let mut last = first;
+    for want in 0..WAITERS {
+        let (i, token) = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the next waiter was granted in time")
+            .unwrap();
+        let token = token.expect("granted");
+        assert_eq!(i, want, "granted out of order");
+        assert!(token > last, "tokens not increasing: {token} after {last}");
+        last = token;
+    }
+    let looks = etcd.queue_looks() - before;
+    assert!(
+        looks <= 1,
+        "{WAITERS} handoffs read the queue {looks} times (only the first may)"
+    );
+    for s in sessions.into_iter().chain([holder]) {
+        let _ = s.close().await;
+    }
+}
+
 /// A 3-member cluster: the raft leader killed while a lock is held and two
 /// waiters wait, then a follower: the holder keeps its lease, no two
 /// holders at once, waiters proceed in order, tokens keep increasing.

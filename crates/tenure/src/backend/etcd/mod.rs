@@ -140,6 +140,7 @@ struct Inner {
     caps: Capabilities,
     keepers: tokio::sync::Mutex<HashMap<i64, Arc<tokio::sync::Mutex<Keeper>>>>,
     wakeups: AtomicU64,
+    looks: AtomicU64,
 }
 
 struct Keeper {
@@ -306,6 +307,39 @@ fn decode(raw: &[u8]) -> Result<(EntryKind, String, Vec<u8>)> {
     ))
 }
 
+/// The header field an exclusive entry gains when its holder is granted
+/// after waiting. Its deletion then tells the waiter just behind it, from
+/// the watch event alone, that nothing is left ahead: nothing was ahead of
+/// a granted exclusive entry, and entries only join at the back. So a
+/// handoff costs no read of the queue, which etcd answers in `O(n)` (it
+/// sorts a range by create revision by reading every key of it). Older
+/// readers ignore the field.
+const GRANTED_MARK: &str = "g";
+
+/// Whether `raw` is an exclusive entry marked [`GRANTED_MARK`].
+fn marked_granted(raw: &[u8]) -> bool {
+    let head = match raw.iter().position(|b| *b == b'\n') {
+        Some(nl) => &raw[..nl],
+        None => return false,
+    };
+    let mut fields = head.split(|b| *b == b'\t');
+    fields.next() == Some(codec::kind_letter(EntryKind::Exclusive).as_bytes())
+        && fields.nth(3) == Some(GRANTED_MARK.as_bytes())
+}
+
+/// `raw` with [`GRANTED_MARK`] added, if it has a header and no mark yet.
+fn with_granted_mark(raw: &[u8]) -> Option<Vec<u8>> {
+    let nl = raw.iter().position(|b| *b == b'\n')?;
+    if raw[..nl].iter().filter(|b| **b == b'\t').count() != 3 {
+        return None;
+    }
+    let mut out = raw[..nl].to_vec();
+    out.push(b'\t');
+    out.extend_from_slice(GRANTED_MARK.as_bytes());
+    out.extend_from_slice(&raw[nl..]);
+    Some(out)
+}
+
 /// One entry of a queue as read from etcd.
 #[derive(Debug, Clone)]
 struct Row {
@@ -317,6 +351,8 @@ struct Row {
     nonce: String,
     value: Vec<u8>,
     holds: u32,
+    /// Marked [`GRANTED_MARK`] (tenure's layout only).
+    marked: bool,
 }
 
 /// A name's queue as read at one revision.
@@ -401,6 +437,7 @@ impl EtcdStore {
                 caps: capabilities_of(parsed.layout),
                 keepers: tokio::sync::Mutex::new(HashMap::new()),
                 wakeups: AtomicU64::new(0),
+                looks: AtomicU64::new(0),
             }),
         };
         // Fail now, not at the first lock, if the cluster does not answer.
@@ -418,6 +455,13 @@ impl EtcdStore {
     /// queue again (for the no-thundering-herd test).
     pub fn wakeups(&self) -> u64 {
         self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// How many times a waiter has read its queue to learn its turn (a read
+    /// etcd answers in `O(n)`). A waiter behind an entry that left marked
+    /// granted reads nothing: in a run of handoffs only the first reads.
+    pub fn queue_looks(&self) -> u64 {
+        self.inner.looks.load(Ordering::Relaxed)
     }
 
     fn client(&self) -> Client {
@@ -646,6 +690,7 @@ impl EtcdStore {
                     nonce,
                     value,
                     holds: 1,
+                    marked: marked_granted(kv.value()),
                 });
             } else if let Some(rest) = key.strip_prefix(np.as_slice()) {
                 if let Some(hex) = rest.strip_prefix(b"h") {
@@ -700,6 +745,7 @@ impl EtcdStore {
                     nonce: String::new(),
                     value: kv.value().to_vec(),
                     holds: 1,
+                    marked: false,
                 });
             }
         }
@@ -854,18 +900,22 @@ impl EtcdStore {
     }
 }
 
+/// What a waiter learned from one look at its entry.
+struct Look {
+    /// `None` if granted; else the key to watch (a prefix if so said) and
+    /// the revision to watch from.
+    wait: Option<(Vec<u8>, bool, i64)>,
+    /// An exclusive entry of tenure's layout: its stored value and mod
+    /// revision, to mark it granted with ([`GRANTED_MARK`]).
+    exclusive: Option<(Vec<u8>, i64)>,
+}
+
 impl EtcdStore {
-    /// One look at the session's entry (`own`, created at `rev`): `None` if
-    /// granted, else the key to watch (a prefix if so said) and the revision
-    /// to watch from. An exclusive entry reads only itself and the entry just
-    /// ahead; the others read their queue.
-    async fn look(
-        &self,
-        lease: i64,
-        name: &Name,
-        own: &[u8],
-        rev: i64,
-    ) -> Result<Option<(Vec<u8>, bool, i64)>> {
+    /// One look at the session's entry (`own`, created at `rev`). An
+    /// exclusive entry reads only itself and the entry just ahead; the
+    /// others read their queue.
+    async fn look(&self, lease: i64, name: &Name, own: &[u8], rev: i64) -> Result<Look> {
+        self.inner.looks.fetch_add(1, Ordering::Relaxed);
         let txn = Txn::new().and_then(vec![
             TxnOp::get(self.secret_key(lease), None),
             TxnOp::get(own.to_vec(), None),
@@ -876,25 +926,60 @@ impl EtcdStore {
         if get_kvs(ops.first())?.is_empty() {
             return Err(lost());
         }
-        let mine = match get_kvs(ops.get(1))?.first() {
-            Some(kv) if kv.create_revision() == rev => self.decode_entry(kv.value())?.0,
+        let (mine, stored) = match get_kvs(ops.get(1))?.first() {
+            Some(kv) if kv.create_revision() == rev => (
+                self.decode_entry(kv.value())?.0,
+                (kv.value().to_vec(), kv.mod_revision()),
+            ),
             _ => return Err(Error::NotHeld("the entry is no longer in the queue")),
         };
         if mine == EntryKind::Exclusive {
-            return Ok(get_kvs(ops.get(2))?
-                .first()
-                .map(|ahead| (ahead.key().to_vec(), false, revision_of(&resp) + 1)));
+            return Ok(Look {
+                wait: get_kvs(ops.get(2))?
+                    .first()
+                    .map(|ahead| (ahead.key().to_vec(), false, revision_of(&resp) + 1)),
+                exclusive: (self.inner.layout == Layout::Tenure).then_some(stored),
+            });
         }
         let read = self.read(lease, name).await?;
         let i = match read.position(lease) {
             Some(i) if read.rows[i].seq as i64 == rev => i,
             _ => return Err(Error::NotHeld("the entry is no longer in the queue")),
         };
-        if read.granted[i] {
-            return Ok(None);
-        }
-        let (blocker, prefix) = self.blocker(name, &read, i);
-        Ok(Some((blocker, prefix, read.revision + 1)))
+        let wait = (!read.granted[i]).then(|| {
+            let (blocker, prefix) = self.blocker(name, &read, i);
+            (blocker, prefix, read.revision + 1)
+        });
+        Ok(Look {
+            wait,
+            exclusive: None,
+        })
+    }
+
+    /// Marks the session's exclusive entry `own` granted
+    /// ([`GRANTED_MARK`]), if the session and the entry are as last seen
+    /// (`stored`: its value and mod revision). True if written.
+    async fn mark_granted(
+        &self,
+        lease: i64,
+        secret: &str,
+        own: &[u8],
+        stored: &(Vec<u8>, i64),
+    ) -> Result<bool> {
+        let Some(marked) = with_granted_mark(&stored.0) else {
+            return Ok(false);
+        };
+        let txn = Txn::new()
+            .when(vec![
+                self.secret_matches(lease, secret),
+                Compare::mod_revision(own.to_vec(), CompareOp::Equal, stored.1),
+            ])
+            .and_then(vec![TxnOp::put(
+                own.to_vec(),
+                marked,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        Ok(call(self.client().txn(txn)).await?.succeeded())
     }
 }
 
@@ -1496,10 +1581,21 @@ impl Store for EtcdStore {
     }
 
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
-        let (lease, _) = split_key(session)?;
+        let (lease, secret) = split_key(session)?;
         let own = self.entry_key(name, lease);
         let rev = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
+        // Set when the entry just ahead left marked granted: this entry is
+        // then the head, which marking it (one conditional write that also
+        // checks the session and the entry) confirms without a read.
+        let mut told_granted: Option<(Vec<u8>, i64)> = None;
         loop {
+            if let Some(stored) = told_granted.take() {
+                match self.mark_granted(lease, secret, &own, &stored).await {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    Err(e) => tracing::debug!(error = %e, "marking failed; looking again"),
+                }
+            }
             // The session's own deadline ends a wait that cannot reach etcd.
             let look = match self.look(lease, name, &own, rev).await {
                 Err(e) if e.is_temporary() => {
@@ -1508,13 +1604,24 @@ impl Store for EtcdStore {
                 }
                 other => other?,
             };
-            let (blocker, prefix, from) = match look {
-                None => return Ok(()),
+            let (blocker, prefix, from) = match look.wait {
+                None => {
+                    // Granted: mark it, so the next in line needs no read.
+                    // Only speed depends on it, so a failure is not an error.
+                    if let Some(stored) = &look.exclusive {
+                        if let Err(e) = self.mark_granted(lease, secret, &own, stored).await {
+                            tracing::debug!(error = %e, "marking a grant failed");
+                        }
+                    }
+                    return Ok(());
+                }
                 Some(wait) => wait,
             };
             let mut options = WatchOptions::new().with_start_revision(from);
             if prefix {
                 options = options.with_prefix();
+            } else if look.exclusive.is_some() {
+                options = options.with_prev_kv();
             }
             let mut client = self.client();
             let mut stream = match client.watch(blocker.clone(), Some(options)).await {
@@ -1539,15 +1646,21 @@ impl Store for EtcdStore {
                         if resp.canceled() {
                             break;
                         }
-                        let relevant = resp.events().iter().any(|ev| {
+                        let deleted = |ev: &&rpc::pb::Event| {
                             ev.event_type() == EventType::Delete
                                 && ev.kv().is_some_and(|kv| {
                                     kv.key() == own.as_slice()
                                         || (prefix && kv.key().starts_with(&blocker))
                                         || kv.key() == blocker.as_slice()
                                 })
-                        });
-                        if relevant {
+                        };
+                        if let Some(ev) = resp.events().iter().find(deleted) {
+                            let ahead_granted = !prefix
+                                && ev.kv().is_some_and(|kv| kv.key() == blocker.as_slice())
+                                && ev.prev_kv().is_some_and(|p| marked_granted(p.value()));
+                            if ahead_granted {
+                                told_granted = look.exclusive.clone();
+                            }
                             break;
                         }
                     }
@@ -1572,6 +1685,10 @@ impl Store for EtcdStore {
                 _ => return Err(Error::NotHeld("this session holds no granted entry here")),
             };
             let row = &read.rows[i];
+            let mut raw = self.encode_entry(row.kind, &row.nonce, value);
+            if row.marked {
+                raw = with_granted_mark(&raw).unwrap_or(raw);
+            }
             let txn = Txn::new()
                 .when(vec![
                     self.secret_matches(lease, secret),
@@ -1579,7 +1696,7 @@ impl Store for EtcdStore {
                 ])
                 .and_then(vec![TxnOp::put(
                     row.key.clone(),
-                    self.encode_entry(row.kind, &row.nonce, value),
+                    raw,
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
             if call(self.client().txn(txn)).await?.succeeded() {
@@ -2088,6 +2205,27 @@ mod tests {
             (12, "ab".to_string())
         );
         assert!(parse_aux(b"x\ty").is_err());
+    }
+
+    #[test]
+    fn a_granted_mark_is_read_only_on_exclusive_entries_and_ignored_by_decode() {
+        let plain = encode(EntryKind::Exclusive, "n1", b"v\tw\nx");
+        assert!(!marked_granted(&plain));
+        let marked = with_granted_mark(&plain).expect("a header");
+        assert!(marked_granted(&marked));
+        assert!(with_granted_mark(&marked).is_none(), "marked once");
+        let (kind, nonce, value) = decode(&marked).expect("decodes");
+        assert_eq!(
+            (kind, nonce.as_str(), value.as_slice()),
+            (EntryKind::Exclusive, "n1", &b"v\tw\nx"[..])
+        );
+        let shared = with_granted_mark(&encode(EntryKind::Shared, "n2", b"")).expect("a header");
+        assert!(
+            !marked_granted(&shared),
+            "only an exclusive entry's mark counts"
+        );
+        assert!(!marked_granted(b"no header"));
+        assert!(with_granted_mark(b"no header").is_none());
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub(super) mod pb {
         pub r#type: i32,
         #[prost(message, optional, tag = "2")]
         pub kv: Option<KeyValue>,
+        /// The key as it was before the event, if the watch asked for it.
+        #[prost(message, optional, tag = "3")]
+        pub prev_kv: Option<KeyValue>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -226,6 +229,8 @@ pub(super) mod pb {
         pub range_end: Vec<u8>,
         #[prost(int64, tag = "3")]
         pub start_revision: i64,
+        #[prost(bool, tag = "6")]
+        pub prev_kv: bool,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -802,6 +807,7 @@ impl DeleteOptions {
 pub(super) struct WatchOptions {
     prefix: bool,
     start_revision: i64,
+    prev_kv: bool,
 }
 
 impl WatchOptions {
@@ -816,6 +822,11 @@ impl WatchOptions {
         self.start_revision = revision;
         self
     }
+    /// Each event also carries the key as it was before it.
+    pub fn with_prev_kv(mut self) -> Self {
+        self.prev_kv = true;
+        self
+    }
 
     fn into_request(self, key: Vec<u8>) -> pb::WatchRequest {
         let range_end = if self.prefix {
@@ -828,6 +839,7 @@ impl WatchOptions {
                 key,
                 range_end,
                 start_revision: self.start_revision,
+                prev_kv: self.prev_kv,
             })),
         }
     }
@@ -1131,6 +1143,9 @@ impl pb::Event {
     pub fn kv(&self) -> Option<&KeyValue> {
         self.kv.as_ref()
     }
+    pub fn prev_kv(&self) -> Option<&KeyValue> {
+        self.prev_kv.as_ref()
+    }
 }
 
 #[cfg(test)]
@@ -1171,6 +1186,11 @@ mod tests {
                 key: b"k".to_vec(),
                 ..KeyValue::default()
             }),
+            prev_kv: Some(KeyValue {
+                key: b"k".to_vec(),
+                value: b"v".to_vec(),
+                ..KeyValue::default()
+            }),
         };
         let resp = pb::WatchResponse {
             events: vec![event],
@@ -1179,5 +1199,9 @@ mod tests {
         let back = pb::WatchResponse::decode(resp.encode_to_vec().as_slice()).expect("decodes");
         assert_eq!(back.events[0].event_type(), EventType::Delete);
         assert_eq!(back.events[0].kv().map(|kv| kv.key()), Some(&b"k"[..]));
+        assert_eq!(
+            back.events[0].prev_kv().map(|kv| kv.value()),
+            Some(&b"v"[..])
+        );
     }
 }
