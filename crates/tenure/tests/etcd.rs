@@ -59,6 +59,10 @@ async fn no_thundering_herd() {
         .unwrap();
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(etcd.clone());
     tenure_testkit::conformance::check_no_thundering_herd(&store, || etcd.wakeups(), 1, 0).await;
+    // And in calls to etcd: the release, then the next waiter's mark (the
+    // first waiter behind the holder, granted at once and so unmarked,
+    // reads its queue too; a waiter that reopens its watch adds one).
+    tenure_testkit::conformance::check_no_thundering_herd(&store, || etcd.calls(), 4, 0).await;
 }
 
 /// A run of handoffs down a queue of 16 exclusive waiters: each waiter is
@@ -133,6 +137,72 @@ async fn handoffs_read_no_queue() {
         "{WAITERS} handoffs read the queue {looks} times (only the first may)"
     );
     for s in sessions.into_iter().chain([holder]) {
+        let _ = s.close().await;
+    }
+}
+
+/// The busy key that refuses an exclusive try-lock in one key's read never
+/// outlives the entry that wrote it: after a waiter gives up, after a
+/// handoff, and after a reentrant hold, a try-lock on the freed name wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_key_goes_with_its_entry() {
+    let Some(server) = shared() else { return };
+    let etcd = tenure::backend::etcd::EtcdStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(etcd.clone());
+    let name = format!("busy-{}", std::process::id());
+    let (a, w, probe) = (
+        tenure::Session::new(&store).await.unwrap(),
+        tenure::Session::new(&store).await.unwrap(),
+        tenure::Session::new(&store).await.unwrap(),
+    );
+    let try_probe = || async {
+        let before = etcd.calls();
+        let got = tenure::Mutex::new(&probe, &name)
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap();
+        (got, etcd.calls() - before)
+    };
+    // A waiter that gives up (the busy key was its own).
+    let held = tenure::Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let (got, calls) = try_probe().await;
+    assert!(got.is_none(), "a held name was granted");
+    assert_eq!(calls, 1, "a try on a busy name is one call");
+    let gave_up = tenure::Mutex::new(&w, &name)
+        .unwrap()
+        .lock_timeout(std::time::Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(gave_up, Err(tenure::Error::Timeout(_))),
+        "{gave_up:?}"
+    );
+    assert!(try_probe().await.0.is_none(), "still held by a");
+    held.release().await.unwrap();
+    let got = try_probe().await.0.expect("free after the waiter gave up");
+    got.release().await.unwrap();
+    // A handoff, then a reentrant hold released twice.
+    let held = tenure::Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let waiter = {
+        let (w, name) = (w.clone(), name.clone());
+        tokio::spawn(async move { tenure::Mutex::new(&w, &name).unwrap().lock().await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+        .await
+        .expect("handed over in time")
+        .unwrap()
+        .unwrap();
+    let again = tenure::Mutex::new(&w, &name).unwrap().lock().await.unwrap();
+    next.release().await.unwrap();
+    assert!(try_probe().await.0.is_none(), "one hold is left");
+    again.release().await.unwrap();
+    let got = try_probe().await.0.expect("free after the last hold");
+    got.release().await.unwrap();
+    for s in [a, w, probe] {
         let _ = s.close().await;
     }
 }

@@ -141,6 +141,7 @@ struct Inner {
     keepers: tokio::sync::Mutex<HashMap<i64, Arc<tokio::sync::Mutex<Keeper>>>>,
     wakeups: AtomicU64,
     looks: AtomicU64,
+    calls: AtomicU64,
 }
 
 struct Keeper {
@@ -438,6 +439,7 @@ impl EtcdStore {
                 keepers: tokio::sync::Mutex::new(HashMap::new()),
                 wakeups: AtomicU64::new(0),
                 looks: AtomicU64::new(0),
+                calls: AtomicU64::new(0),
             }),
         };
         // Fail now, not at the first lock, if the cluster does not answer.
@@ -464,8 +466,17 @@ impl EtcdStore {
         self.inner.looks.load(Ordering::Relaxed)
     }
 
+    /// The client for one call (counted by [`Self::calls`]).
     fn client(&self) -> Client {
+        self.inner.calls.fetch_add(1, Ordering::Relaxed);
         self.inner.client.clone()
+    }
+
+    /// How many calls this store has started: transactions, reads, watches
+    /// opened, lease grants and revocations. Renewals, sent on each lease's
+    /// keep-alive stream, are not counted.
+    pub fn calls(&self) -> u64 {
+        self.inner.calls.load(Ordering::Relaxed)
     }
 
     /// One transaction, bounded by [`CALL_TIMEOUT`].
@@ -497,6 +508,16 @@ impl EtcdStore {
             }
             Layout::Etcd => format!("{name}/").into_bytes(),
         }
+    }
+
+    /// tenure's layout: the lease of the newest exclusive entry, on that
+    /// lease, deleted with that entry. So while it exists an entry does,
+    /// and an exclusive try-lock is refused by one key's read (a range's
+    /// costs etcd `O(n)`: it counts every key of a range, even with a limit).
+    fn busy_key(&self, name: &Name) -> Vec<u8> {
+        let mut k = self.name_prefix(name);
+        k.push(b'b');
+        k
     }
 
     fn queue_prefix(&self, name: &Name) -> Vec<u8> {
@@ -1271,16 +1292,31 @@ impl Store for EtcdStore {
                     // first one cheap read (our entry, any one entry) and
                     // the write only if the queue looked empty: a try on a
                     // long queue costs the same as on a short one.
-                    let txn = Txn::new().and_then(vec![
+                    // While the busy key is there, so is an exclusive entry:
+                    // refused without reading the queue.
+                    let look = vec![
                         TxnOp::get(self.secret_key(lease), None),
                         TxnOp::get(entry.clone(), None),
-                        self.any_op(name),
-                    ]);
+                    ];
+                    let txn = match self.inner.layout {
+                        Layout::Tenure => Txn::new()
+                            .when(vec![Compare::create_revision(
+                                self.busy_key(name),
+                                CompareOp::Equal,
+                                0,
+                            )])
+                            .and_then([look.clone(), vec![self.any_op(name)]].concat())
+                            .or_else(look),
+                        Layout::Etcd => {
+                            Txn::new().and_then([look, vec![self.any_op(name)]].concat())
+                        }
+                    };
                     let resp = retrying(|| self.txn(txn.clone())).await?;
                     let ops = resp.op_responses();
                     if get_kvs(ops.first())?.is_empty() {
                         return Err(lost());
                     }
+                    let busy = !resp.succeeded();
                     if !get_kvs(ops.get(1))?.is_empty() {
                         // Our entry is there: decided on the whole queue.
                         let read = self.read(lease, name).await?;
@@ -1290,6 +1326,9 @@ impl Store for EtcdStore {
                                 .await;
                         }
                         continue;
+                    }
+                    if busy {
+                        return Ok(None);
                     }
                     let others = get_kvs(ops.get(2))?;
                     if !others.is_empty() {
@@ -1349,13 +1388,19 @@ impl Store for EtcdStore {
             } else {
                 then.push(self.read_op(name));
             }
-            if self.inner.layout == Layout::Etcd {
-                // Last, so the answers above keep their places.
-                then.push(TxnOp::put(
+            // Last, so the answers above keep their places.
+            match self.inner.layout {
+                Layout::Etcd => then.push(TxnOp::put(
                     self.holds_key(name, lease),
                     aux_value(1, &nonce),
                     Some(PutOptions::new().with_lease(lease)),
-                ));
+                )),
+                Layout::Tenure if exclusive => then.push(TxnOp::put(
+                    self.busy_key(name),
+                    format!("{lease:016x}"),
+                    Some(PutOptions::new().with_lease(lease)),
+                )),
+                Layout::Tenure => {}
             }
             let txn = Txn::new().when(when).and_then(then).or_else(if exclusive {
                 vec![
@@ -1484,7 +1529,19 @@ impl Store for EtcdStore {
             let (one_hold, then) = match self.inner.layout {
                 Layout::Tenure => (
                     Compare::create_revision(holds_key.clone(), CompareOp::Equal, 0),
-                    vec![TxnOp::delete(entry.clone(), None)],
+                    vec![
+                        TxnOp::delete(entry.clone(), None),
+                        // The busy key goes with the entry that wrote it.
+                        TxnOp::txn(
+                            Txn::new()
+                                .when(vec![Compare::value(
+                                    self.busy_key(name),
+                                    CompareOp::Equal,
+                                    format!("{lease:016x}"),
+                                )])
+                                .and_then(vec![TxnOp::delete(self.busy_key(name), None)]),
+                        ),
+                    ],
                 ),
                 Layout::Etcd => (
                     Compare::value(holds_key.clone(), CompareOp::Less, aux_value(2, "")),
