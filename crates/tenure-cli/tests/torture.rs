@@ -1,6 +1,8 @@
 //! `tenure torture`, bounded, on every backend its workers (OS processes)
 //! can share: the client-side faults (SIGKILL and SIGSTOP of the holder),
-//! the checker's rules asserted from the report.
+//! on stores over a network the network faults too (a worker's links cut,
+//! delayed, held; a minority of a cluster's servers cut off), the checker's
+//! rules asserted from the report.
 
 mod common;
 
@@ -12,14 +14,38 @@ use tenure_testkit::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, Se
 /// A bounded run: 4 workers, 20 s, TTL 1 s (or the store's shortest), a
 /// fault every 3 s or so.
 fn torture(url: String, seed: u64) {
-    torture_with(url, seed, "1s")
+    torture_run(url, seed, "1s", &[]);
 }
 
-fn torture_with(url: String, seed: u64, ttl: &str) {
-    torture_run(url, seed, ttl, &[])
+/// The network faults first (one at a time, each 1.5-3 TTLs), then the
+/// client faults, a fault every 2 s or so.
+const ALL_CLIENT_FAULTS: &[&str] = &[
+    "--faults",
+    "partition,delay,hold,kill,pause",
+    "--fault-interval",
+    "2s",
+];
+
+/// A bounded run with every client and network fault; the report names
+/// each network fault that was injected.
+fn torture_networked(url: String, seed: u64, ttl: &str, network_faults: &[&str]) {
+    let report = torture_run(url, seed, ttl, ALL_CLIENT_FAULTS);
+    let history = report.history;
+    for fault in network_faults {
+        assert!(
+            history.contains(&format!("\"fault\":\"{fault}\"")),
+            "no {fault} in the run"
+        );
+    }
 }
 
-fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) {
+/// What a run left to look at.
+struct Ran {
+    /// The history, as written (JSON lines).
+    history: String,
+}
+
+fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) -> Ran {
     // One run at a time: each is four busy processes and a server, and
     // recoveries are held to a bound of a second or two on 2 cores.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -37,11 +63,12 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) {
                 "20s",
                 "--ttl",
                 ttl,
-                "--fault-interval",
-                "3s",
                 "--seed",
                 &seed.to_string(),
             ]);
+            if !extra.contains(&"--fault-interval") {
+                cmd.args(["--fault-interval", "3s"]);
+            }
             cmd.arg("--report")
                 .arg(&report)
                 .arg("--history")
@@ -97,6 +124,7 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) {
     let out = output_within(again, Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("verdict: pass"));
+    Ran { history: lines }
 }
 
 #[test]
@@ -109,14 +137,20 @@ fn redis() {
     let Some(server) = RedisServer::start_or_skip() else {
         return;
     };
-    torture(server.url(), 2);
+    torture_networked(server.url(), 2, "1s", &["partition", "delay", "hold"]);
 }
 
 #[test]
 fn redlock() {
     let servers: Option<Vec<RedisServer>> = (0..3).map(|_| RedisServer::start_or_skip()).collect();
     let Some(servers) = servers else { return };
-    torture(RedisServer::redlock_url(&servers), 3);
+    // Three servers: the first partition cuts one of them off.
+    torture_networked(
+        RedisServer::redlock_url(&servers),
+        3,
+        "1s",
+        &["partition-minority", "delay", "hold"],
+    );
 }
 
 #[test]
@@ -124,7 +158,7 @@ fn postgres() {
     let Some(server) = PostgresServer::start_or_skip() else {
         return;
     };
-    torture(server.url(), 4);
+    torture_networked(server.url(), 4, "1s", &["partition", "delay", "hold"]);
 }
 
 #[test]
@@ -132,7 +166,7 @@ fn mysql() {
     let Some(server) = MariaDbServer::start_or_skip() else {
         return;
     };
-    torture(server.url(), 5);
+    torture_networked(server.url(), 5, "1s", &["partition", "delay", "hold"]);
 }
 
 #[test]
@@ -141,7 +175,7 @@ fn etcd() {
         return;
     };
     // etcd's shortest lease is 2 s.
-    torture_with(cluster.url(), 6, "2s");
+    torture_networked(cluster.url(), 6, "2s", &["partition", "delay", "hold"]);
 }
 
 #[test]
@@ -149,7 +183,7 @@ fn zookeeper() {
     let Some(ensemble) = ZkEnsemble::start_or_skip(1) else {
         return;
     };
-    torture(ensemble.url(), 7);
+    torture_networked(ensemble.url(), 7, "1s", &["partition", "delay", "hold"]);
 }
 
 /// A nemesis that steps the server's wall clock 30 s forward (libfaketime)

@@ -9,6 +9,7 @@
 //! registers (`read TOKEN`, `write TOKEN VALUE`), which answer.
 
 pub mod check;
+mod proxy;
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -28,6 +29,11 @@ use tenure::{Error, Mutex, Name, Session, SessionOptions, Store};
 /// Client-side faults, safe on anyone's deployment: the default set.
 const CLIENT_FAULTS: &[&str] = &["kill", "pause"];
 
+/// Network faults, on the links of the harness's own workers only (each
+/// reaches each store server through a proxy of the harness): as safe, but
+/// only for stores over a network.
+const NETWORK_FAULTS: &[&str] = &["partition", "delay", "hold"];
+
 #[derive(Args, Debug)]
 pub struct TortureArgs {
     /// Worker processes contending for the lock.
@@ -43,7 +49,10 @@ pub struct TortureArgs {
     #[arg(long, default_value = "2s", value_parser = crate::parse_duration)]
     pub ttl: Duration,
     /// Faults to inject, comma-separated: kill, pause (the client-side
-    /// faults, the default), or none.
+    /// faults, the default); partition, delay, hold (network faults on a
+    /// worker's links, through a loopback proxy per worker and server;
+    /// with three or more servers every other partition cuts a minority of
+    /// the servers off from every worker); or none.
     #[arg(long, default_value = "kill,pause", value_delimiter = ',')]
     pub faults: Vec<String>,
     /// Time between faults.
@@ -141,6 +150,14 @@ struct Shared {
     /// that checked its lease and paused just as it sent it lands late.
     pause_on_write: StdMutex<Vec<u32>>,
     stopping: AtomicBool,
+    /// Per worker, its proxy to each store server (network faults only).
+    links: HashMap<u32, Vec<proxy::Proxy>>,
+    /// Partitions so far (a cluster's first, third… are of a minority of
+    /// its servers).
+    partitions: AtomicU64,
+    /// A network fault is in force (one at a time: a second one's end
+    /// would cut the first short).
+    network_busy: AtomicBool,
 }
 
 impl Shared {
@@ -188,13 +205,15 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         .filter(|f| !f.is_empty() && f != "none")
         .collect();
     for f in &faults {
-        if !CLIENT_FAULTS.contains(&f.as_str()) && f != "nemesis" {
+        if !CLIENT_FAULTS.contains(&f.as_str()) && !NETWORK_FAULTS.contains(&f.as_str()) {
             return Err(format!(
-                "unknown or not yet supported fault {f:?}: this build injects {} (or none)",
-                CLIENT_FAULTS.join(", ")
+                "unknown or not yet supported fault {f:?}: this build injects {}, {} (or none)",
+                CLIENT_FAULTS.join(", "),
+                NETWORK_FAULTS.join(", ")
             ));
         }
     }
+    let network = faults.iter().any(|f| NETWORK_FAULTS.contains(&f.as_str()));
     let min_ttl = store.capabilities().min_ttl;
     if args.ttl < min_ttl {
         return Err(format!(
@@ -212,6 +231,29 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     let run_id = tenure::store::random_hex(4).map_err(|e| e.to_string())?;
     let prefix = format!("tenure-torture/{run_id}/");
     let name = format!("{prefix}lock");
+    let mut links = HashMap::new();
+    let mut urls = HashMap::new();
+    if network {
+        let servers = proxy::servers_of(url).map_err(|e| {
+            format!(
+                "{e}: network faults ({}) need a store over a network",
+                NETWORK_FAULTS.join(", ")
+            )
+        })?;
+        for id in 0..args.clients {
+            let mut proxies = Vec::new();
+            for (i, server) in servers.iter().enumerate() {
+                let seed = args.seed ^ (u64::from(id) << 16) ^ i as u64;
+                let p = proxy::Proxy::start(server.clone(), seed)
+                    .await
+                    .map_err(|e| format!("cannot start a proxy to {server}: {e}"))?;
+                proxies.push(p);
+            }
+            let addrs: Vec<_> = proxies.iter().map(proxy::Proxy::addr).collect();
+            urls.insert(id, proxy::with_servers(url, &addrs)?);
+            links.insert(id, proxies);
+        }
+    }
     let shared = Arc::new(Shared {
         start: Instant::now(),
         start_ns: mono_ns(),
@@ -221,11 +263,15 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         grants: AtomicU64::new(0),
         pause_on_write: StdMutex::new(Vec::new()),
         stopping: AtomicBool::new(false),
+        links,
+        partitions: AtomicU64::new(0),
+        network_busy: AtomicBool::new(false),
     });
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let mut tasks = Vec::new();
     for id in 0..args.clients {
-        let (shared, exe, url, name) = (shared.clone(), exe.clone(), url.to_string(), name.clone());
+        let url = urls.remove(&id).unwrap_or_else(|| url.to_string());
+        let (shared, exe, name) = (shared.clone(), exe.clone(), name.clone());
         let (ttl, seed) = (args.ttl, args.seed);
         tasks.push(tokio::spawn(async move {
             keep_worker(shared, exe, url, name, ttl, seed, id).await
@@ -257,7 +303,15 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
                     let length = rng.between(args.ttl * 3 / 2, args.ttl * 3);
                     nemeses.push(tokio::spawn(nemesis(shared.clone(), cmd.clone(), length)));
                 }
-                _ => inject(&shared, &fault, args.ttl, &mut rng).await,
+                _ => {
+                    if !inject(&shared, &fault, args.ttl, &mut rng).await {
+                        // Its turn again shortly (a network fault waits
+                        // for the one in force to end).
+                        turn -= 1;
+                        next_fault = Instant::now() + Duration::from_millis(200);
+                        continue;
+                    }
+                }
             }
             next_fault =
                 Instant::now() + rng.between(args.fault_interval / 2, args.fault_interval * 3 / 2);
@@ -280,8 +334,12 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     for nemesis in nemeses {
         let _ = nemesis.await;
     }
-    // Stop: SIGTERM, so each worker releases and closes its session.
+    // Stop: SIGTERM, so each worker releases and closes its session (over
+    // links that pass again).
     shared.stopping.store(true, Ordering::SeqCst);
+    for p in shared.links.values().flatten() {
+        p.set(proxy::Mode::Pass);
+    }
     for (pid, _) in workers(&shared).values() {
         signal(*pid, libc::SIGCONT);
         signal(*pid, libc::SIGTERM);
@@ -408,10 +466,11 @@ fn signal(pid: u32, sig: libc::c_int) {
 }
 
 /// One fault: on the holder if there is one, else on a random worker.
-async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng) {
+/// False if it could not be injected now (a network fault in force).
+async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng) -> bool {
     let all = workers(shared);
     if all.is_empty() {
-        return;
+        return true;
     }
     let holder = all
         .iter()
@@ -421,7 +480,7 @@ async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng)
     ids.sort_unstable();
     let target = holder.unwrap_or(ids[(rng.next() % ids.len() as u64) as usize]);
     let Some((pid, _)) = all.get(&target).copied() else {
-        return;
+        return true;
     };
     match fault {
         "kill" => {
@@ -449,7 +508,77 @@ async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng)
                 pause(shared.clone(), target, pid, ttl, rng.next());
             }
         }
+        "partition" | "delay" | "hold" => return network_fault(shared, fault, target, ttl, rng),
         _ => {}
+    }
+    true
+}
+
+/// A network fault for 1.5–3 TTLs, in the background: on every link of
+/// `target` (the holder if any), or, for the first, third… partition of a
+/// cluster of three or more servers, on the links of every worker to a
+/// minority of the servers.
+fn network_fault(
+    shared: &Arc<Shared>,
+    fault: &str,
+    target: u32,
+    ttl: Duration,
+    rng: &mut Rng,
+) -> bool {
+    if shared.network_busy.swap(true, Ordering::SeqCst) {
+        return false;
+    }
+    let mode = match fault {
+        "partition" => proxy::Mode::Cut,
+        "hold" => proxy::Mode::Hold,
+        _ => proxy::Mode::Delay {
+            base: ttl / 8,
+            jitter: ttl / 16,
+        },
+    };
+    let servers = shared.links.values().next().map_or(0, Vec::len);
+    let minority = fault == "partition"
+        && servers >= 3
+        && shared.partitions.fetch_add(1, Ordering::Relaxed) % 2 == 0;
+    let (worker, links): (Option<u32>, Vec<(u32, usize)>) = if minority {
+        // Which servers: a random window of (servers - 1) / 2 of them.
+        let count = (servers - 1) / 2;
+        let first = (rng.next() % servers as u64) as usize;
+        let cut: Vec<usize> = (0..count).map(|k| (first + k) % servers).collect();
+        let links = shared
+            .links
+            .keys()
+            .flat_map(|id| cut.iter().map(move |i| (*id, *i)))
+            .collect();
+        (None, links)
+    } else {
+        (Some(target), (0..servers).map(|i| (target, i)).collect())
+    };
+    let name = if minority {
+        "partition-minority"
+    } else {
+        fault
+    };
+    let length = rng.between(ttl * 3 / 2, ttl * 3);
+    shared.record(worker, Op::FaultStart { fault: name.into() });
+    set_links(shared, &links, mode);
+    let shared = shared.clone();
+    let name = name.to_string();
+    tokio::spawn(async move {
+        tokio::time::sleep(length).await;
+        set_links(&shared, &links, proxy::Mode::Pass);
+        shared.record(worker, Op::FaultEnd { fault: name });
+        shared.network_busy.store(false, Ordering::SeqCst);
+    });
+    true
+}
+
+/// Sets the links `(worker, server)` to `mode`.
+fn set_links(shared: &Shared, links: &[(u32, usize)], mode: proxy::Mode) {
+    for (id, i) in links {
+        if let Some(p) = shared.links.get(id).and_then(|ps| ps.get(*i)) {
+            p.set(mode);
+        }
     }
 }
 
