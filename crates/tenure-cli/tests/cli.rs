@@ -1079,3 +1079,131 @@ fn schedule_pause_list_resume_and_end_session() {
     let exit = wait_exit(&mut holder, Duration::from_secs(30));
     assert_eq!(exit.code(), Some(79), "{exit:?}");
 }
+
+/// Forty bad inputs across the CLI — names, TTLs and durations, store URLs
+/// with credentials, tokens, cron schedules and time zones, flags and
+/// subcommands — each an exit 64 at once with a message on stderr, no
+/// panic, and no password in any output. (The library's own are in
+/// `crates/tenure/tests/bad_input.rs`.)
+#[test]
+fn forty_bad_inputs_exit_64_with_a_message_and_no_secret() {
+    let env = Env::sqlite();
+    let sqlite = env.url.clone();
+    let long = "n".repeat(256);
+    let on = |store: &str, args: &[&str]| -> (String, Vec<String>) {
+        (
+            store.to_string(),
+            args.iter().map(|a| a.to_string()).collect(),
+        )
+    };
+    let cases = vec![
+        // Names.
+        on(&sqlite, &["lock", "", "--", "true"]),
+        on(&sqlite, &["lock", "a\nb", "--", "true"]),
+        on(&sqlite, &["lock", &long, "--", "true"]),
+        on(&sqlite, &["elect", "tab\there", "--", "true"]),
+        on(&sqlite, &["fence", "", "1"]),
+        on(&sqlite, &["cell", "get", "bell\u{7}"]),
+        on(&sqlite, &["leader", ""]),
+        // TTLs and durations.
+        on(&sqlite, &["lock", "x", "--ttl", "5parsecs", "--", "true"]),
+        on(&sqlite, &["lock", "x", "--ttl", "-1s", "--", "true"]),
+        on(&sqlite, &["lock", "x", "--ttl", "0s", "--", "true"]),
+        on(&sqlite, &["lock", "x", "--wait", "soon", "--", "true"]),
+        on(
+            &sqlite,
+            &[
+                "lock",
+                "x",
+                "--ttl",
+                "1s",
+                "--kill-grace",
+                "1s",
+                "--",
+                "true",
+            ],
+        ),
+        on(&sqlite, &["torture", "--duration", "forever"]),
+        on(&sqlite, &["torture", "--ttl", "1ns"]),
+        on(&sqlite, &["console", "--refresh", "nope"]),
+        // Store URLs, with credentials that must never be shown.
+        on("", &["status"]),
+        on("ftp://u:hunter2@host/x", &["status"]),
+        on("redis://u:hunter2@127.0.0.1:1/0?bogus=1", &["status"]),
+        on("etcd://bob:hunter2@db", &["status"]),
+        on("zk://u:hunter2@127.0.0.1:1?bogus=1", &["status"]),
+        on("postgres://u:hunter2@127.0.0.1:1/db?bogus=1", &["status"]),
+        on("mysql://u:hunter2@127.0.0.1:1/db?bogus=1", &["status"]),
+        on(
+            "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1",
+            &["status"],
+        ),
+        on(&format!("{sqlite}?bogus=1"), &["status"]),
+        on("memory://somewhere", &["status"]),
+        // Tokens.
+        on(&sqlite, &["fence", "printer", "abc"]),
+        on(&sqlite, &["fence", "printer", "18446744073709551616"]),
+        on(&sqlite, &["fence", "printer", "+5"]),
+        // Cron schedules and time zones.
+        on(&sqlite, &["cron", "every tuesday", "j", "--", "true"]),
+        on(&sqlite, &["cron", "61 * * * * *", "j", "--", "true"]),
+        on(
+            &sqlite,
+            &[
+                "cron",
+                "* * * * * *",
+                "j",
+                "--tz",
+                "Mars/Olympus",
+                "--",
+                "true",
+            ],
+        ),
+        on(
+            &sqlite,
+            &[
+                "cron",
+                "* * * * * *",
+                "j",
+                "--mode",
+                "sometimes",
+                "--",
+                "true",
+            ],
+        ),
+        // Flags and subcommands.
+        on(&sqlite, &["frobnicate"]),
+        on(&sqlite, &["lock", "x"]),
+        on(&sqlite, &["release", "x"]),
+        on(&sqlite, &["completions", "tcsh"]),
+        on(&sqlite, &["console", "--listen", "not-an-address"]),
+        on(&sqlite, &["torture", "--clients", "1"]),
+        on(&sqlite, &["torture", "--faults", "meteor"]),
+        // A network fault on a store without a network.
+        on(&sqlite, &["torture", "--faults", "partition"]),
+    ];
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    for (store, args) in &cases {
+        let started = Instant::now();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
+        cmd.arg("--store").arg(store).args(args);
+        let out = output_within(cmd, Duration::from_secs(20));
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let what = format!("{store} {args:?}");
+        assert_eq!(out.status.code(), Some(64), "{what}: {stderr}");
+        assert!(!stderr.trim().is_empty(), "{what}: no message");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+        assert!(
+            !stdout.contains("hunter2") && !stderr.contains("hunter2"),
+            "{what}: the password was shown"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
+    }
+}
