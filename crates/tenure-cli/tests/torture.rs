@@ -43,6 +43,8 @@ fn torture_networked(url: String, seed: u64, ttl: &str, network_faults: &[&str])
 struct Ran {
     /// The history, as written (JSON lines).
     history: String,
+    /// The report, as written (JSON).
+    report: String,
 }
 
 fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) -> Ran {
@@ -92,8 +94,8 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) -> Ran {
         );
     }
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let report_text = std::fs::read_to_string(&report).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&report_text).unwrap();
     let f = &report["findings"];
     for rule in [
         "fenced_lost_writes",
@@ -124,12 +126,35 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) -> Ran {
     let out = output_within(again, Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("verdict: pass"));
-    Ran { history: lines }
+    Ran {
+        history: lines,
+        report: report_text,
+    }
 }
 
 #[test]
 fn sqlite() {
     torture(Env::sqlite().url.clone(), 1);
+}
+
+/// One worker's CLOCK_BOOTTIME (SQLite's lease clock) an hour ahead of
+/// the others', in a time namespace of its own: its leases mean the same
+/// to everyone, killed or paused.
+#[test]
+fn sqlite_with_a_worker_an_hour_ahead() {
+    let ran = torture_run(
+        Env::sqlite().url.clone(),
+        8,
+        "1s",
+        &["--faults", "kill,pause,clock"],
+    );
+    assert!(
+        ran.report.contains("\"worker_0_boottime_ahead_s\": 3600"),
+        "{}",
+        ran.report
+    );
+    // Worker 0 took part: granted, and faulted at least once.
+    assert!(ran.history.contains("\"worker\":0,\"op\":\"grant\""));
 }
 
 #[test]

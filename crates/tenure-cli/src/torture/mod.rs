@@ -34,6 +34,11 @@ const CLIENT_FAULTS: &[&str] = &["kill", "pause"];
 /// only for stores over a network.
 const NETWORK_FAULTS: &[&str] = &["partition", "delay", "hold"];
 
+/// SQLite's `clock`: worker 0 runs in a time namespace of its own
+/// (`unshare -rT --boottime`), its `CLOCK_BOOTTIME` (SQLite's lease clock)
+/// this far ahead of everyone else's.
+const SQLITE_SKEW_S: u32 = 3600;
+
 #[derive(Args, Debug)]
 pub struct TortureArgs {
     /// Worker processes contending for the lock.
@@ -52,7 +57,9 @@ pub struct TortureArgs {
     /// faults, the default); partition, delay, hold (network faults on a
     /// worker's links, through a loopback proxy per worker and server;
     /// with three or more servers every other partition cuts a minority of
-    /// the servers off from every worker); or none.
+    /// the servers off from every worker); clock (SQLite: one worker runs
+    /// with its CLOCK_BOOTTIME an hour ahead, in a time namespace of its
+    /// own); or none.
     #[arg(long, default_value = "kill,pause", value_delimiter = ',')]
     pub faults: Vec<String>,
     /// Time between faults.
@@ -204,10 +211,18 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         .map(|f| f.trim().to_string())
         .filter(|f| !f.is_empty() && f != "none")
         .collect();
+    let skewed = faults.iter().any(|f| f == "clock");
+    faults.retain(|f| f != "clock");
+    if skewed && store.capabilities().backend != "sqlite" {
+        return Err(
+            "the clock fault is built in for SQLite only (a worker in a time namespace); a server's clock jump needs the server: use --nemesis-exec with libfaketime (see the README)"
+                .into(),
+        );
+    }
     for f in &faults {
         if !CLIENT_FAULTS.contains(&f.as_str()) && !NETWORK_FAULTS.contains(&f.as_str()) {
             return Err(format!(
-                "unknown or not yet supported fault {f:?}: this build injects {}, {} (or none)",
+                "unknown or not yet supported fault {f:?}: this build injects {}, {}, clock (SQLite) (or none)",
                 CLIENT_FAULTS.join(", "),
                 NETWORK_FAULTS.join(", ")
             ));
@@ -273,8 +288,9 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         let url = urls.remove(&id).unwrap_or_else(|| url.to_string());
         let (shared, exe, name) = (shared.clone(), exe.clone(), name.clone());
         let (ttl, seed) = (args.ttl, args.seed);
+        let skew = (skewed && id == 0).then_some(SQLITE_SKEW_S);
         tasks.push(tokio::spawn(async move {
-            keep_worker(shared, exe, url, name, ttl, seed, id).await
+            keep_worker(shared, exe, url, name, ttl, seed, id, skew).await
         }));
     }
     let deadline = Instant::now() + args.duration;
@@ -374,6 +390,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             clients: args.clients,
             ttl_ms: args.ttl.as_millis() as u64,
             faults,
+            worker_0_boottime_ahead_s: skewed.then_some(SQLITE_SKEW_S),
             fault_interval_ms: args.fault_interval.as_millis() as u64,
             nemesis: args.nemesis_exec.is_some(),
             recovery_bound_ms: bound(args.ttl).as_millis() as u64,
@@ -423,6 +440,9 @@ struct Report {
     clients: u32,
     ttl_ms: u64,
     faults: Vec<String>,
+    /// SQLite's `clock`: how far worker 0's CLOCK_BOOTTIME runs ahead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker_0_boottime_ahead_s: Option<u32>,
     fault_interval_ms: u64,
     /// Whether a `--nemesis-exec` fault took turns (its command is not
     /// shown: it may hold secrets).
@@ -643,7 +663,9 @@ fn pause(shared: Arc<Shared>, id: u32, pid: u32, ttl: Duration, seed: u64) -> Du
 }
 
 /// Runs worker `id`, and again whenever its process dies, until the harness
-/// stops.
+/// stops; with `skew`, in a time namespace whose CLOCK_BOOTTIME is that
+/// many seconds ahead.
+#[allow(clippy::too_many_arguments)]
 async fn keep_worker(
     shared: Arc<Shared>,
     exe: std::path::PathBuf,
@@ -652,11 +674,23 @@ async fn keep_worker(
     ttl: Duration,
     seed: u64,
     id: u32,
+    skew: Option<u32>,
 ) {
     let mut life = 0u64;
     while !shared.stopping.load(Ordering::SeqCst) {
         life += 1;
-        let child = Command::new(&exe)
+        let mut command = match skew {
+            Some(s) => {
+                // `unshare` forks the worker into the new namespace (and
+                // kills it if it dies itself); faults go to the worker.
+                let mut c = Command::new("unshare");
+                c.args(["-rT", "--kill-child", "--boottime", &s.to_string()])
+                    .arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let child = command
             .arg("--store")
             .arg(&url)
             .arg("torture-worker")
@@ -675,7 +709,18 @@ async fn keep_worker(
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        let pid = child.id().unwrap_or(0);
+        let mut pid = child.id().unwrap_or(0);
+        if skew.is_some() {
+            match forked_child(pid).await {
+                Some(worker) => pid = worker,
+                None => {
+                    eprintln!("torture: the worker in a time namespace did not start (is `unshare -rT` allowed here?)");
+                    let _ = child.kill().await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            }
+        }
         shared
             .workers
             .lock()
@@ -698,6 +743,21 @@ async fn keep_worker(
             );
         }
     }
+}
+
+/// The one child process of `pid` (bounded: 5 s).
+async fn forked_child(pid: u32) -> Option<u32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            if let Some(child) = text.split_whitespace().next().and_then(|c| c.parse().ok()) {
+                return Some(child);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
 }
 
 /// Reads a worker's lines until it exits, recording them and answering its
