@@ -246,12 +246,21 @@ fn mysql_with_clock_jumps() {
 }
 
 /// Memory lives in one process: refused with a clear message.
+/// `memory://` lives in one process: its workers are tasks of the harness,
+/// each over a gated view of the store (a kill cuts a task off for good,
+/// its session left to expire; a pause holds its calls and its lines).
 #[test]
-fn memory_is_refused() {
+fn memory() {
+    torture(Env::with_url("memory://".into()).url.clone(), 9);
+}
+
+/// ...and it has no network to fault.
+#[test]
+fn memory_refuses_network_faults() {
     let env = Env::with_url("memory://".into());
-    let out = env.run(&["torture", "--duration", "1s"]);
+    let out = env.run(&["torture", "--duration", "1s", "--faults", "partition"]);
     assert_eq!(out.status.code(), Some(64), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("processes"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no network"));
 }
 
 /// What the test does at each `--nemesis-exec` turn (from 1): start a

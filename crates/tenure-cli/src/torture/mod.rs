@@ -7,8 +7,15 @@
 //! the harness in lines over its stdin and stdout: it tells what happens to
 //! it (`req`, `grant TOKEN`, `release`, `lost`), and asks the harness's
 //! registers (`read TOKEN`, `write TOKEN VALUE`), which answer.
+//!
+//! A store that lives in one process (`memory://`) gets its workers as
+//! tasks of the harness instead, each over a [`gate::Gated`] view of the
+//! store: a kill cuts the task and its store calls off for good (its
+//! session is never closed, so it expires), a pause holds the task's store
+//! calls and its lines until it ends.
 
 pub mod check;
+mod gate;
 mod proxy;
 
 use std::collections::HashMap;
@@ -20,7 +27,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::Command;
 use tokio::time::Instant;
 
 use check::{Findings, Op, Record};
@@ -149,8 +156,8 @@ struct Shared {
     start_ns: u64,
     history: StdMutex<Vec<Record>>,
     registers: StdMutex<Registers>,
-    /// Per worker: its process id, and the token it holds (0: none).
-    workers: StdMutex<HashMap<u32, (u32, u64)>>,
+    /// Per worker: how to reach it, and the token it holds (0: none).
+    workers: StdMutex<HashMap<u32, (Control, u64)>>,
     grants: AtomicU64,
     /// Workers the harness is to pause when they next write: the write is
     /// then applied only once the pause is over, as the write of a process
@@ -199,12 +206,8 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     if let Some(path) = &args.check {
         return recheck(path, args.ttl);
     }
-    if !store.capabilities().multi_process {
-        return Err(format!(
-            "the {} backend lives in one process; torture runs workers as processes: use a store they can share",
-            store.capabilities().backend
-        ));
-    }
+    // Workers are processes, unless the store lives in this one.
+    let in_process = !store.capabilities().multi_process;
     let mut faults: Vec<String> = args
         .faults
         .iter()
@@ -229,6 +232,12 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         }
     }
     let network = faults.iter().any(|f| NETWORK_FAULTS.contains(&f.as_str()));
+    if in_process && network {
+        return Err(format!(
+            "the {} store lives in this process: it has no network to fault",
+            store.capabilities().backend
+        ));
+    }
     let min_ttl = store.capabilities().min_ttl;
     if args.ttl < min_ttl {
         return Err(format!(
@@ -289,6 +298,13 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         let (shared, exe, name) = (shared.clone(), exe.clone(), name.clone());
         let (ttl, seed) = (args.ttl, args.seed);
         let skew = (skewed && id == 0).then_some(SQLITE_SKEW_S);
+        if in_process {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                keep_task_worker(shared, store, name, ttl, seed, id).await
+            }));
+            continue;
+        }
         tasks.push(tokio::spawn(async move {
             keep_worker(shared, exe, url, name, ttl, seed, id, skew).await
         }));
@@ -356,9 +372,9 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     for p in shared.links.values().flatten() {
         p.set(proxy::Mode::Pass);
     }
-    for (pid, _) in workers(&shared).values() {
-        signal(*pid, libc::SIGCONT);
-        signal(*pid, libc::SIGTERM);
+    for (control, _) in workers(&shared).values() {
+        control.cont();
+        control.terminate();
     }
     for task in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
@@ -468,7 +484,7 @@ fn violations(f: &Findings) -> usize {
         + f.overlaps_unpaused
 }
 
-fn workers(shared: &Shared) -> HashMap<u32, (u32, u64)> {
+fn workers(shared: &Shared) -> HashMap<u32, (Control, u64)> {
     shared
         .workers
         .lock()
@@ -476,7 +492,47 @@ fn workers(shared: &Shared) -> HashMap<u32, (u32, u64)> {
         .clone()
 }
 
+/// How the harness reaches a worker to fault it.
+#[derive(Clone)]
+enum Control {
+    /// An OS process, by its id (0: none, never signalled: kill(0) would
+    /// signal the harness's own process group).
+    Process(u32),
+    /// A task of this process, for a store that lives in it.
+    Task(Arc<gate::TaskControl>),
+}
+
+impl Control {
+    fn kill(&self) {
+        match self {
+            Control::Process(pid) => signal(*pid, libc::SIGKILL),
+            Control::Task(t) => t.kill(),
+        }
+    }
+    fn stop(&self) {
+        match self {
+            Control::Process(pid) => signal(*pid, libc::SIGSTOP),
+            Control::Task(t) => t.set(gate::Gate::Frozen),
+        }
+    }
+    fn cont(&self) {
+        match self {
+            Control::Process(pid) => signal(*pid, libc::SIGCONT),
+            Control::Task(t) => t.set(gate::Gate::Open),
+        }
+    }
+    fn terminate(&self) {
+        match self {
+            Control::Process(pid) => signal(*pid, libc::SIGTERM),
+            Control::Task(t) => t.terminate(),
+        }
+    }
+}
+
 fn signal(pid: u32, sig: libc::c_int) {
+    if pid == 0 {
+        return;
+    }
     if let Ok(pid) = libc::pid_t::try_from(pid) {
         // SAFETY: kill(2) with a pid of a child of ours; no memory is touched.
         unsafe {
@@ -499,7 +555,7 @@ async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng)
     let mut ids: Vec<u32> = all.keys().copied().collect();
     ids.sort_unstable();
     let target = holder.unwrap_or(ids[(rng.next() % ids.len() as u64) as usize]);
-    let Some((pid, _)) = all.get(&target).copied() else {
+    let Some((control, _)) = all.get(&target).cloned() else {
         return true;
     };
     match fault {
@@ -510,7 +566,7 @@ async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng)
                     fault: "kill".into(),
                 },
             );
-            signal(pid, libc::SIGKILL);
+            control.kill();
             // The worker's task records its exit and starts it again.
         }
         "pause" => {
@@ -525,7 +581,7 @@ async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng)
                     .unwrap_or_else(|e| e.into_inner())
                     .push(target);
             } else {
-                pause(shared.clone(), target, pid, ttl, rng.next());
+                pause(shared.clone(), target, control, ttl, rng.next());
             }
         }
         "partition" | "delay" | "hold" => return network_fault(shared, fault, target, ttl, rng),
@@ -639,7 +695,7 @@ async fn nemesis(shared: Arc<Shared>, cmd: String, length: Duration) {
 
 /// Stops a worker for 1.5–3 TTLs, in the background.
 /// Returns how long.
-fn pause(shared: Arc<Shared>, id: u32, pid: u32, ttl: Duration, seed: u64) -> Duration {
+fn pause(shared: Arc<Shared>, id: u32, control: Control, ttl: Duration, seed: u64) -> Duration {
     let mut rng = Rng::new(seed);
     let length = rng.between(ttl * 3 / 2, ttl * 3);
     shared.record(
@@ -648,10 +704,10 @@ fn pause(shared: Arc<Shared>, id: u32, pid: u32, ttl: Duration, seed: u64) -> Du
             fault: "pause".into(),
         },
     );
-    signal(pid, libc::SIGSTOP);
+    control.stop();
     tokio::spawn(async move {
         tokio::time::sleep(length).await;
-        signal(pid, libc::SIGCONT);
+        control.cont();
         shared.record(
             Some(id),
             Op::FaultEnd {
@@ -725,23 +781,80 @@ async fn keep_worker(
             .workers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id, (pid, 0));
-        serve(&shared, id, pid, ttl, &mut child).await;
+            .insert(id, (Control::Process(pid), 0));
+        if let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) {
+            serve(&shared, id, Control::Process(pid), ttl, stdout, stdin).await;
+        }
         let _ = child.wait().await;
-        shared.record(Some(id), Op::Exit);
-        let was = shared
+        worker_gone(&shared, id);
+    }
+}
+
+/// Records a worker's end; one the harness did not stop was killed, and
+/// its kill ends here.
+fn worker_gone(shared: &Shared, id: u32) {
+    shared.record(Some(id), Op::Exit);
+    let was = shared
+        .workers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+    if was.is_some() && !shared.stopping.load(Ordering::SeqCst) {
+        shared.record(
+            Some(id),
+            Op::FaultEnd {
+                fault: "kill".into(),
+            },
+        );
+    }
+}
+
+/// Runs worker `id` as a task of this process (for a store that lives in
+/// it), over its own gated view of the store, and again whenever it is
+/// killed, until the harness stops.
+async fn keep_task_worker(
+    shared: Arc<Shared>,
+    store: Arc<dyn Store>,
+    name: String,
+    ttl: Duration,
+    seed: u64,
+    id: u32,
+) {
+    let mut life = 0u64;
+    while !shared.stopping.load(Ordering::SeqCst) {
+        life += 1;
+        let (gated, gate) = gate::Gated::wrap(store.clone());
+        let (term_tx, term) = tokio::sync::watch::channel(false);
+        // The worker's stdin and stdout.
+        let (harness_end, worker_end) = tokio::io::duplex(64 * 1024);
+        let (worker_read, worker_write) = tokio::io::split(worker_end);
+        let args = WorkerArgs {
+            name: name.clone(),
+            ttl,
+            seed: seed ^ (u64::from(id) << 32) ^ life,
+        };
+        let frozen = gate.subscribe();
+        let task = tokio::spawn(async move {
+            let _ = worker_loop(gated, args, worker_read, worker_write, term, Some(frozen)).await;
+        });
+        let control = Arc::new(gate::TaskControl::new(gate, term_tx, task.abort_handle()));
+        shared
             .workers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-        if was.is_some() && !shared.stopping.load(Ordering::SeqCst) {
-            shared.record(
-                Some(id),
-                Op::FaultEnd {
-                    fault: "kill".into(),
-                },
-            );
-        }
+            .insert(id, (Control::Task(control.clone()), 0));
+        let (harness_read, harness_write) = tokio::io::split(harness_end);
+        serve(
+            &shared,
+            id,
+            Control::Task(control),
+            ttl,
+            harness_read,
+            harness_write,
+        )
+        .await;
+        let _ = task.await;
+        worker_gone(&shared, id);
     }
 }
 
@@ -762,12 +875,16 @@ async fn forked_child(pid: u32) -> Option<u32> {
 
 /// Reads a worker's lines until it exits, recording them and answering its
 /// reads and writes.
-async fn serve(shared: &Arc<Shared>, id: u32, pid: u32, ttl: Duration, child: &mut Child) {
-    let (Some(stdout), Some(mut stdin)) = (child.stdout.take(), child.stdin.take()) else {
-        return;
-    };
-    let mut lines = BufReader::new(stdout).lines();
-    let mut rng = Rng::new(u64::from(pid));
+async fn serve(
+    shared: &Arc<Shared>,
+    id: u32,
+    control: Control,
+    ttl: Duration,
+    output: impl tokio::io::AsyncRead + Unpin,
+    mut stdin: impl tokio::io::AsyncWrite + Unpin,
+) {
+    let mut lines = BufReader::new(output).lines();
+    let mut rng = Rng::new(u64::from(id) ^ mono_ns());
     while let Ok(Some(line)) = lines.next_line().await {
         // "<the worker's stamp, ns> <what> <numbers…>"; reads and writes
         // are stamped by the harness as it applies them, in their order.
@@ -827,7 +944,7 @@ async fn serve(shared: &Arc<Shared>, id: u32, pid: u32, ttl: Duration, child: &m
                 };
                 if paused {
                     // The write is in flight while its writer is stopped.
-                    let length = pause(shared.clone(), id, pid, ttl, rng.next());
+                    let length = pause(shared.clone(), id, control.clone(), ttl, rng.next());
                     tokio::time::sleep(length).await;
                 }
                 let answer = {
@@ -875,7 +992,10 @@ fn set_token(shared: &Shared, id: u32, token: u64) {
     }
 }
 
-async fn reply(stdin: &mut ChildStdin, line: &str) -> std::io::Result<()> {
+async fn reply(
+    stdin: &mut (impl tokio::io::AsyncWrite + Unpin),
+    line: &str,
+) -> std::io::Result<()> {
     stdin.write_all(line.as_bytes()).await?;
     stdin.flush().await
 }
@@ -1000,19 +1120,44 @@ fn print_summary(f: &Findings, leaked: usize, ttl: Duration, verdict: &str) {
 /// The worker: lock, read, a random critical section, write, release; a
 /// new session after a lost one; on SIGTERM, close the session and go.
 pub async fn worker(store: Arc<dyn Store>, args: WorkerArgs) -> Result<u8, String> {
-    let name = Name::new(&args.name).map_err(|e| e.to_string())?;
-    let mut rng = Rng::new(args.seed);
     // SIGTERM from the harness: finish cleanly (close the session).
     let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
-    let (stop, mut term) = tokio::sync::watch::channel(false);
+    let (stop, term) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         signal.recv().await;
         let _ = stop.send(true);
     });
-    let stdin = tokio::io::stdin();
-    let mut answers = BufReader::new(stdin).lines();
-    let mut out = tokio::io::stdout();
+    worker_loop(
+        store,
+        args,
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        term,
+        None,
+    )
+    .await
+}
+
+/// The worker's loop, over its input (the harness's answers) and output
+/// (its lines), until `term` says stop. `frozen`: an in-process worker's
+/// gate, which it waits at before every line it says (a process is stopped
+/// by SIGSTOP instead).
+async fn worker_loop(
+    store: Arc<dyn Store>,
+    args: WorkerArgs,
+    input: impl tokio::io::AsyncRead + Unpin,
+    output: impl tokio::io::AsyncWrite + Unpin,
+    mut term: tokio::sync::watch::Receiver<bool>,
+    frozen: Option<tokio::sync::watch::Receiver<gate::Gate>>,
+) -> Result<u8, String> {
+    let name = Name::new(&args.name).map_err(|e| e.to_string())?;
+    let mut rng = Rng::new(args.seed);
+    let mut answers = BufReader::new(input).lines();
+    let mut out = Lines {
+        out: output,
+        frozen,
+    };
     let mut session: Option<Session> = None;
     loop {
         let s = match &session {
@@ -1034,7 +1179,7 @@ pub async fn worker(store: Arc<dyn Store>, args: WorkerArgs) -> Result<u8, Strin
                 }
             }
         };
-        say(&mut out, "req").await?;
+        out.say("req").await?;
         let mutex = Mutex::new(&s, name.as_str()).map_err(|e| e.to_string())?;
         let guard = tokio::select! {
             g = mutex.lock() => g,
@@ -1046,7 +1191,7 @@ pub async fn worker(store: Arc<dyn Store>, args: WorkerArgs) -> Result<u8, Strin
         let guard = match guard {
             Ok(g) => g,
             Err(Error::SessionLost(_)) => {
-                say(&mut out, "lost").await?;
+                out.say("lost").await?;
                 continue;
             }
             Err(_) => {
@@ -1055,8 +1200,8 @@ pub async fn worker(store: Arc<dyn Store>, args: WorkerArgs) -> Result<u8, Strin
             }
         };
         let token = guard.token();
-        say(&mut out, &format!("grant {token}")).await?;
-        say(&mut out, &format!("read {token}")).await?;
+        out.say(&format!("grant {token}")).await?;
+        out.say(&format!("read {token}")).await?;
         let answer = answers
             .next_line()
             .await
@@ -1076,20 +1221,20 @@ pub async fn worker(store: Arc<dyn Store>, args: WorkerArgs) -> Result<u8, Strin
             _ = s.lost() => true,
         };
         if lost {
-            say(&mut out, "lost").await?;
+            out.say("lost").await?;
             drop(guard);
             continue;
         }
-        say(&mut out, &format!("write {token} {}", value + 1)).await?;
+        out.say(&format!("write {token} {}", value + 1)).await?;
         let _ = answers.next_line().await.map_err(|e| e.to_string())?;
         if s.is_lost() {
-            say(&mut out, "lost").await?;
+            out.say("lost").await?;
             drop(guard);
             continue;
         }
         // The critical section ends here, before the lock is given back
         // (a release the store has not seen yet holds nothing more).
-        say(&mut out, "release").await?;
+        out.say("release").await?;
         let _ = guard.release().await;
         if *term.borrow() {
             let _ = s.close().await;
@@ -1098,10 +1243,22 @@ pub async fn worker(store: Arc<dyn Store>, args: WorkerArgs) -> Result<u8, Strin
     }
 }
 
-/// Tells the harness `line`, stamped now.
-async fn say(out: &mut tokio::io::Stdout, line: &str) -> Result<(), String> {
-    out.write_all(format!("{} {line}\n", mono_ns()).as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    out.flush().await.map_err(|e| e.to_string())
+/// A worker's output to the harness.
+struct Lines<W> {
+    out: W,
+    frozen: Option<tokio::sync::watch::Receiver<gate::Gate>>,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> Lines<W> {
+    /// Tells the harness `line`, stamped now (after a freeze, if one is on).
+    async fn say(&mut self, line: &str) -> Result<(), String> {
+        if let Some(frozen) = &mut self.frozen {
+            let _ = frozen.wait_for(|g| *g != gate::Gate::Frozen).await;
+        }
+        self.out
+            .write_all(format!("{} {line}\n", mono_ns()).as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        self.out.flush().await.map_err(|e| e.to_string())
+    }
 }
