@@ -61,8 +61,6 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) -> Ran {
                 "torture",
                 "--clients",
                 "4",
-                "--duration",
-                "20s",
                 "--ttl",
                 ttl,
                 "--seed",
@@ -71,6 +69,9 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) -> Ran {
             if !extra.contains(&"--fault-interval") {
                 cmd.args(["--fault-interval", "3s"]);
             }
+            if !extra.contains(&"--duration") {
+                cmd.args(["--duration", "20s"]);
+            }
             cmd.arg("--report")
                 .arg(&report)
                 .arg("--history")
@@ -78,7 +79,11 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) -> Ran {
                 .args(extra);
             cmd
         },
-        Duration::from_secs(90),
+        if extra.contains(&"--cycles") {
+            LONG_RUN_LIMIT
+        } else {
+            Duration::from_secs(90)
+        },
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}");
@@ -245,7 +250,6 @@ fn mysql_with_clock_jumps() {
     clock_jumps(server.url(), server.clock().unwrap().file(), 9);
 }
 
-/// Memory lives in one process: refused with a clear message.
 /// `memory://` lives in one process: its workers are tasks of the harness,
 /// each over a gated view of the store (a kill cuts a task off for good,
 /// its session left to expire; a pause holds its calls and its lines).
@@ -345,6 +349,16 @@ impl Fault for RedlockMinorityKilled {
 /// every run; the recovery bound applies to the client faults, which take
 /// turns with it.
 fn torture_with_faults<F: Fault>(fault: F, url: String, seed: u64, ttl: &str) {
+    torture_with_faults_and(fault, url, seed, ttl, &[]);
+}
+
+fn torture_with_faults_and<F: Fault>(
+    fault: F,
+    url: String,
+    seed: u64,
+    ttl: &str,
+    extra: &[&str],
+) -> Ran {
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_path_buf();
@@ -409,10 +423,13 @@ fn torture_with_faults<F: Fault>(fault: F, url: String, seed: u64, ttl: &str) {
     }
     let mut guard = Stop(stop, Some(acting));
     let cmd = format!("sh {}", script.display());
-    torture_run(url, seed, ttl, &["--nemesis-exec", &cmd]);
+    let mut args = vec!["--nemesis-exec", &cmd];
+    args.extend(extra);
+    let ran = torture_run(url, seed, ttl, &args);
     guard.0.store(true, Ordering::Relaxed);
     let (_fault, turns) = guard.1.take().unwrap().join().unwrap();
     assert!(turns >= 1, "no server fault took its turn");
+    ran
 }
 
 fn paused<S: Server + Send + 'static>(server: S) -> ServerFault<S> {
@@ -520,4 +537,182 @@ fn zookeeper_three_servers_one_killed() {
         members: 3,
     };
     torture_with_faults(fault, url, 20, "2s");
+}
+
+/// A server's wall clock stepped 30 s forward for the fault, back after it
+/// (libfaketime, through the test kit's clock file).
+struct ClockJump(std::path::PathBuf);
+
+impl ClockJump {
+    fn set(&self, offset: &str) {
+        let tmp = self.0.with_extension("tmp");
+        std::fs::write(&tmp, format!("{offset}\n")).unwrap();
+        std::fs::rename(&tmp, &self.0).unwrap();
+    }
+}
+
+impl Fault for ClockJump {
+    fn start(&mut self, _: usize) {
+        self.set("+30");
+    }
+    fn stop(&mut self, _: usize) {
+        self.set("+0");
+    }
+}
+
+/// `A` on odd turns, `B` on even ones (each counting its own turns).
+struct Alternate<A, B>(A, B);
+
+impl<A: Fault, B: Fault> Fault for Alternate<A, B> {
+    fn start(&mut self, turn: usize) {
+        if turn % 2 == 1 {
+            self.0.start(turn.div_ceil(2));
+        } else {
+            self.1.start(turn / 2);
+        }
+    }
+    fn stop(&mut self, turn: usize) {
+        if turn % 2 == 1 {
+            self.0.stop(turn.div_ceil(2));
+        } else {
+            self.1.stop(turn / 2);
+        }
+    }
+}
+
+// The long run (`scripts/torture`, not CI): at least 10,000 grants per
+// backend with every fault this machine can inject there, the report kept
+// in `torture/long/BACKEND.json` for the README's table.
+
+/// A long run's own limit (it ends at 10,000 grants, or 40 minutes).
+const LONG_RUN_LIMIT: Duration = Duration::from_secs(45 * 60);
+
+/// How many grants a long run takes (`TORTURE_LONG_CYCLES`, default 10,000;
+/// a smaller count only to try the script).
+fn long_cycles() -> String {
+    std::env::var("TORTURE_LONG_CYCLES").unwrap_or_else(|_| "10000".into())
+}
+
+fn keep_long_report(backend: &str, ran: &Ran) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../torture/long");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{backend}.json")), &ran.report).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ran.report).unwrap();
+    let want: u64 = long_cycles().parse().unwrap();
+    assert!(
+        report["findings"]["grants"].as_u64().unwrap() >= want,
+        "fewer than {want} grants in 40 minutes: {report}"
+    );
+}
+
+fn long_args(cycles: &str, faults: &'static str) -> Vec<String> {
+    [
+        "--cycles",
+        cycles,
+        "--duration",
+        "40m",
+        "--faults",
+        faults,
+        "--fault-interval",
+        "2s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+const LONG_NETWORK: &str = "partition,delay,hold,kill,pause";
+
+fn long_run(backend: &str, url: String, seed: u64, ttl: &str, faults: &'static str) {
+    let cycles = long_cycles();
+    let args = long_args(&cycles, faults);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ran = torture_run(url, seed, ttl, &args);
+    keep_long_report(backend, &ran);
+}
+
+fn long_run_with<F: Fault>(backend: &str, fault: F, url: String, seed: u64, ttl: &str) {
+    let cycles = long_cycles();
+    let args = long_args(&cycles, LONG_NETWORK);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ran = torture_with_faults_and(fault, url, seed, ttl, &args);
+    keep_long_report(backend, &ran);
+}
+
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run_memory() {
+    long_run("memory", "memory://".into(), 101, "1s", "kill,pause");
+}
+
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run_sqlite() {
+    long_run(
+        "sqlite",
+        Env::sqlite().url.clone(),
+        102,
+        "1s",
+        "kill,pause,clock",
+    );
+}
+
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run_redis() {
+    let server = RedisServer::start_or_skip().expect("redis-server");
+    let url = server.url();
+    long_run_with("redis", paused(server), url, 103, "1s");
+}
+
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run_redlock() {
+    let servers: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start_or_skip().expect("redis-server"))
+        .collect();
+    let url = RedisServer::redlock_url(&servers);
+    long_run_with("redlock", RedlockMinorityKilled(servers), url, 104, "1s");
+}
+
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run_postgres() {
+    let server = PostgresServer::start_with_clock_or_skip().expect("postgres with libfaketime");
+    let (url, clock) = (server.url(), server.clock().unwrap().file().to_path_buf());
+    let fault = Alternate(paused_or_restarted(server), ClockJump(clock));
+    long_run_with("postgres", fault, url, 105, "1s");
+}
+
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run_mysql() {
+    let server = MariaDbServer::start_with_clock_or_skip().expect("mariadb with libfaketime");
+    let (url, clock) = (server.url(), server.clock().unwrap().file().to_path_buf());
+    let fault = Alternate(paused_or_restarted(server), ClockJump(clock));
+    long_run_with("mysql", fault, url, 106, "1s");
+}
+
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run_etcd() {
+    let cluster = EtcdCluster::start_or_skip(3).expect("etcd");
+    let url = cluster.url();
+    let fault = MemberKilled {
+        cluster,
+        members: 3,
+    };
+    long_run_with("etcd", fault, url, 107, "2s");
+}
+
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run_zookeeper() {
+    let ensemble = ZkEnsemble::start_or_skip(3).expect("zookeeper");
+    let url = ensemble.url();
+    let fault = MemberKilled {
+        cluster: ensemble,
+        members: 3,
+    };
+    long_run_with("zookeeper", fault, url, 108, "1s");
 }
