@@ -116,7 +116,10 @@ impl Findings {
 /// Checks a history. `recovery_bound_us`: the longest a fault on a holder
 /// may keep the lock from everyone else, after the fault's own length for
 /// a network hold or delay (a renewal the holder sent before its deadline
-/// reaches the store only when the link lets it through, and renews there).
+/// reaches the store only when the link lets it through, and renews there),
+/// and after the end of any other fault still in force when it began (a
+/// server paused or restarting, another worker's partition: the recovery
+/// waits for those too).
 pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
     let mut f = Findings::default();
     let mut highest = 0u64;
@@ -260,7 +263,33 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
     // Recovery: from a fault on a holder to the next grant to another
     // worker, when no other fault came in between (a paused next waiter,
     // say, holds the queue up on its own).
+    // Every fault's span: (index of its start, from, to), to the end of the
+    // history if it never ended.
+    let spans: Vec<(usize, u64, u64)> = history
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match &r.op {
+            Op::FaultStart { fault } => {
+                let to = history[i + 1..]
+                    .iter()
+                    .find(|e| {
+                        e.worker == r.worker
+                            && matches!(&e.op, Op::FaultEnd { fault: ended } if ended == fault)
+                    })
+                    .map_or(end, |e| e.at_us);
+                Some((i, r.at_us, to))
+            }
+            _ => None,
+        })
+        .collect();
     for (w, at, fault) in holder_faults {
+        // The other faults in force when this one began end first.
+        let in_force_until = spans
+            .iter()
+            .filter(|(_, from, to)| *from < at && *to > at)
+            .map(|(_, _, to)| *to)
+            .max()
+            .unwrap_or(at);
         let next = history.iter().find_map(|r| match r.op {
             Op::Grant { .. } if r.at_us > at && r.worker != Some(w) => Some(r.at_us),
             _ => None,
@@ -287,7 +316,7 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
                     .unwrap_or(0),
                 _ => 0,
             };
-            let took = next - at;
+            let took = next.saturating_sub(in_force_until.max(at));
             f.worst_recovery_ms = f.worst_recovery_ms.max(took as f64 / 1000.0);
             if took > recovery_bound_us + late_delivery {
                 f.slow_recoveries += 1;
@@ -583,6 +612,47 @@ mod tests {
         assert_eq!(check(&with("hold"), 900).slow_recoveries, 1);
         // A partition drops what it holds: no more time.
         assert_eq!(check(&with("partition"), 1_000).slow_recoveries, 1);
+    }
+
+    #[test]
+    fn a_fault_in_force_when_another_begins_delays_its_clock() {
+        // A server fault (no worker) from 1 to 3 000 µs; worker 1, holding,
+        // is killed at 2; worker 2 is granted at 3 900: 3 898 after the kill,
+        // 900 after the server came back.
+        let h = vec![
+            r(0, 1, Op::Request),
+            r(1, 1, Op::Grant { token: 10 }),
+            Record {
+                at_us: 1,
+                worker: None,
+                op: Op::FaultStart {
+                    fault: "nemesis".into(),
+                },
+            },
+            r(
+                2,
+                1,
+                Op::FaultStart {
+                    fault: "kill".into(),
+                },
+            ),
+            r(3, 1, Op::Exit),
+            Record {
+                at_us: 3_000,
+                worker: None,
+                op: Op::FaultEnd {
+                    fault: "nemesis".into(),
+                },
+            },
+            r(3_100, 2, Op::Request),
+            r(3_900, 2, Op::Grant { token: 11 }),
+        ];
+        let f = check(&h, 1_000);
+        assert_eq!((f.slow_recoveries, f.compound_faults), (0, 0), "{f:?}");
+        assert!((f.worst_recovery_ms - 0.9).abs() < 1e-9, "{f:?}");
+        // Without the server's fault, the same grant is late.
+        let alone: Vec<Record> = h.iter().filter(|r| r.worker.is_some()).cloned().collect();
+        assert_eq!(check(&alone, 1_000).slow_recoveries, 1);
     }
 
     #[test]

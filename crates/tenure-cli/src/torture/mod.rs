@@ -75,7 +75,8 @@ pub struct TortureArgs {
     /// Seed of the random choices (faults, critical-section times).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Write the report (JSON) here.
+    /// Write the report (JSON) here (with --check: the findings of the
+    /// history checked again).
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,
     /// Write the history (JSON lines) here, to check it again later.
@@ -204,7 +205,7 @@ impl Shared {
 /// 2 liveness or leak failure).
 pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<u8, String> {
     if let Some(path) = &args.check {
-        return recheck(path, args.ttl);
+        return recheck(path, args.ttl, args.report.as_deref());
     }
     // Workers are processes, unless the store lives in this one.
     let in_process = !store.capabilities().multi_process;
@@ -420,8 +421,13 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     Ok(code)
 }
 
-/// Checks a saved history again.
-fn recheck(path: &std::path::Path, ttl: Duration) -> Result<u8, String> {
+/// Checks a saved history again; with `report`, writes the findings there
+/// (JSON).
+fn recheck(
+    path: &std::path::Path,
+    ttl: Duration,
+    report: Option<&std::path::Path>,
+) -> Result<u8, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut history = Vec::new();
@@ -445,6 +451,25 @@ fn recheck(path: &std::path::Path, ttl: Duration) -> Result<u8, String> {
     };
     let verdict = ["pass", "safety violation", "liveness failure"][code as usize];
     print_summary(&findings, 0, ttl, verdict);
+    if let Some(out) = report {
+        let kinds: std::collections::BTreeSet<&str> = history
+            .iter()
+            .filter_map(|r| match &r.op {
+                Op::FaultStart { fault } => Some(fault.as_str()),
+                _ => None,
+            })
+            .collect();
+        let json = serde_json::json!({
+            "checked_history": path.display().to_string(),
+            "fault_kinds": kinds,
+            "ttl_ms": ttl.as_millis() as u64,
+            "recovery_bound_ms": bound(ttl).as_millis() as u64,
+            "findings": findings,
+            "verdict": verdict,
+        });
+        let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+        std::fs::write(out, text).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    }
     Ok(code)
 }
 
