@@ -243,6 +243,14 @@ fn postgres_with_clock_jumps() {
 }
 
 #[test]
+fn zookeeper_with_clock_jumps() {
+    let Some(ensemble) = ZkEnsemble::start_with_clock_or_skip() else {
+        return;
+    };
+    clock_jumps(ensemble.url(), ensemble.clock().unwrap().file(), 10);
+}
+
+#[test]
 fn mysql_with_clock_jumps() {
     let Some(server) = MariaDbServer::start_with_clock_or_skip() else {
         return;

@@ -1232,19 +1232,31 @@ pub struct ZkEnsemble {
     dir: tempfile::TempDir,
     nodes: Vec<ZkNode>,
     tls: Option<TlsFiles>,
+    clock: Option<SteppableClock>,
 }
 
 impl ZkEnsemble {
     /// Starts `servers` servers, or `None` (after [`missing`]) without ZooKeeper.
     pub fn start_or_skip(servers: usize) -> Option<ZkEnsemble> {
-        Self::start_with(servers, false)
+        Self::start_with(servers, false, false)
+    }
+
+    /// One server whose wall clock a test can step ([`SteppableClock`]:
+    /// the JVM runs under libfaketime), or `None` (after [`missing`]).
+    pub fn start_with_clock_or_skip() -> Option<ZkEnsemble> {
+        Self::start_with(1, false, true)
+    }
+
+    /// The server's steppable clock, if started with one.
+    pub fn clock(&self) -> Option<&SteppableClock> {
+        self.clock.as_ref()
     }
 
     /// One server that takes clients only over TLS (its secure client port,
     /// Netty, a PEM certificate of a test CA; no plain client port); its
     /// [`ZkEnsemble::url`] is `zks://…?tls_ca=…`.
     pub fn start_tls_or_skip() -> Option<ZkEnsemble> {
-        Self::start_with(1, true)
+        Self::start_with(1, true, false)
     }
 
     /// The test CA and the server's certificate, when it serves over TLS.
@@ -1252,7 +1264,7 @@ impl ZkEnsemble {
         self.tls.as_ref()
     }
 
-    fn start_with(servers: usize, tls: bool) -> Option<ZkEnsemble> {
+    fn start_with(servers: usize, tls: bool, steppable: bool) -> Option<ZkEnsemble> {
         if find("zkServer.sh", &["/usr/share/zookeeper/bin/zkServer.sh"]).is_none()
             || find("java", &["/usr/bin/java"]).is_none()
         {
@@ -1308,7 +1320,16 @@ impl ZkEnsemble {
                 child: None,
             });
         }
-        let mut ensemble = ZkEnsemble { dir, nodes, tls };
+        let clock = match steppable {
+            true => Some(SteppableClock::new(dir.path())?),
+            false => None,
+        };
+        let mut ensemble = ZkEnsemble {
+            dir,
+            nodes,
+            tls,
+            clock,
+        };
         // Three JVMs starting beside a busy test binary on 2 cores can miss
         // their first election (seen once in CI): one more try, afresh.
         for attempt in 1..=2 {
@@ -1345,6 +1366,9 @@ impl ZkEnsemble {
             .env("JVMFLAGS", jvm_flags)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut cmd);
+        }
         self.nodes[i].child = Some(spawn_tied(cmd).expect("spawn ZooKeeper"));
     }
 
