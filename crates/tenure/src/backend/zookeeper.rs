@@ -1696,22 +1696,7 @@ impl Store for ZkStore {
                 first: false,
             }));
         }
-        if mode == JoinMode::IfGranted && kind == EntryKind::Exclusive {
-            // An exclusive try is refused by any entry at all: the name's
-            // child count (one stat, however long the queue) is the answer.
-            // A name a semaphore uses is then refused here rather than named
-            // a conflict; `lock()` names it.
-            let stat = retrying(|| async {
-                match call_raw(session.client.check_stat(&dir)).await? {
-                    Ok(stat) => Ok(stat),
-                    Err(e) => Err(zk_err(e)),
-                }
-            })
-            .await?;
-            if stat.is_some_and(|s| s.num_children > 0) {
-                return Ok(None);
-            }
-        } else if mode == JoinMode::IfGranted {
+        if mode == JoinMode::IfGranted {
             // A try reads first (a read is served from the server's memory;
             // a create and its delete go through the quorum): on a queue that
             // would not grant it, that read is the whole answer.
