@@ -222,37 +222,11 @@ fn elect_runs_the_command_only_while_leader() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1 me");
 }
 
+/// Usage errors (exit 64, no secret shown) are in
+/// `forty_bad_inputs_exit_64_with_a_message_and_no_secret`; here, the help
+/// a newcomer reaches instead.
 #[test]
-fn usage_errors_exit_64_without_secrets() {
-    let env = Env::sqlite();
-    for args in [
-        vec!["lock", "x", "--ttl", "5parsecs", "--", "true"],
-        vec!["lock", "", "--", "true"],
-        vec!["lock", "x"],
-        vec![
-            "lock",
-            "x",
-            "--ttl",
-            "1s",
-            "--kill-grace",
-            "1s",
-            "--",
-            "true",
-        ],
-        vec!["release", "x"],
-        vec!["frobnicate"],
-    ] {
-        let out = env.run(&args);
-        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
-        assert!(!out.stderr.is_empty());
-    }
-    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
-        // No port: a usage error whether or not etcd is built in.
-        .args(["--store", "etcd://bob:hunter2@db", "status"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+fn help_shows_examples() {
     let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
         .args(["lock", "--help"])
         .output()

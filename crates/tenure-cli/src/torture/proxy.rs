@@ -173,18 +173,28 @@ async fn pump(
     tokio::try_join!(read, write).map(|_| ())
 }
 
-/// `url` with each `host:port` of its server list replaced by what `proxy`
-/// returns for it, and the servers in order. URLs are
-/// `SCHEME://[USERINFO@]HOST:PORT[,HOST:PORT…][/PATH][?QUERY][#FRAGMENT]`
-/// for every backend with a network.
-pub fn servers_of(url: &str) -> Result<Vec<String>, String> {
-    let (_, rest) = url
+/// A store URL's parts around its server list:
+/// `SCHEME://[USERINFO@]HOST:PORT[,HOST:PORT…][/PATH][?QUERY][#FRAGMENT]`,
+/// the shape of every backend with a network. Each server is checked to be
+/// `host:port`.
+struct Parts<'a> {
+    scheme: &'a str,
+    userinfo: Option<&'a str>,
+    servers: Vec<&'a str>,
+    tail: &'a str,
+}
+
+fn parts(url: &str) -> Result<Parts<'_>, String> {
+    let (scheme, rest) = url
         .split_once("://")
         .ok_or("expected SCHEME://… in --store")?;
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let servers: Vec<String> = hosts.split(',').map(str::to_string).collect();
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let servers: Vec<&str> = hosts.split(',').collect();
     if servers.iter().any(|s| {
         s.rsplit_once(':')
             .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
@@ -193,36 +203,45 @@ pub fn servers_of(url: &str) -> Result<Vec<String>, String> {
             "network faults need every server as host:port in --store (found {hosts:?})"
         ));
     }
-    Ok(servers)
+    Ok(Parts {
+        scheme,
+        userinfo,
+        servers,
+        tail,
+    })
+}
+
+/// The servers of a store URL, in order.
+pub fn servers_of(url: &str) -> Result<Vec<String>, String> {
+    Ok(parts(url)?
+        .servers
+        .into_iter()
+        .map(str::to_string)
+        .collect())
 }
 
 /// `url` with its servers replaced by `to` (as many, in order). A loopback
 /// host name is kept, so that a certificate issued to it still matches.
 pub fn with_servers(url: &str, to: &[SocketAddr]) -> Result<String, String> {
-    let servers = servers_of(url)?;
-    if servers.len() != to.len() {
+    let p = parts(url)?;
+    if p.servers.len() != to.len() {
         return Err("one proxy per server".into());
     }
-    let (scheme, rest) = url.split_once("://").ok_or("expected SCHEME://…")?;
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let userinfo = authority.rsplit_once('@').map(|(u, _)| format!("{u}@"));
-    let hosts: Vec<String> = servers
+    let hosts: Vec<String> = p
+        .servers
         .iter()
         .zip(to)
-        .map(|(server, addr)| {
-            let host = server.rsplit_once(':').map_or("", |(h, _)| h);
-            if host == "localhost" {
-                format!("localhost:{}", addr.port())
-            } else {
-                addr.to_string()
-            }
+        .map(|(server, addr)| match server.rsplit_once(':') {
+            Some(("localhost", _)) => format!("localhost:{}", addr.port()),
+            _ => addr.to_string(),
         })
         .collect();
+    let userinfo = p.userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     Ok(format!(
-        "{scheme}://{}{}{tail}",
-        userinfo.unwrap_or_default(),
-        hosts.join(",")
+        "{}://{userinfo}{}{}",
+        p.scheme,
+        hosts.join(","),
+        p.tail
     ))
 }
 
