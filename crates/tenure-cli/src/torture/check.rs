@@ -99,6 +99,10 @@ pub struct Findings {
     /// The longest time from a fault on a holder to the next grant to
     /// another worker, in ms.
     pub worst_recovery_ms: f64,
+    /// What happened around the first few unpaused overlaps, for whoever
+    /// reads a failed run: each worker's events and the faults in force.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explained: Vec<String>,
 }
 
 impl Findings {
@@ -256,6 +260,9 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
                 f.overlaps_paused += 1;
             } else {
                 f.overlaps_unpaused += 1;
+                if f.explained.len() < MAX_EXPLAINED {
+                    f.explained.push(explain(history, a, b));
+                }
             }
             f.longest_overlap_ms = f.longest_overlap_ms.max((to - from) as f64 / 1000.0);
         }
@@ -324,6 +331,53 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
         }
     }
     f
+}
+
+/// How many violations a report explains.
+const MAX_EXPLAINED: usize = 3;
+
+/// An overlap of worker `a.0`'s section with `b.0`'s, told as the events of
+/// both workers and every fault from a little before `a` began to the end
+/// of the later section, times in ms since the run began.
+fn explain(history: &[Record], a: &(u32, u64, u64), b: &(u32, u64, u64)) -> String {
+    let from = a.1.saturating_sub(3_000_000);
+    let to = a.2.max(b.2);
+    let mut told = format!(
+        "worker {} held {:.3}..{:.3} ms, worker {} held {:.3}..{:.3} ms:",
+        a.0,
+        ms(a.1),
+        ms(a.2),
+        b.0,
+        ms(b.1),
+        ms(b.2)
+    );
+    for r in history {
+        let ours = r.worker.is_none_or(|w| w == a.0 || w == b.0);
+        let fault = matches!(r.op, Op::FaultStart { .. } | Op::FaultEnd { .. });
+        if r.at_us < from || r.at_us > to || !(ours || fault) {
+            continue;
+        }
+        let who = r.worker.map_or("server".to_string(), |w| format!("w{w}"));
+        let what = match &r.op {
+            Op::Request => "request".to_string(),
+            Op::Grant { token } => format!("grant {token}"),
+            Op::Read { token, fenced, .. } => format!("read {token} fenced {fenced:?}"),
+            Op::Write {
+                token, accepted, ..
+            } => format!("write {token} accepted {accepted}"),
+            Op::Release => "release".to_string(),
+            Op::Lost => "lost".to_string(),
+            Op::Exit => "exit".to_string(),
+            Op::FaultStart { fault } => format!("{fault} starts"),
+            Op::FaultEnd { fault } => format!("{fault} ends"),
+        };
+        told.push_str(&format!(" {:.3} {who} {what};", ms(r.at_us)));
+    }
+    told
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
 }
 
 #[cfg(test)]
@@ -509,7 +563,7 @@ mod tests {
         assert_eq!((f.overlaps_paused, f.overlaps_unpaused), (1, 0));
         assert_eq!((f.fenced_refusals, f.twin_lost_writes), (1, 1));
         assert!((f.worst_recovery_ms - 0.047).abs() < 1e-9, "{f:?}");
-        // The same overlap without a pause is a violation.
+        // The same overlap without a pause is a violation, explained.
         let unpaused: Vec<Record> = h
             .into_iter()
             .filter(|r| !matches!(r.op, Op::FaultStart { .. } | Op::FaultEnd { .. }))
@@ -517,6 +571,14 @@ mod tests {
         let f = check(&unpaused, 100);
         assert_eq!(f.overlaps_unpaused, 1);
         assert!(f.unsafe_run());
+        assert_eq!(f.explained.len(), 1, "{f:?}");
+        let told = &f.explained[0];
+        assert!(
+            told.starts_with("worker 1 held 0.001..0.062 ms, worker 2 held 0.050..0.070 ms:")
+                && told.contains(" 0.050 w2 grant 11;")
+                && told.contains("w1 lost;"),
+            "{told}"
+        );
     }
 
     #[test]

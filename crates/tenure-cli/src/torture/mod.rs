@@ -1139,6 +1139,9 @@ fn print_summary(f: &Findings, leaked: usize, ttl: Duration, verdict: &str) {
     for (what, figure, rule) in rows {
         outln!("  {what:<36} {figure:>8}  {rule}");
     }
+    for told in &f.explained {
+        outln!("  overlap: {told}");
+    }
     outln!("verdict: {verdict}");
 }
 
