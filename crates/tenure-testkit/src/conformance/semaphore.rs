@@ -180,4 +180,36 @@ pub async fn check_semaphore(t: &Target) {
         .unwrap()
         .unwrap();
     both.release().await.unwrap();
+
+    // A name may change class when it empties, and a try of the other
+    // class then names the conflict (it does not just say "held"),
+    // whichever way the change goes.
+    let switched = format!("{name}-switched");
+    let (c, d) = (session(&t.store).await, session(&t.store).await);
+    let locked = Mutex::new(&c, &switched).unwrap().lock().await.unwrap();
+    assert!(matches!(
+        Semaphore::new(&d, &switched, PERMITS)
+            .unwrap()
+            .try_acquire()
+            .await,
+        Err(Error::Conflict { .. })
+    ));
+    locked.release().await.unwrap();
+    let permit = Semaphore::new(&c, &switched, PERMITS)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let tried = Mutex::new(&d, &switched).unwrap().try_lock().await;
+    assert!(matches!(tried, Err(Error::Conflict { .. })), "{tried:?}");
+    let tried = tenure::RwLock::new(&d, &switched).unwrap().try_read().await;
+    assert!(matches!(tried, Err(Error::Conflict { .. })), "{tried:?}");
+    permit.release().await.unwrap();
+    let locked = Mutex::new(&d, &switched).unwrap().try_lock().await.unwrap();
+    assert!(locked.is_some(), "the emptied name is a lock's again");
+    let tried = Mutex::new(&c, &switched).unwrap().try_lock().await;
+    assert!(matches!(tried, Ok(None)), "{tried:?}");
+    drop(locked);
+    c.close().await.unwrap();
+    d.close().await.unwrap();
 }

@@ -309,6 +309,16 @@ fn parse_child(child: &str) -> Option<(&str, EntryKind, i64)> {
 }
 
 /// An entry's data: `HOLDS\tLABEL\n` then the value.
+/// The class of a name, kept as its node's data: entries of one class may
+/// share a name (a lock's exclusive and shared entries; a semaphore's of
+/// one limit), entries of two may not (see [`crate::queue::check_compatible`]).
+fn class_of(kind: EntryKind) -> Vec<u8> {
+    match kind {
+        EntryKind::Exclusive | EntryKind::Shared => b"L".to_vec(),
+        EntryKind::Permits { limit, .. } => format!("P{limit}").into_bytes(),
+    }
+}
+
 fn encode_data(holds: u32, label: &str, value: &[u8]) -> Vec<u8> {
     let mut out = format!("{holds}\t{label}\n").into_bytes();
     out.extend_from_slice(value);
@@ -936,12 +946,18 @@ impl ZkStore {
     /// before its owner's next renewal tells it. Either the ending store's
     /// search for the session's entries (after it deleted the node) finds a
     /// child made before this read, or this read finds the node gone.
-    async fn list_checking_session(&self, session: &ZkSession, name: &Name) -> Result<Listing> {
+    /// Also returns the class the name's node holds (see [`class_of`]).
+    async fn list_checking_session(
+        &self,
+        session: &ZkSession,
+        name: &Name,
+    ) -> Result<(Listing, Vec<u8>)> {
         let dir = self.name_path(name);
         let node = self.session_path(&session.tag);
         retrying(|| async {
             let mut reader = session.client.new_multi_reader();
             reader.add_get_children(&dir).map_err(zk_err)?;
+            reader.add_get_data(&dir).map_err(zk_err)?;
             reader.add_get_data(&node).map_err(zk_err)?;
             let results = call(reader.commit()).await?;
             let mut results = results.into_iter();
@@ -953,13 +969,35 @@ impl ZkStore {
                 Some(zk::MultiReadResult::Error { err }) => return Err(zk_err(err)),
                 _ => return Err(Error::backend(BACKEND, "unexpected multi-read answer")),
             };
+            let class = match results.next() {
+                Some(zk::MultiReadResult::Data { data, .. }) => data,
+                Some(zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                }) => Vec::new(),
+                Some(zk::MultiReadResult::Error { err }) => return Err(zk_err(err)),
+                _ => return Err(Error::backend(BACKEND, "unexpected multi-read answer")),
+            };
             match results.next() {
-                Some(zk::MultiReadResult::Data { .. }) => Ok(listing(children)),
+                Some(zk::MultiReadResult::Data { .. }) => Ok((listing(children), class)),
                 Some(zk::MultiReadResult::Error {
                     err: zk::Error::NoNode,
                 }) => Err(lost()),
                 Some(zk::MultiReadResult::Error { err }) => Err(zk_err(err)),
                 _ => Err(Error::backend(BACKEND, "unexpected multi-read answer")),
+            }
+        })
+        .await
+    }
+
+    /// The class `name`'s node holds and how many entries it has (one
+    /// read, whatever the queue's length; none: no node yet).
+    async fn class_and_count(&self, client: &zk::Client, name: &Name) -> Result<(Vec<u8>, i32)> {
+        let dir = self.name_path(name);
+        retrying(|| async {
+            match call_raw(client.get_data(&dir)).await? {
+                Ok((class, stat)) => Ok((class, stat.num_children)),
+                Err(zk::Error::NoNode) => Ok((Vec::new(), 0)),
+                Err(e) => Err(zk_err(e)),
             }
         })
         .await
@@ -976,6 +1014,7 @@ impl ZkStore {
         prefix: &str,
         data: &[u8],
         options: &zk::CreateOptions<'_>,
+        class: &[u8],
     ) -> Result<(zk::Stat, String, i64)> {
         let dir = self.name_path(name);
         let path = format!("{dir}/{prefix}");
@@ -1002,7 +1041,7 @@ impl ZkStore {
                 Ok(Err(zk::Error::NoNode)) => {
                     // The name's first use: make its node, then try again.
                     let parent = zk::CreateMode::Persistent.with_acls(self.acls());
-                    match call_raw(session.client.create(&dir, &[], &parent)).await? {
+                    match call_raw(session.client.create(&dir, class, &parent)).await? {
                         Ok(_) | Err(zk::Error::NodeExists) => continue,
                         Err(e) => zk_err(e),
                     }
@@ -1696,10 +1735,20 @@ impl Store for ZkStore {
                 first: false,
             }));
         }
+        let class = class_of(kind);
         if mode == JoinMode::IfGranted {
             // A try reads first (a read is served from the server's memory;
             // a create and its delete go through the quorum): on a queue that
-            // would not grant it, that read is the whole answer.
+            // would not grant it, that read is the whole answer. An exclusive
+            // try on a queue of its own class is refused on the node's child
+            // count alone, whatever the queue's length; any other try lists
+            // the queue (a class the node holds may be a moment stale while
+            // a join of another class is being refused or recorded: only a
+            // refusal is ever answered from it).
+            let (held_class, count) = self.class_and_count(&session.client, name).await?;
+            if count > 0 && kind == EntryKind::Exclusive && held_class == class {
+                return Ok(None);
+            }
             let list = self.list(&session.client, name).await?;
             let kinds: Vec<EntryKind> = list.children.iter().map(|c| c.2).collect();
             crate::queue::check_compatible(name, kind, kinds.iter().copied())?;
@@ -1717,7 +1766,7 @@ impl Store for ZkStore {
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let data = encode_data(1, &session.label, value);
         let (stat, child, sequence) = self
-            .create_entry(&session, name, &prefix, &data, &options)
+            .create_entry(&session, name, &prefix, &data, &options, &class)
             .await?;
         let path = format!("{dir}/{child}");
         // From here on, a failure must not leave the child behind unknown
@@ -1732,11 +1781,13 @@ impl Store for ZkStore {
             .await
         };
         let seq = u64::try_from(stat.czxid).map_err(|e| Error::backend(BACKEND, e));
-        let list = match (
+        let (list, held_class) = match (
             seq.as_ref(),
             self.list_checking_session(&session, name).await,
         ) {
-            (Ok(_), Ok(list)) if list.position(&child).is_some() => list,
+            (Ok(_), Ok((list, held_class))) if list.position(&child).is_some() => {
+                (list, held_class)
+            }
             (_, Err(e)) => {
                 remove().await?;
                 return Err(e);
@@ -1764,6 +1815,21 @@ impl Store for ZkStore {
         if let Some(answer) = refuse {
             remove().await?;
             return answer;
+        }
+        if held_class != class {
+            // The name changes class (a lock's name now a semaphore's, or
+            // the reverse): an entry of another class could not have joined,
+            // so the node says ours before this join answers.
+            let written = retrying(|| async {
+                call(session.client.set_data(&dir, &class, None))
+                    .await
+                    .map(|_| ())
+            })
+            .await;
+            if let Err(e) = written {
+                remove().await?;
+                return Err(e);
+            }
         }
         entries.insert(
             name.clone(),
