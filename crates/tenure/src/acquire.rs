@@ -121,7 +121,7 @@ impl Session {
             return Ok(None);
         };
         if joined.granted {
-            return Ok(Some((hold, joined)));
+            return self.still_ours(hold, joined);
         }
         if let Some(probe) = probe {
             probe.waiting();
@@ -137,7 +137,7 @@ impl Session {
         tokio::select! {
             result = granted => {
                 result?;
-                Ok(Some((hold, Joined { granted: true, ..joined })))
+                self.still_ours(hold, Joined { granted: true, ..joined })
             }
             reason = self.lost() => Err(Error::SessionLost(reason)),
             () = deadline => {
@@ -147,6 +147,23 @@ impl Session {
                 }
                 Err(Error::Timeout(waited))
             }
+        }
+    }
+}
+
+impl Session {
+    /// A grant is handed over only while the lease is sure: a grant that
+    /// arrives after the local deadline (a store or a process that stood
+    /// still, a scheduler that ran this task before the lease's own timer)
+    /// may already be another's, so the caller is told the session is lost
+    /// and the entry is left (in the background: the dropped hold).
+    fn still_ours(&self, hold: Hold, joined: Joined) -> Result<Option<(Hold, Joined)>> {
+        match self.lost_reason() {
+            Some(reason) => {
+                drop(hold);
+                Err(Error::SessionLost(reason))
+            }
+            None => Ok(Some((hold, joined))),
         }
     }
 }
@@ -259,11 +276,14 @@ mod tests {
     use crate::{Mutex, Session};
 
     /// A memory store whose next `fail` leaves answer "unavailable" without
-    /// doing anything (the store did not answer).
+    /// doing anything (the store did not answer), and whose joins hold the
+    /// whole thread for `stall_ms` before they answer (a process that stood
+    /// still).
     #[derive(Debug)]
     struct Flaky {
         inner: Arc<dyn Store>,
         fail: AtomicU32,
+        stall_ms: AtomicU32,
     }
 
     #[async_trait]
@@ -285,7 +305,14 @@ mod tests {
             session: &SessionKey,
             request: JoinRequest<'_>,
         ) -> Result<Option<Joined>> {
-            self.inner.join(session, request).await
+            let joined = self.inner.join(session, request).await;
+            let stall = self.stall_ms.load(Ordering::SeqCst);
+            if stall > 0 {
+                // Blocks the runtime's one thread: the lease's own timer
+                // cannot run meanwhile.
+                std::thread::sleep(Duration::from_millis(u64::from(stall)));
+            }
+            joined
         }
         async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
             let failing = self
@@ -333,6 +360,7 @@ mod tests {
         let flaky = Arc::new(Flaky {
             inner: memory,
             fail: AtomicU32::new(0),
+            stall_ms: AtomicU32::new(0),
         });
         let store: Arc<dyn Store> = flaky.clone();
         let s = Session::new(&store).await.unwrap();
@@ -355,6 +383,42 @@ mod tests {
         .unwrap();
         assert!(again.token() > token, "{} after {token}", again.token());
         again.release().await.unwrap();
+        other.close().await.unwrap();
+    }
+
+    /// A grant that comes back after the lease's deadline is not handed
+    /// over, even when the task that marks the session lost has not run yet
+    /// (here: the one thread stood still through the deadline).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_grant_after_the_deadline_is_not_handed_over() {
+        let memory = crate::open("memory://").await.unwrap();
+        let flaky = Arc::new(Flaky {
+            inner: memory,
+            fail: AtomicU32::new(0),
+            stall_ms: AtomicU32::new(0),
+        });
+        let store: Arc<dyn Store> = flaky.clone();
+        let options = crate::SessionOptions::new().ttl(Duration::from_secs(1));
+        let s = Session::with_options(&store, options).await.unwrap();
+        flaky.stall_ms.store(1_200, Ordering::SeqCst);
+        let e = Mutex::new(&s, "late")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::SessionLost(_)), "{e:?}");
+        assert!(s.is_lost());
+        flaky.stall_ms.store(0, Ordering::SeqCst);
+        // The entry did not stay behind: another session gets the name.
+        let other = Session::new(&store).await.unwrap();
+        let got = tokio::time::timeout(
+            Duration::from_secs(5),
+            Mutex::new(&other, "late").unwrap().lock(),
+        )
+        .await
+        .expect("locked in time")
+        .unwrap();
+        got.release().await.unwrap();
         other.close().await.unwrap();
     }
 }

@@ -289,8 +289,21 @@ impl Session {
     }
 
     /// Why the session ended, or `None` while it lives.
+    ///
+    /// From the local deadline on this says the session is lost, even
+    /// before the background task that marks it has run (a busy scheduler,
+    /// a process that was stopped): the answer depends on the clock only.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        *self.inner.lost.borrow()
+        if let Some(reason) = *self.inner.lost.borrow() {
+            return Some(reason);
+        }
+        if Instant::now() >= effective_deadline(&self.inner) {
+            // Marked here too, so the answer never goes back to "alive" (a
+            // renewal answered after the deadline does not revive it).
+            mark_lost(&self.inner, LostReason::Unconfirmed);
+            return *self.inner.lost.borrow();
+        }
+        None
     }
 
     /// Whether the session has ended.
