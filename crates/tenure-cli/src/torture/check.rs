@@ -50,7 +50,9 @@ pub enum Op {
     },
     /// The worker released the lock.
     Release,
-    /// The worker's session was lost (its critical section, if any, ends).
+    /// The worker's session was lost (its critical section, if any, ends):
+    /// dated from when the library told it (the lease's local deadline), or
+    /// from the worker's last act if that came later.
     Lost,
     /// The worker's process ended (killed, or done).
     Exit,

@@ -1229,7 +1229,7 @@ async fn worker_loop(
         };
         let token = guard.token();
         out.say(&format!("grant {token}")).await?;
-        out.say(&format!("read {token}")).await?;
+        let mut last_act = out.say(&format!("read {token}")).await?;
         let answer = answers
             .next_line()
             .await
@@ -1249,14 +1249,14 @@ async fn worker_loop(
             _ = s.lost() => true,
         };
         if lost {
-            out.say("lost").await?;
+            out.say_at(lost_at(&s, last_act), "lost").await?;
             drop(guard);
             continue;
         }
-        out.say(&format!("write {token} {}", value + 1)).await?;
+        last_act = out.say(&format!("write {token} {}", value + 1)).await?;
         let _ = answers.next_line().await.map_err(|e| e.to_string())?;
         if s.is_lost() {
-            out.say("lost").await?;
+            out.say_at(lost_at(&s, last_act), "lost").await?;
             drop(guard);
             continue;
         }
@@ -1278,15 +1278,43 @@ struct Lines<W> {
 }
 
 impl<W: tokio::io::AsyncWrite + Unpin> Lines<W> {
-    /// Tells the harness `line`, stamped now (after a freeze, if one is on).
-    async fn say(&mut self, line: &str) -> Result<(), String> {
+    /// Tells the harness `line`, stamped now (after a freeze, if one is on);
+    /// returns the stamp.
+    async fn say(&mut self, line: &str) -> Result<u64, String> {
+        self.say_at(0, line).await
+    }
+
+    /// Tells the harness `line`, stamped `at` (0: now, after a freeze).
+    async fn say_at(&mut self, at: u64, line: &str) -> Result<u64, String> {
         if let Some(frozen) = &mut self.frozen {
             let _ = frozen.wait_for(|g| *g != gate::Gate::Frozen).await;
         }
+        let at = if at == 0 { mono_ns() } else { at };
         self.out
-            .write_all(format!("{} {line}\n", mono_ns()).as_bytes())
+            .write_all(format!("{at} {line}\n").as_bytes())
             .await
             .map_err(|e| e.to_string())?;
-        self.out.flush().await.map_err(|e| e.to_string())
+        self.out.flush().await.map_err(|e| e.to_string())?;
+        Ok(at)
     }
+}
+
+/// When a holder's hold ended, by the library's word: a loss by the local
+/// deadline dates from the deadline (from then on `is_lost` says so, and
+/// the worker asks it before each act), or from the worker's last act if
+/// that came later (a worker stopped between its check and its write acts
+/// on waking, and the checker must see that); any other loss dates from
+/// now, when the worker learned it. So a worker slow to notice (a busy
+/// scheduler, an answer of the harness it was awaiting) is not counted as
+/// holding past the moment the library told it.
+fn lost_at(s: &Session, last_act: u64) -> u64 {
+    let now = mono_ns();
+    let told = match s.lost_reason() {
+        Some(tenure::LostReason::Unconfirmed) => {
+            let since = Instant::now().saturating_duration_since(s.deadline());
+            now.saturating_sub(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+        }
+        _ => now,
+    };
+    told.max(last_act).min(now)
 }
