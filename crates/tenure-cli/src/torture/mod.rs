@@ -164,6 +164,9 @@ struct Shared {
     /// then applied only once the pause is over, as the write of a process
     /// that checked its lease and paused just as it sent it lands late.
     pause_on_write: StdMutex<Vec<u32>>,
+    /// Workers paused now: a second pause would end with the first's
+    /// SIGCONT, shorter than it says.
+    paused: StdMutex<std::collections::HashSet<u32>>,
     stopping: AtomicBool,
     /// Per worker, its proxy to each store server (network faults only).
     links: HashMap<u32, Vec<proxy::Proxy>>,
@@ -287,6 +290,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         workers: StdMutex::new(HashMap::new()),
         grants: AtomicU64::new(0),
         pause_on_write: StdMutex::new(Vec::new()),
+        paused: StdMutex::new(std::collections::HashSet::new()),
         stopping: AtomicBool::new(false),
         links,
         partitions: AtomicU64::new(0),
@@ -595,6 +599,33 @@ async fn inject(shared: &Arc<Shared>, fault: &str, ttl: Duration, rng: &mut Rng)
             // The worker's task records its exit and starts it again.
         }
         "pause" => {
+            // One pause at a time per worker: a paused or soon-paused one
+            // is passed over for another (none left: the turn is skipped).
+            let busy = |id: &u32| {
+                shared
+                    .paused
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(id)
+                    || shared
+                        .pause_on_write
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(id)
+            };
+            let (target, control) = if busy(&target) {
+                let free: Vec<u32> = ids.iter().copied().filter(|id| !busy(id)).collect();
+                let Some(&other) = free.get((rng.next() % free.len().max(1) as u64) as usize)
+                else {
+                    return true;
+                };
+                match all.get(&other) {
+                    Some((control, _)) => (other, control.clone()),
+                    None => return true,
+                }
+            } else {
+                (target, control)
+            };
             // Every other pause lands on a holder's write, after its last
             // look at its lease (its late write then meets the fence); the
             // others wherever the worker is (in its critical section, or
@@ -723,6 +754,11 @@ async fn nemesis(shared: Arc<Shared>, cmd: String, length: Duration) {
 fn pause(shared: Arc<Shared>, id: u32, control: Control, ttl: Duration, seed: u64) -> Duration {
     let mut rng = Rng::new(seed);
     let length = rng.between(ttl * 3 / 2, ttl * 3);
+    shared
+        .paused
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id);
     shared.record(
         Some(id),
         Op::FaultStart {
@@ -733,6 +769,11 @@ fn pause(shared: Arc<Shared>, id: u32, control: Control, ttl: Duration, seed: u6
     tokio::spawn(async move {
         tokio::time::sleep(length).await;
         control.cont();
+        shared
+            .paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
         shared.record(
             Some(id),
             Op::FaultEnd {
