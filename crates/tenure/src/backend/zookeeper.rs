@@ -308,7 +308,6 @@ fn parse_child(child: &str) -> Option<(&str, EntryKind, i64)> {
     Some((tag, kind, seq.parse().ok()?))
 }
 
-/// An entry's data: `HOLDS\tLABEL\n` then the value.
 /// The class of a name, kept as its node's data: entries of one class may
 /// share a name (a lock's exclusive and shared entries; a semaphore's of
 /// one limit), entries of two may not (see [`crate::queue::check_compatible`]).
@@ -319,6 +318,7 @@ fn class_of(kind: EntryKind) -> Vec<u8> {
     }
 }
 
+/// An entry's data: `HOLDS\tLABEL\n` then the value.
 fn encode_data(holds: u32, label: &str, value: &[u8]) -> Vec<u8> {
     let mut out = format!("{holds}\t{label}\n").into_bytes();
     out.extend_from_slice(value);
@@ -1749,17 +1749,21 @@ impl Store for ZkStore {
             if count > 0 && kind == EntryKind::Exclusive && held_class == class {
                 return Ok(None);
             }
-            let list = self.list(&session.client, name).await?;
-            let kinds: Vec<EntryKind> = list.children.iter().map(|c| c.2).collect();
-            crate::queue::check_compatible(name, kind, kinds.iter().copied())?;
-            let mut with_ours = kinds;
-            with_ours.push(kind);
-            if !crate::queue::grants(&with_ours)
-                .last()
-                .copied()
-                .unwrap_or(false)
-            {
-                return Ok(None);
+            // An empty queue grants anything: the list after the create
+            // checks the rest.
+            if count > 0 {
+                let list = self.list(&session.client, name).await?;
+                let kinds: Vec<EntryKind> = list.children.iter().map(|c| c.2).collect();
+                crate::queue::check_compatible(name, kind, kinds.iter().copied())?;
+                let mut with_ours = kinds;
+                with_ours.push(kind);
+                if !crate::queue::grants(&with_ours)
+                    .last()
+                    .copied()
+                    .unwrap_or(false)
+                {
+                    return Ok(None);
+                }
             }
         }
         let prefix = child_prefix(&session.tag, kind);
@@ -1818,12 +1822,20 @@ impl Store for ZkStore {
         }
         if held_class != class {
             // The name changes class (a lock's name now a semaphore's, or
-            // the reverse): an entry of another class could not have joined,
-            // so the node says ours before this join answers.
+            // the reverse): an entry of another class could not have joined
+            // beside ours, so the node says ours before this join answers.
+            // Only while our entry is there: one ended meanwhile (its
+            // session evicted) must not relabel a name another class has
+            // taken since.
             let written = retrying(|| async {
-                call(session.client.set_data(&dir, &class, None))
-                    .await
-                    .map(|_| ())
+                let mut writer = session.client.new_multi_writer();
+                writer.add_check_version(&path, -1).map_err(zk_err)?;
+                writer.add_set_data(&dir, &class, None).map_err(zk_err)?;
+                match commit(&mut writer).await? {
+                    Ok(_) => Ok(()),
+                    Err((0, zk::Error::NoNode)) => Err(lost()),
+                    Err((_, e)) => Err(zk_err(e)),
+                }
             })
             .await;
             if let Err(e) = written {
