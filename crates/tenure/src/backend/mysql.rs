@@ -138,10 +138,14 @@ fn parse_url(url: &StoreUrl) -> Result<(mysql_async::Opts, String)> {
     // No reset when a connection goes back to the pool: a reset is one more
     // round trip and drops the connection's prepared statements, so every
     // CALL was prepared again; with it a lock + release cost MariaDB 2.4
-    // times the CPU (1.77 against 0.71 ms, one bench run). Nothing here
-    // leaves state on a connection: each procedure ends its transaction,
-    // and the schema's connection, which takes a named lock, is reset on
-    // its own.
+    // times the CPU (1.77 against 0.71 ms, one bench run). What a
+    // connection keeps between calls is harmless: every path of every
+    // procedure ends the transaction it starts with COMMIT or ROLLBACK
+    // (the driver cannot see one opened inside a procedure, so that rule
+    // is what keeps a pooled connection clean; a call cut off midway
+    // drops its connection), and `group_concat_max_len`, raised by the
+    // procedures that list a queue, stays raised. The schema's connection,
+    // which takes a named lock, is reset on its own.
     let pool = opts.pool_opts().clone().with_reset_connection(false);
     let opts: mysql_async::Opts = mysql_async::OptsBuilder::from_opts(opts)
         .ssl_opts(ssl_opts(url)?)
