@@ -60,6 +60,18 @@ pub(super) async fn renew(inner: &Inner) -> Result<()> {
     let suspended = crate::clock::suspended();
     let sent = Instant::now();
     match inner.store.keep_alive(&inner.key).await {
+        // Confirmed only after the deadline: too late, the session may
+        // already have been seen lost (`Session::lost_reason` goes by the
+        // deadline), and a loss is never taken back.
+        Ok(()) if Instant::now() >= effective_deadline(inner) => {
+            crate::metrics::renewal(inner.backend(), "timeout", None);
+            mark_lost(inner, LostReason::Unconfirmed);
+            Err(Error::SessionLost(LostReason::Unconfirmed))
+        }
+        Ok(()) if inner.lost.borrow().is_some() => {
+            let reason = (*inner.lost.borrow()).unwrap_or(LostReason::Unconfirmed);
+            Err(Error::SessionLost(reason))
+        }
         Ok(()) => {
             if crate::metrics::enabled() {
                 let slack = signed_secs(Instant::now(), effective_deadline(inner));
