@@ -137,9 +137,11 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
     // Acknowledged grants so far: (when acknowledged, token).
     let mut acked: Vec<(u64, u64)> = Vec::new();
     // Open critical sections: worker -> since.
-    let mut inside: HashMap<u32, u64> = HashMap::new();
-    // Closed critical sections: (worker, from, to).
-    let mut sections: Vec<(u32, u64, u64)> = Vec::new();
+    let mut inside: HashMap<u32, (u64, u64)> = HashMap::new();
+    // Closed critical sections: (worker, from, to, token).
+    let mut closed: Vec<(u32, u64, u64, u64)> = Vec::new();
+    // Each worker's last read or write applied with each token.
+    let mut last_act: HashMap<(u32, u64), u64> = HashMap::new();
     // Pauses: (worker, from, to).
     let mut pauses: Vec<(Option<u32>, u64, u64)> = Vec::new();
     let mut pausing: HashMap<Option<u32>, u64> = HashMap::new();
@@ -169,9 +171,12 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
                     f.tokens_backwards += 1;
                 }
                 acked.push((r.at_us, *token));
-                inside.insert(w, r.at_us);
+                inside.insert(w, (r.at_us, *token));
             }
             Op::Read { token, fenced, .. } => {
+                if let Some(w) = w {
+                    last_act.insert((w, *token), r.at_us);
+                }
                 if fenced.is_some() {
                     if *token < highest {
                         f.fenced_lower_token_accepted += 1;
@@ -186,6 +191,9 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
                 fenced_before,
                 twin_before,
             } => {
+                if let Some(w) = w {
+                    last_act.insert((w, *token), r.at_us);
+                }
                 if *accepted {
                     if *token < highest {
                         f.fenced_lower_token_accepted += 1;
@@ -207,8 +215,8 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
             }
             Op::Release | Op::Lost | Op::Exit => {
                 if let Some(w) = w {
-                    if let Some(since) = inside.remove(&w) {
-                        sections.push((w, since, r.at_us));
+                    if let Some((since, token)) = inside.remove(&w) {
+                        closed.push((w, since, r.at_us, token));
                     }
                 }
             }
@@ -233,9 +241,20 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
         }
     }
     let _ = twin_value;
-    for (w, since) in inside {
-        sections.push((w, since, end));
+    for (w, (since, token)) in inside {
+        closed.push((w, since, end, token));
     }
+    // A section lasts at least until the last read or write the harness
+    // applied with its token: a write sent before the worker's deadline
+    // but applied after it (the writer stopped as it sent it) is an act of
+    // that section, however early the worker dates its loss.
+    let mut sections: Vec<(u32, u64, u64)> = closed
+        .into_iter()
+        .map(|(w, since, to, token)| {
+            let acted = last_act.get(&(w, token)).copied().unwrap_or(to);
+            (w, since, to.max(acted))
+        })
+        .collect();
     for (w, from) in pausing {
         pauses.push((w, from, end));
     }
@@ -581,6 +600,47 @@ mod tests {
                 && told.contains("w1 lost;"),
             "{told}"
         );
+    }
+
+    #[test]
+    fn a_write_applied_after_the_loss_it_is_dated_before_still_counts() {
+        // 1 dates its loss from its deadline (5), but a write of its token
+        // was applied at 10, after 2 was granted at 8: an overlap.
+        let h = vec![
+            r(0, 1, Op::Grant { token: 10 }),
+            r(
+                1,
+                1,
+                Op::Read {
+                    token: 10,
+                    fenced: Some(0),
+                    twin: 0,
+                },
+            ),
+            r(5, 1, Op::Lost),
+            r(8, 2, Op::Grant { token: 11 }),
+            r(
+                10,
+                1,
+                Op::Write {
+                    token: 10,
+                    value: 1,
+                    accepted: true,
+                    fenced_before: 0,
+                    twin_before: 0,
+                },
+            ),
+            r(12, 2, Op::Release),
+        ];
+        let f = check(&h, 100);
+        assert_eq!(f.overlaps_unpaused, 1, "{f:?}");
+        // Without that write, the loss at 5 ends the section: none.
+        let without: Vec<Record> = h
+            .into_iter()
+            .filter(|r| !matches!(r.op, Op::Write { .. }))
+            .collect();
+        let f = check(&without, 100);
+        assert_eq!(f.overlaps_unpaused + f.overlaps_paused, 0, "{f:?}");
     }
 
     #[test]

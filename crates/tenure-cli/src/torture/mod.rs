@@ -769,17 +769,19 @@ fn pause(shared: Arc<Shared>, id: u32, control: Control, ttl: Duration, seed: u6
     tokio::spawn(async move {
         tokio::time::sleep(length).await;
         control.cont();
-        shared
-            .paused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        // Recorded before the worker may be paused again: its next pause's
+        // start must come after this end in the history.
         shared.record(
             Some(id),
             Op::FaultEnd {
                 fault: "pause".into(),
             },
         );
+        shared
+            .paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
     });
     length
 }
@@ -1006,7 +1008,17 @@ async fn serve(
                         .lock()
                         .unwrap_or_else(|e| e.into_inner());
                     let at = queue.iter().position(|w| *w == id);
-                    at.map(|i| queue.remove(i)).is_some()
+                    let found = at.map(|i| queue.remove(i)).is_some();
+                    if found {
+                        // Marked paused before it leaves this queue, so no
+                        // other pause picks it in between.
+                        shared
+                            .paused
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(id);
+                    }
+                    found
                 };
                 if paused {
                     // The write is in flight while its writer is stopped.
