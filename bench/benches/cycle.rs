@@ -18,6 +18,8 @@ struct Stats {
     label: String,
     samples: Vec<Duration>,
     total: Span,
+    /// Cycles per second of each turn (one for a run not taken in turns).
+    turns: Vec<f64>,
 }
 
 /// The name (`/proc/PID/comm`) of the server processes whose CPU time the
@@ -43,7 +45,11 @@ fn server_cpu_ns() -> Option<u64> {
         if named.trim_end() != comm {
             continue;
         }
-        for task in std::fs::read_dir(path.join("task")).into_iter().flatten().flatten() {
+        for task in std::fs::read_dir(path.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
             sum += stat
                 .split_whitespace()
@@ -120,10 +126,35 @@ impl Stats {
 }
 
 fn stats(label: impl Into<String>, samples: Vec<Duration>, total: Span) -> Stats {
+    let rate = samples.len() as f64 / total.wall.as_secs_f64().max(1e-9);
     Stats {
         label: label.into(),
         samples,
         total,
+        turns: vec![rate],
+    }
+}
+
+/// A row's time per cycle against its floor's: the median over the turns
+/// of the ratio within each turn (the two ran back to back in it), so one
+/// slow spell of the VM moves one turn's ratio, not the figure; pooled
+/// when the two were not run in the same turns.
+fn ratio_to_floor(row: &Stats, floor: &Stats) -> f64 {
+    if row.turns.len() < 2 || row.turns.len() != floor.turns.len() {
+        return floor.per_sec() / row.per_sec();
+    }
+    let mut ratios: Vec<f64> = row
+        .turns
+        .iter()
+        .zip(&floor.turns)
+        .map(|(r, f)| f / r)
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let mid = ratios.len() / 2;
+    if ratios.len() % 2 == 1 {
+        ratios[mid]
+    } else {
+        (ratios[mid - 1] + ratios[mid]) / 2.0
     }
 }
 
@@ -140,7 +171,8 @@ where
 
 /// Runs every runner `cycles` times in all, in ten turns taken in order, so
 /// that a slow spell of the machine (a VM's neighbours) falls on each of them
-/// alike and the ratios between them stay fair.
+/// alike and the ratios between them stay fair (each row keeps its turns'
+/// rates: its ratio to the floor is the median of the turns' ratios).
 async fn interleaved(cycles: usize, mut runners: Vec<Runner<'_>>) -> Vec<Stats> {
     const TURNS: usize = 10;
     let mut out: Vec<Option<Stats>> = runners.iter().map(|_| None).collect();
@@ -149,6 +181,7 @@ async fn interleaved(cycles: usize, mut runners: Vec<Runner<'_>>) -> Vec<Stats> 
             let turn = run((cycles / TURNS).max(1)).await;
             match slot {
                 Some(all) => {
+                    all.turns.extend(turn.turns);
                     all.samples.extend(turn.samples);
                     all.total += turn.total;
                 }
@@ -336,8 +369,15 @@ async fn redis_script_raw(url: &str, cycles: usize) -> Stats {
         samples.push(t.elapsed());
     }
     let total = start.elapsed();
-    let _: redis::Value = call(&["close", secret]).invoke_async(&mut conn).await.unwrap();
-    stats("redis its script alone, raw client (join + leave)", samples, total)
+    let _: redis::Value = call(&["close", secret])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    stats(
+        "redis its script alone, raw client (join + leave)",
+        samples,
+        total,
+    )
 }
 
 /// The PostgreSQL floor: one INSERT of a row with an expiry to take, one
@@ -705,7 +745,10 @@ fn main() {
             cycles,
             vec![
                 runner(|n| uncontended(&memory, n)),
-                with(tenure::metrics::Recording::Off, "memory tenure, metrics off"),
+                with(
+                    tenure::metrics::Recording::Off,
+                    "memory tenure, metrics off",
+                ),
                 with(
                     tenure::metrics::Recording::On,
                     "memory tenure, metrics forced on (no-op recorder)",
@@ -890,7 +933,6 @@ fn main() {
     let floor_of = |backend: &str| {
         rows.iter()
             .find(|r| r.label.starts_with(backend) && r.label.contains("floor"))
-            .map(|r| r.per_sec())
     };
     println!(
         "{:<58} {:>10} {:>12} {:>10} {:>10} {:>9} {:>10}",
@@ -902,12 +944,13 @@ fn main() {
         let backend = r.label.split(' ').next().unwrap_or("");
         let ratio = match floor_of(backend) {
             Some(floor) if !r.label.contains("contenders") => {
+                let median = ratio_to_floor(r, floor);
                 if r.label.contains("tenure") {
-                    ratios.insert(backend.to_string(), serde_json::json!(floor / r.per_sec()));
+                    ratios.insert(backend.to_string(), serde_json::json!(median));
                 } else if r.label.contains("peer") {
-                    peers.insert(r.label.clone(), serde_json::json!(floor / r.per_sec()));
+                    peers.insert(r.label.clone(), serde_json::json!(median));
                 }
-                format!("{:.2}×", floor / r.per_sec())
+                format!("{median:.2}×")
             }
             _ => "-".into(),
         };
@@ -931,8 +974,10 @@ fn main() {
             "run": r.label, "cycles": r.cycles(), "per_sec": r.per_sec(),
             "p50_us": r.percentile_us(0.50), "p99_us": r.percentile_us(0.99),
             "server_cpu_us_per_cycle": r.server_us(),
+            "turns_per_sec": r.turns,
         })).collect::<Vec<_>>(),
         "sqlite_statements": { "acquire": acquire, "release": release, "renew": renew },
+        // Medians over the turns of each turn's ratio (see `ratio_to_floor`).
         "uncontended_cycle_vs_floor": ratios,
         "peers_uncontended_cycle_vs_floor": peers,
     });
