@@ -286,6 +286,17 @@ mod tests {
         stall_ms: AtomicU32,
     }
 
+    /// A `Flaky` over a fresh memory store, and the same as a `dyn Store`.
+    async fn flaky() -> (Arc<Flaky>, Arc<dyn Store>) {
+        let flaky = Arc::new(Flaky {
+            inner: crate::open("memory://").await.unwrap(),
+            fail: AtomicU32::new(0),
+            stall_ms: AtomicU32::new(0),
+        });
+        let store: Arc<dyn Store> = flaky.clone();
+        (flaky, store)
+    }
+
     #[async_trait]
     impl Store for Flaky {
         fn capabilities(&self) -> &Capabilities {
@@ -356,13 +367,7 @@ mod tests {
     /// the name with a higher token.
     #[tokio::test]
     async fn a_release_without_an_answer_ends_the_session() {
-        let memory = crate::open("memory://").await.unwrap();
-        let flaky = Arc::new(Flaky {
-            inner: memory,
-            fail: AtomicU32::new(0),
-            stall_ms: AtomicU32::new(0),
-        });
-        let store: Arc<dyn Store> = flaky.clone();
+        let (flaky, store) = flaky().await;
         let s = Session::new(&store).await.unwrap();
         let m = Mutex::new(&s, "flaky").unwrap();
         let first = m.lock().await.unwrap();
@@ -391,13 +396,7 @@ mod tests {
     /// (here: the one thread stood still through the deadline).
     #[tokio::test(flavor = "current_thread")]
     async fn a_grant_after_the_deadline_is_not_handed_over() {
-        let memory = crate::open("memory://").await.unwrap();
-        let flaky = Arc::new(Flaky {
-            inner: memory,
-            fail: AtomicU32::new(0),
-            stall_ms: AtomicU32::new(0),
-        });
-        let store: Arc<dyn Store> = flaky.clone();
+        let (flaky, store) = flaky().await;
         let options = crate::SessionOptions::new().ttl(Duration::from_secs(1));
         let s = Session::with_options(&store, options).await.unwrap();
         flaky.stall_ms.store(1_200, Ordering::SeqCst);
