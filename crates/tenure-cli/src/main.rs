@@ -300,6 +300,10 @@ struct LockArgs {
     /// Give up at once if the lock is held (exit 75).
     #[arg(long)]
     no_wait: bool,
+    /// Wait without a place in the queue: whoever asks first after a
+    /// release wins (the lock is the same as the fair one of its name).
+    #[arg(long)]
+    unfair: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -787,7 +791,7 @@ fn check_ttl(ttl: Duration) -> Result<(), Failure> {
 
 async fn lock(store: std::sync::Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
     let (session, grace) = open_session(&store, &args.lease).await?;
-    let mutex = Mutex::new(&session, &args.name)?;
+    let mutex = Mutex::new(&session, &args.name)?.fair(!args.unfair);
     let mut signals = child::Signals::new()?;
     let acquire = async {
         if args.no_wait {

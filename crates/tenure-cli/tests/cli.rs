@@ -53,6 +53,42 @@ fn no_wait_and_wait_give_75_on_a_held_lock() {
 }
 
 #[test]
+fn unfair_lockers_never_overlap_and_wait_out_a_holder() {
+    let env = Env::sqlite();
+    let script = r#"mkdir "$D/inside" || exit 9; echo "$TENURE_FENCE" >> "$D/log"; sleep 0.05; rmdir "$D/inside""#;
+    let mut holder = env
+        .cmd(&[
+            "lock",
+            "race",
+            "--",
+            "sh",
+            "-c",
+            &format!("{script}; sleep 1"),
+        ])
+        .spawn()
+        .unwrap();
+    env.wait_held("race");
+    // Held: a non-fair try and a non-fair timed wait give 75, as the fair ones do.
+    let out = env.run(&["lock", "race", "--unfair", "--wait", "200ms", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..3 {
+                    let out = env.run(&["lock", "race", "--unfair", "--", "sh", "-c", script]);
+                    assert!(out.status.success(), "{out:?}");
+                }
+            });
+        }
+    });
+    assert!(wait_exit(&mut holder, Duration::from_secs(10)).success());
+    let log = std::fs::read_to_string(env.path("log")).unwrap();
+    let fences: Vec<u64> = log.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(fences.len(), 7, "{fences:?}");
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+#[test]
 fn exit_code_of_the_command_is_passed_through() {
     let env = Env::sqlite();
     let out = env.run(&["lock", "code", "--", "sh", "-c", "exit 7"]);

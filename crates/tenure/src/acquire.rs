@@ -79,15 +79,16 @@ impl Session {
         kind: EntryKind,
         value: Vec<u8>,
         wait: Wait,
+        order: Order,
         recipe: Option<Recipe>,
     ) -> Result<Option<(Hold, Joined)>> {
         let Some(recipe) = recipe.filter(|_| crate::metrics::enabled()) else {
-            return self.acquire_as(name, kind, value, wait, None).await;
+            return self.acquire_in(name, kind, value, wait, order, None).await;
         };
         // Dropped before it is told the outcome, it counts a cancelled one.
         let mut probe = Acquiring::start(recipe, name);
         match self
-            .acquire_as(name, kind, value, wait, Some(&mut probe))
+            .acquire_in(name, kind, value, wait, order, Some(&mut probe))
             .await
         {
             Ok(Some((mut hold, joined))) => {
@@ -102,6 +103,23 @@ impl Session {
                 probe.failed(Some(&e));
                 Err(e)
             }
+        }
+    }
+
+    async fn acquire_in(
+        &self,
+        name: &Name,
+        kind: EntryKind,
+        value: Vec<u8>,
+        wait: Wait,
+        order: Order,
+        probe: Option<&mut Acquiring>,
+    ) -> Result<Option<(Hold, Joined)>> {
+        match (order, wait) {
+            (Order::Barging, Wait::Forever | Wait::Until(..)) => {
+                self.acquire_barging(name, kind, value, wait, probe).await
+            }
+            _ => self.acquire_as(name, kind, value, wait, probe).await,
         }
     }
 
@@ -149,6 +167,86 @@ impl Session {
             }
         }
     }
+}
+
+impl Session {
+    /// Takes `name` without a place in its queue: tries (a join that leaves
+    /// nothing behind unless granted) and, while the name is held, waits for
+    /// it to change (a release, an entry or a session ending) and tries
+    /// again, so whoever asks first after a release wins. Each wait for a
+    /// change is cut at [`BARGING_RECHECK`], after which it tries anyway:
+    /// on a store that learns of a silent holder's expiry only by asking,
+    /// that is when it asks.
+    async fn acquire_barging(
+        &self,
+        name: &Name,
+        kind: EntryKind,
+        value: Vec<u8>,
+        wait: Wait,
+        mut probe: Option<&mut Acquiring>,
+    ) -> Result<Option<(Hold, Joined)>> {
+        let deadline = async {
+            match wait {
+                Wait::Until(at, _) => tokio::time::sleep_until(at).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::pin!(deadline);
+        // Back-off for a name that reads free yet was not granted (a
+        // holder whose lease the store's clock alone calls lapsed).
+        let mut pause = Duration::ZERO;
+        let attempts = async {
+            loop {
+                if let Some((hold, joined)) = self
+                    .join(name, kind, value.clone(), JoinMode::IfGranted)
+                    .await?
+                {
+                    return self.still_ours(hold, joined);
+                }
+                if let Some(probe) = probe.as_deref_mut() {
+                    probe.waiting();
+                }
+                let store = self.store().clone();
+                let queue = store.queue(name).await?;
+                if queue.entries.is_empty() {
+                    pause = (pause * 2).clamp(BARGING_MIN_PAUSE, BARGING_RECHECK);
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+                pause = Duration::ZERO;
+                let changed = store.wait_changed(name, queue.version);
+                // A change, or the recheck's time: either way, try again.
+                if let Ok(Err(e)) = tokio::time::timeout(BARGING_RECHECK, changed).await {
+                    return Err(e);
+                }
+            }
+        };
+        tokio::select! {
+            result = attempts => result,
+            reason = self.lost() => Err(Error::SessionLost(reason)),
+            () = &mut deadline => {
+                let waited = match wait { Wait::Until(_, d) => d, _ => Duration::ZERO };
+                Err(Error::Timeout(waited))
+            }
+        }
+    }
+}
+
+/// How long a non-fair waiter waits for a change of the name before it
+/// tries again anyway.
+const BARGING_RECHECK: Duration = Duration::from_secs(1);
+
+/// The first back-off of a non-fair waiter that found the name free but
+/// was not granted it.
+const BARGING_MIN_PAUSE: Duration = Duration::from_millis(5);
+
+/// The order in which waiters are granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// In arrival order: a waiter has a place in the queue.
+    Fifo,
+    /// Whoever asks first after a release: waiters hold no place.
+    Barging,
 }
 
 impl Session {

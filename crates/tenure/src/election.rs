@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::acquire::{no_grant, Hold, Wait};
+use crate::acquire::{no_grant, Hold, Order, Wait};
 use crate::error::LostReason;
 use crate::error::{Error, Result};
 use crate::metrics::{LeaderMetric, Recipe};
@@ -100,6 +100,7 @@ impl Election {
                 EntryKind::Exclusive,
                 value.into(),
                 Wait::Forever,
+                Order::Fifo,
                 Some(Recipe::Election),
             )
             .await?;
@@ -120,6 +121,7 @@ impl Election {
                 EntryKind::Exclusive,
                 value.into(),
                 Wait::No,
+                Order::Fifo,
                 Some(Recipe::Election),
             )
             .await?;

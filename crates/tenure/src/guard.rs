@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use crate::acquire::{no_grant, Hold, Wait};
+use crate::acquire::{no_grant, Hold, Order, Wait};
 use crate::error::{LostReason, Result};
 use crate::metrics::Recipe;
 use crate::session::Session;
@@ -27,8 +27,20 @@ pub(crate) async fn take(
     wait: Wait,
     recipe: Recipe,
 ) -> Result<Option<Held>> {
+    take_in(session, name, kind, wait, Order::Fifo, recipe).await
+}
+
+/// [`take`] in the given order.
+pub(crate) async fn take_in(
+    session: &Session,
+    name: &Name,
+    kind: EntryKind,
+    wait: Wait,
+    order: Order,
+    recipe: Recipe,
+) -> Result<Option<Held>> {
     let acquired = session
-        .acquire(name, kind, Vec::new(), wait, Some(recipe))
+        .acquire(name, kind, Vec::new(), wait, order, Some(recipe))
         .await?;
     match (wait, acquired) {
         (Wait::No, None) => Ok(None),

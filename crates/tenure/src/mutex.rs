@@ -1,16 +1,18 @@
-//! A fair, reentrant distributed mutex with fencing tokens.
+//! A reentrant distributed mutex with fencing tokens, fair (the default) or
+//! not.
 
 use std::time::Duration;
 
-use crate::acquire::Wait;
+use crate::acquire::{no_grant, Order, Wait};
 use crate::error::Result;
-use crate::guard::{take, take_waiting, MutexGuard};
+use crate::guard::{take, take_in, MutexGuard};
 use crate::metrics::Recipe;
 use crate::session::Session;
 use crate::store::{EntryKind, Name};
 
 /// A distributed mutex: at most one session holds a name at a time, as judged
-/// by the store. Waiters are granted in arrival order.
+/// by the store. Waiters are granted in arrival order, unless the mutex is
+/// made non-fair with [`Mutex::fair`]`(false)`.
 ///
 /// The holder is the *session*: a second `lock()` of the same name through
 /// the same session succeeds at once and counts one more hold (reentrancy, as
@@ -35,6 +37,7 @@ use crate::store::{EntryKind, Name};
 pub struct Mutex {
     session: Session,
     name: Name,
+    order: Order,
 }
 
 impl Mutex {
@@ -48,7 +51,58 @@ impl Mutex {
         Ok(Mutex {
             session: session.clone(),
             name: Name::new(name)?,
+            order: Order::Fifo,
         })
+    }
+
+    /// Fair (the default: waiters are granted in arrival order) or not.
+    ///
+    /// A non-fair waiter holds no place in the name's queue: it tries, and
+    /// while the name is held it waits for the name to change (a release,
+    /// a holder's session ending: woken by the store where it can notify,
+    /// and in any case at least once a second) and tries again, so whoever
+    /// asks first after a release wins, and a waiter may be passed over any
+    /// number of times. What is granted is the same as the fair lock's: a
+    /// fencing token greater than every earlier one on the name, held by the
+    /// session (released within the TTL when the holder dies), reentrant,
+    /// [`lost`](MutexGuard::lost) as everywhere. A fair and a non-fair mutex
+    /// on one name are one lock: the fair one's queued waiters are granted
+    /// before any non-fair try. An uncontended lock and release cost what
+    /// the fair lock's cost, on every backend.
+    ///
+    /// Choose the non-fair lock for a few contenders that would rather not
+    /// wait their turn behind a waiter that is slow to wake, or when
+    /// waiters should not show in the queue ([`Store::queue`](crate::Store::queue),
+    /// `tenure status`); choose the fair lock for many waiters on one name:
+    /// each release of a non-fair lock wakes every waiter, and each of them
+    /// asks the store again (two operations each), where the fair lock
+    /// wakes only the next in line.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> tenure::Result<()> {
+    /// let store = tenure::open("memory://").await?;
+    /// let session = tenure::Session::new(&store).await?;
+    /// let mutex = tenure::Mutex::new(&session, "cache-refresh")?.fair(false);
+    /// assert!(!mutex.is_fair());
+    /// let guard = mutex.lock().await?;
+    /// assert!(guard.token() > 0);
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.order = match fair {
+            true => Order::Fifo,
+            false => Order::Barging,
+        };
+        self
+    }
+
+    /// Whether waiters are granted in arrival order.
+    pub fn is_fair(&self) -> bool {
+        self.order == Order::Fifo
     }
 
     /// The name.
@@ -68,15 +122,7 @@ impl Mutex {
     /// Cancel safe: dropping the future leaves the queue (in the background)
     /// and holds nothing.
     pub async fn lock(&self) -> Result<MutexGuard> {
-        take_waiting(
-            &self.session,
-            &self.name,
-            EntryKind::Exclusive,
-            Wait::Forever,
-            Recipe::Mutex,
-        )
-        .await
-        .map(MutexGuard)
+        self.take(Wait::Forever).await
     }
 
     /// Takes the lock only if it is free now (one store operation), else `None`.
@@ -110,14 +156,20 @@ impl Mutex {
     ///
     /// Cancel safe, as [`Mutex::lock`].
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
-        take_waiting(
+        self.take(Wait::timeout(timeout)).await
+    }
+
+    async fn take(&self, wait: Wait) -> Result<MutexGuard> {
+        take_in(
             &self.session,
             &self.name,
             EntryKind::Exclusive,
-            Wait::timeout(timeout),
+            wait,
+            self.order,
             Recipe::Mutex,
         )
-        .await
+        .await?
         .map(MutexGuard)
+        .ok_or_else(no_grant)
     }
 }

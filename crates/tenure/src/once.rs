@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::acquire::Wait;
+use crate::acquire::{Order, Wait};
 use crate::error::{Error, Result};
 use crate::session::{Session, SessionOptions};
 use crate::store::{EntryKind, Name, Store};
@@ -126,6 +126,7 @@ where
                 EntryKind::Exclusive,
                 std::mem::take(&mut value),
                 Wait::No,
+                Order::Fifo,
                 // Keys are not bounded: they never become label values.
                 None,
             )

@@ -850,3 +850,122 @@ pub async fn check_crashed_co_holder_released(t: &Target) {
     writer.close().await.unwrap();
     live.close().await.unwrap();
 }
+
+/// The non-fair mutex (`Mutex::fair(false)`): the fair lock's exclusion,
+/// tokens and reentrancy, on the same lock as the fair one of its name; its
+/// waiters hold no place in the queue, and a release wakes them.
+pub async fn check_unfair_mutex(t: &Target) {
+    let name = unique("unfair");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let ma = Mutex::new(&a, &name).unwrap().fair(false);
+    let mb = Mutex::new(&b, &name).unwrap().fair(false);
+    assert!(!ma.is_fair() && Mutex::new(&a, &name).unwrap().is_fair());
+
+    // Uncontended, and reentrant per session as the fair lock is.
+    let g1 = ma.lock().await.expect("uncontended non-fair lock");
+    let again = ma.lock().await.expect("reentered");
+    assert_eq!((again.token(), again.hold_count()), (g1.token(), 2));
+    again.release().await.unwrap();
+
+    // Held: the other session's try and timed wait fail, fair or not.
+    assert!(mb.try_lock().await.unwrap().is_none());
+    match mb.lock_timeout(Duration::from_millis(300)).await {
+        Err(Error::Timeout(d)) => assert_eq!(d, Duration::from_millis(300)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let fair_b = Mutex::new(&b, &name).unwrap();
+    assert!(fair_b.try_lock().await.unwrap().is_none());
+
+    // A waiter holds no place in the queue, and the release grants it.
+    let waiter = tokio::spawn({
+        let mb = mb.clone();
+        async move { mb.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queue = t.store.queue(&Name::new(&name).unwrap()).await.unwrap();
+    let seqs: Vec<u64> = queue.entries.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        [g1.token()],
+        "a non-fair waiter took a place: {queue:?}"
+    );
+    let first = g1.token();
+    g1.release().await.unwrap();
+    let gb = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the non-fair waiter was granted after the release")
+        .unwrap()
+        .unwrap();
+    assert!(gb.token() > first, "{} after {first}", gb.token());
+
+    // A fair waiter already queued is granted before any non-fair try.
+    let fair_a = tokio::spawn({
+        let ma = Mutex::new(&a, &name).unwrap();
+        async move { ma.lock().await }
+    });
+    wait_queue_len(&t.store, &name, 2).await;
+    let held_by_b = gb.token();
+    gb.release().await.unwrap();
+    let ga = tokio::time::timeout(Duration::from_secs(10), fair_a)
+        .await
+        .expect("the queued fair waiter was granted")
+        .unwrap()
+        .unwrap();
+    assert!(ga.token() > held_by_b);
+    assert!(mb.try_lock().await.unwrap().is_none());
+    ga.release().await.unwrap();
+
+    // A cancelled non-fair wait leaves nothing behind.
+    let gb = mb.lock().await.unwrap();
+    let cancelled = tokio::time::timeout(Duration::from_millis(200), ma.lock()).await;
+    assert!(cancelled.is_err(), "granted while held: {cancelled:?}");
+    wait_queue_len(&t.store, &name, 1).await;
+    gb.release().await.unwrap();
+    wait_queue_len(&t.store, &name, 0).await;
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// A non-fair waiter is granted the lock of a holder that died without a
+/// word, once the store ends its session; the holder is told first.
+pub async fn check_unfair_crashed_holder_released(t: &Target) {
+    let ttl = short_ttl(t, Duration::from_millis(600));
+    let name = unique("unfair-crash");
+    let opened = Instant::now();
+    let a = crashing_session(&t.store, ttl).await;
+    let g = Mutex::new(&a, &name)
+        .unwrap()
+        .fair(false)
+        .lock()
+        .await
+        .unwrap();
+    let lost = tokio::spawn({
+        let lost = g.lost();
+        async move {
+            let reason = lost.await;
+            (reason, Instant::now())
+        }
+    });
+    let b = session(&t.store).await;
+    let mb = Mutex::new(&b, &name).unwrap().fair(false);
+    let gb = tokio::time::timeout(Duration::from_secs(20), mb.lock())
+        .await
+        .expect("the lock passed on")
+        .unwrap();
+    let granted_at = Instant::now();
+    let (reason, lost_at) = lost.await.unwrap();
+    assert_eq!(reason, tenure::LostReason::Unconfirmed);
+    assert!(lost_at <= granted_at, "granted before the holder was told");
+    // A non-fair waiter asks again at the latest a second after its last
+    // try; where only a watching client may call a lease expired, that try
+    // then watches the lapsed holder for a TTL before it takes the lock.
+    let bound = ttl * 2 + a.renew_interval() + Duration::from_millis(1_000 + 700);
+    assert!(
+        granted_at <= opened + bound,
+        "granted {:?} after the holder's lock, bound {bound:?}",
+        granted_at - opened
+    );
+    assert!(gb.token() > g.token());
+    gb.release().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
-use crate::acquire::Wait;
+use crate::acquire::{Order, Wait};
 use crate::election::{Election, Term};
 use crate::error::{Error, Result};
 use crate::metrics::{cron_next_tick, cron_ran, cron_ticks, NameTag, TickOutcome};
@@ -496,7 +496,14 @@ impl Schedule {
         let label = session.tag().as_bytes().to_vec();
         // A claim name, one per tick, is never a metric label: untracked.
         let Some((hold, joined)) = session
-            .acquire(&claim, EntryKind::Exclusive, label, Wait::No, None)
+            .acquire(
+                &claim,
+                EntryKind::Exclusive,
+                label,
+                Wait::No,
+                Order::Fifo,
+                None,
+            )
             .await?
         else {
             // Another instance holds this tick.
