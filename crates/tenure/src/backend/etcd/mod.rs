@@ -1285,38 +1285,40 @@ impl Store for EtcdStore {
                 self.secret_matches(lease, secret),
                 Compare::create_revision(entry.clone(), CompareOp::Equal, 0),
             ];
-            if mode == JoinMode::IfGranted {
+            // An exclusive try on the tenure layout writes first: one
+            // transaction that takes a free name, and is refused on a held
+            // one by the busy key alone, before the compare over the queue's
+            // range (etcd stops at the first compare that fails).
+            let write_first = mode == JoinMode::IfGranted
+                && kind == EntryKind::Exclusive
+                && self.inner.layout == Layout::Tenure;
+            if write_first {
+                when.push(Compare::create_revision(
+                    self.busy_key(name),
+                    CompareOp::Equal,
+                    0,
+                ));
+                when.push(
+                    Compare::create_revision(qp.clone(), CompareOp::Equal, 0)
+                        .with_range(rpc::prefix_end(&qp)),
+                );
+            } else if mode == JoinMode::IfGranted {
                 if kind == EntryKind::Exclusive {
-                    // A try-lock: only into an empty queue. etcd checks a
-                    // compare over a range by reading every key in it, so
-                    // first one cheap read (our entry, any one entry) and
-                    // the write only if the queue looked empty: a try on a
-                    // long queue costs the same as on a short one.
-                    // While the busy key is there, so is an exclusive entry:
-                    // refused without reading the queue.
-                    let look = vec![
+                    // A try-lock on etcd's own layout (no busy key): only
+                    // into an empty queue. etcd checks a compare over a
+                    // range by reading every key in it, so first one read
+                    // (our entry, any one entry) and the write only if the
+                    // queue looked empty.
+                    let txn = Txn::new().and_then(vec![
                         TxnOp::get(self.secret_key(lease), None),
                         TxnOp::get(entry.clone(), None),
-                    ];
-                    let txn = match self.inner.layout {
-                        Layout::Tenure => Txn::new()
-                            .when(vec![Compare::create_revision(
-                                self.busy_key(name),
-                                CompareOp::Equal,
-                                0,
-                            )])
-                            .and_then([look.clone(), vec![self.any_op(name)]].concat())
-                            .or_else(look),
-                        Layout::Etcd => {
-                            Txn::new().and_then([look, vec![self.any_op(name)]].concat())
-                        }
-                    };
+                        self.any_op(name),
+                    ]);
                     let resp = retrying(|| self.txn(txn.clone())).await?;
                     let ops = resp.op_responses();
                     if get_kvs(ops.first())?.is_empty() {
                         return Err(lost());
                     }
-                    let busy = !resp.succeeded();
                     if !get_kvs(ops.get(1))?.is_empty() {
                         // Our entry is there: decided on the whole queue.
                         let read = self.read(lease, name).await?;
@@ -1326,9 +1328,6 @@ impl Store for EtcdStore {
                                 .await;
                         }
                         continue;
-                    }
-                    if busy {
-                        return Ok(None);
                     }
                     let others = get_kvs(ops.get(2))?;
                     if !others.is_empty() {
@@ -1406,7 +1405,10 @@ impl Store for EtcdStore {
                 vec![
                     TxnOp::get(self.secret_key(lease), None),
                     TxnOp::get(entry.clone(), None),
-                    self.any_op(name),
+                    match write_first {
+                        true => TxnOp::get(self.busy_key(name), None),
+                        false => self.any_op(name),
+                    },
                 ]
             } else {
                 vec![TxnOp::get(self.secret_key(lease), None), self.read_op(name)]
@@ -1434,6 +1436,27 @@ impl Store for EtcdStore {
                             .await;
                     }
                     continue;
+                }
+                if write_first && !get_kvs(ops.get(2))?.is_empty() {
+                    // The busy key: an exclusive entry holds the name.
+                    return Ok(None);
+                }
+                if write_first {
+                    // Entries without a busy key (shared, permits, or an
+                    // exclusive one whose busy key a later waiter took
+                    // along), or a queue emptied since: one entry says which.
+                    let any = Txn::new().and_then(vec![self.any_op(name)]);
+                    let resp = retrying(|| self.txn(any.clone())).await?;
+                    let kvs = get_kvs(resp.op_responses().first())?.into_owned();
+                    if kvs.is_empty() {
+                        continue;
+                    }
+                    let others = kvs
+                        .iter()
+                        .map(|kv| self.decode_entry(kv.value()).map(|(kind, _, _)| kind))
+                        .collect::<Result<Vec<_>>>()?;
+                    crate::queue::check_compatible(name, kind, others)?;
+                    return Ok(None);
                 }
                 if mode == JoinMode::IfGranted {
                     // Not into an empty queue: taken, unless it was never
