@@ -171,12 +171,13 @@ impl Session {
 
 impl Session {
     /// Takes `name` without a place in its queue: tries (a join that leaves
-    /// nothing behind unless granted) and, while the name is held, waits for
-    /// it to change (a release, an entry or a session ending) and tries
-    /// again, so whoever asks first after a release wins. Each wait for a
-    /// change is cut at [`BARGING_RECHECK`], after which it tries anyway:
-    /// on a store that learns of a silent holder's expiry only by asking,
-    /// that is when it asks.
+    /// nothing behind unless granted) and, while the name reads held, waits
+    /// for it to change (a release, an entry or a session ending) and reads
+    /// it again; once it reads free, tries again. So whoever asks first
+    /// after a release wins. Each wait for a change is cut at
+    /// [`BARGING_RECHECK`], after which it reads anyway: on a store that
+    /// learns of a silent holder's expiry only by asking, that is when it
+    /// asks.
     async fn acquire_barging(
         &self,
         name: &Name,
@@ -206,18 +207,29 @@ impl Session {
                 if let Some(probe) = probe.as_deref_mut() {
                     probe.waiting();
                 }
+                // Until the name reads free, only read: on some stores a
+                // try is a write even when it is refused (etcd's
+                // transactions), and every waiter wakes at each change.
                 let store = self.store().clone();
-                let queue = store.queue(name).await?;
-                if queue.entries.is_empty() {
+                let mut waited = false;
+                loop {
+                    let queue = store.queue(name).await?;
+                    if queue.entries.is_empty() {
+                        break;
+                    }
+                    waited = true;
+                    let changed = store.wait_changed(name, queue.version);
+                    // A change, or the recheck's time: either way, look again.
+                    if let Ok(Err(e)) = tokio::time::timeout(BARGING_RECHECK, changed).await {
+                        return Err(e);
+                    }
+                }
+                if waited {
+                    pause = Duration::ZERO;
+                } else {
+                    // Refused, yet it reads free at once.
                     pause = (pause * 2).clamp(BARGING_MIN_PAUSE, BARGING_RECHECK);
                     tokio::time::sleep(pause).await;
-                    continue;
-                }
-                pause = Duration::ZERO;
-                let changed = store.wait_changed(name, queue.version);
-                // A change, or the recheck's time: either way, try again.
-                if let Ok(Err(e)) = tokio::time::timeout(BARGING_RECHECK, changed).await {
-                    return Err(e);
                 }
             }
         };

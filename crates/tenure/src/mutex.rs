@@ -58,17 +58,18 @@ impl Mutex {
     /// Fair (the default: waiters are granted in arrival order) or not.
     ///
     /// A non-fair waiter holds no place in the name's queue: it tries, and
-    /// while the name is held it waits for the name to change (a release,
-    /// a holder's session ending: woken by the store where it can notify,
-    /// and in any case at least once a second) and tries again, so whoever
-    /// asks first after a release wins, and a waiter may be passed over any
+    /// while the name reads held it waits for the name to change (a
+    /// release, a holder's session ending: woken by the store where it can
+    /// notify, and in any case it reads the name again once a second), and
+    /// once the name reads free it tries again, so whoever asks first after
+    /// a release wins, and a waiter may be passed over any
     /// number of times. What is granted is the same as the fair lock's: a
     /// fencing token greater than every earlier one on the name, held by the
     /// session (released within the TTL when the holder dies), reentrant,
     /// [`lost`](MutexGuard::lost) as everywhere. A fair and a non-fair mutex
     /// on one name are one lock: the fair one's queued waiters are granted
     /// before any non-fair try. An uncontended lock and release cost what
-    /// the fair lock's cost, on every backend.
+    /// the fair lock's cost (on ZooKeeper, one read more).
     ///
     /// Choose the non-fair lock for a few contenders that would rather not
     /// wait their turn behind a waiter that is slow to wake, or when
