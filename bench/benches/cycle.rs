@@ -193,10 +193,19 @@ async fn interleaved(cycles: usize, mut runners: Vec<Runner<'_>>) -> Vec<Stats> 
 }
 
 async fn uncontended(store: &Arc<dyn Store>, cycles: usize) -> Stats {
+    uncontended_kind(store, cycles, true).await
+}
+
+/// The non-fair mutex's uncontended cycle (`Mutex::fair(false)`).
+async fn uncontended_unfair(store: &Arc<dyn Store>, cycles: usize) -> Stats {
+    uncontended_kind(store, cycles, false).await
+}
+
+async fn uncontended_kind(store: &Arc<dyn Store>, cycles: usize, fair: bool) -> Stats {
     let session = Session::with_options(store, SessionOptions::new().ttl(Duration::from_secs(30)))
         .await
         .unwrap();
-    let mutex = Mutex::new(&session, "bench").unwrap();
+    let mutex = Mutex::new(&session, "bench").unwrap().fair(fair);
     for _ in 0..cycles / 10 {
         mutex.lock().await.unwrap().release().await.unwrap();
     }
@@ -210,14 +219,24 @@ async fn uncontended(store: &Arc<dyn Store>, cycles: usize) -> Stats {
     }
     let total = start.elapsed();
     session.close().await.unwrap();
+    let kind = if fair { "" } else { ", non-fair" };
     stats(
-        format!("{} tenure", store.capabilities().backend),
+        format!("{} tenure{kind}", store.capabilities().backend),
         samples,
         total,
     )
 }
 
 async fn contended(store: &Arc<dyn Store>, tasks: usize, rounds: usize) -> Stats {
+    contended_kind(store, tasks, rounds, true).await
+}
+
+/// [`contended`] with the non-fair mutex.
+async fn contended_unfair(store: &Arc<dyn Store>, tasks: usize, rounds: usize) -> Stats {
+    contended_kind(store, tasks, rounds, false).await
+}
+
+async fn contended_kind(store: &Arc<dyn Store>, tasks: usize, rounds: usize, fair: bool) -> Stats {
     let mut handles = Vec::new();
     let start = Clock::start();
     for _ in 0..tasks {
@@ -227,7 +246,7 @@ async fn contended(store: &Arc<dyn Store>, tasks: usize, rounds: usize) -> Stats
                 Session::with_options(&store, SessionOptions::new().ttl(Duration::from_secs(30)))
                     .await
                     .unwrap();
-            let mutex = Mutex::new(&session, "contended").unwrap();
+            let mutex = Mutex::new(&session, "contended").unwrap().fair(fair);
             let mut samples = Vec::with_capacity(rounds);
             for _ in 0..rounds {
                 let t = Instant::now();
@@ -248,8 +267,9 @@ async fn contended(store: &Arc<dyn Store>, tasks: usize, rounds: usize) -> Stats
     let total = start.elapsed();
     stats(
         format!(
-            "{} tenure, {tasks} contenders (wait for grant)",
-            store.capabilities().backend
+            "{} tenure{}, {tasks} contenders (wait for grant)",
+            store.capabilities().backend,
+            if fair { "" } else { " non-fair" }
         ),
         samples,
         total,
@@ -745,6 +765,7 @@ fn main() {
             cycles,
             vec![
                 runner(|n| uncontended(&memory, n)),
+                runner(|n| uncontended_unfair(&memory, n)),
                 with(
                     tenure::metrics::Recording::Off,
                     "memory tenure, metrics off",
@@ -762,6 +783,7 @@ fn main() {
                 cycles,
                 vec![
                     runner(|n| uncontended(&sqlite, n)),
+                    runner(|n| uncontended_unfair(&sqlite, n)),
                     runner(|n| {
                         let path = &floor_db;
                         async move { tokio::task::block_in_place(|| sqlite_floor(path, n)) }
@@ -783,6 +805,7 @@ fn main() {
                         cycles,
                         vec![
                             runner(|n| uncontended(&redis, n)),
+                            runner(|n| uncontended_unfair(&redis, n)),
                             runner(|n| redis_floor(&url, n)),
                             runner(|n| redis_script_raw(&url, n)),
                         ],
@@ -812,6 +835,7 @@ fn main() {
                     cycles,
                     vec![
                         runner(|n| uncontended(&store, n)),
+                        runner(|n| uncontended_unfair(&store, n)),
                         runner(|n| redlock_floor(&node_urls, n)),
                         runner(|n| rslock_uncontended(&node_urls, n)),
                     ],
@@ -831,6 +855,7 @@ fn main() {
                     cycles,
                     vec![
                         runner(|n| uncontended(&store, n)),
+                        runner(|n| uncontended_unfair(&store, n)),
                         runner(|n| etcd_floor(&url, n)),
                         runner(|n| etcd_lock_api(&url, n)),
                     ],
@@ -850,6 +875,7 @@ fn main() {
                     cycles,
                     vec![
                         runner(|n| uncontended(&store, n)),
+                        runner(|n| uncontended_unfair(&store, n)),
                         runner(|n| zk_floor(&url, n)),
                     ],
                 )
@@ -868,6 +894,7 @@ fn main() {
                     cycles,
                     vec![
                         runner(|n| uncontended(&store, n)),
+                        runner(|n| uncontended_unfair(&store, n)),
                         runner(|n| postgres_floor(&url, n)),
                     ],
                 )
@@ -886,6 +913,7 @@ fn main() {
                     cycles,
                     vec![
                         runner(|n| uncontended(&store, n)),
+                        runner(|n| uncontended_unfair(&store, n)),
                         runner(|n| mysql_floor(&url, n)),
                     ],
                 )
@@ -894,38 +922,46 @@ fn main() {
         }
         measure_server(None);
         rows.push(contended(&memory, 16, (cycles / 16).max(10)).await);
+        rows.push(contended_unfair(&memory, 16, (cycles / 16).max(10)).await);
         rows.push(contended(&sqlite, 16, (cycles / 64).max(5)).await);
+        rows.push(contended_unfair(&sqlite, 16, (cycles / 64).max(5)).await);
         if let Some(server) = &server {
             measure_server(Some("redis-server"));
             let redis = tenure::open(&server.url()).await.unwrap();
             rows.push(contended(&redis, 16, (cycles / 64).max(5)).await);
+            rows.push(contended_unfair(&redis, 16, (cycles / 64).max(5)).await);
         }
         if nodes.is_some() {
             measure_server(Some("redis-server"));
             let store = tenure::open(&redlock_url).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
             rows.push(rslock_contended(&node_urls, 16, (cycles / 64).max(5)).await);
         }
         if let Some(etcd) = &etcd {
             measure_server(Some("etcd"));
             let store = tenure::open(&etcd.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
             rows.push(etcd_lock_api_contended(&etcd.url(), 16, (cycles / 64).max(5)).await);
         }
         if let Some(zk) = &zk {
             measure_server(Some("java"));
             let store = tenure::open(&zk.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
         }
         if let Some(pg) = &pg {
             measure_server(Some("postgres"));
             let store = tenure::open(&pg.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
         }
         if let Some(my) = &my {
             measure_server(Some("mariadbd"));
             let store = tenure::open(&my.url()).await.unwrap();
             rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
         }
         (rows, (acquire, release, renew))
     });
@@ -945,7 +981,9 @@ fn main() {
         let ratio = match floor_of(backend) {
             Some(floor) if !r.label.contains("contenders") => {
                 let median = ratio_to_floor(r, floor);
-                if r.label.contains("tenure") {
+                if r.label.contains("non-fair") {
+                    ratios.insert(format!("{backend} non-fair"), serde_json::json!(median));
+                } else if r.label.contains("tenure") {
                     ratios.insert(backend.to_string(), serde_json::json!(median));
                 } else if r.label.contains("peer") {
                     peers.insert(r.label.clone(), serde_json::json!(median));
