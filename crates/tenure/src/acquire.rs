@@ -171,13 +171,13 @@ impl Session {
 
 impl Session {
     /// Takes `name` without a place in its queue: tries (a join that leaves
-    /// nothing behind unless granted) and, while the name reads held, waits
-    /// for it to change (a release, an entry or a session ending) and reads
-    /// it again; once it reads free, tries again. So whoever asks first
-    /// after a release wins. Each wait for a change is cut at
-    /// [`BARGING_RECHECK`], after which it reads anyway: on a store that
-    /// learns of a silent holder's expiry only by asking, that is when it
-    /// asks.
+    /// nothing behind unless granted) and, while the name reads held by
+    /// others, waits for it to change (a release, an entry or a session
+    /// ending) and reads it again; once a try may succeed (the name reads
+    /// free, held by this session, or held only by leases that lapsed by
+    /// the store's clock, which a try confirms by watching), tries again.
+    /// So whoever asks first after a release wins. A wait for a change that
+    /// lasts [`BARGING_RECHECK`] ends in a try too.
     async fn acquire_barging(
         &self,
         name: &Name,
@@ -193,8 +193,8 @@ impl Session {
             }
         };
         tokio::pin!(deadline);
-        // Back-off for a name that reads free yet was not granted (a
-        // holder whose lease the store's clock alone calls lapsed).
+        // Back-off for tries refused although the name read as worth a try
+        // (a holder whose lease lapsed by the store's clock, then renewed).
         let mut pause = Duration::ZERO;
         let attempts = async {
             loop {
@@ -207,27 +207,37 @@ impl Session {
                 if let Some(probe) = probe.as_deref_mut() {
                     probe.waiting();
                 }
-                // Until the name reads free, only read: on some stores a
-                // try is a write even when it is refused (etcd's
-                // transactions), and every waiter wakes at each change.
+                // Until a try may succeed, only read: on some stores a try
+                // is a write even when it is refused (etcd's transactions),
+                // and every waiter wakes at each change.
                 let store = self.store().clone();
+                let watched_expiry = store.capabilities().watched_expiry;
                 let mut waited = false;
                 loop {
                     let queue = store.queue(name).await?;
-                    if queue.entries.is_empty() {
+                    let worth_a_try = queue.entries.is_empty()
+                        // Its own session holds it: a try reenters.
+                        || queue.entries.iter().any(|e| e.session_tag == self.tag())
+                        // Held only by leases lapsed by the store's clock,
+                        // which only a try (watching them) may end.
+                        || (watched_expiry && queue.entries.iter().all(|e| e.expires_in.is_zero()));
+                    if worth_a_try {
                         break;
                     }
                     waited = true;
                     let changed = store.wait_changed(name, queue.version);
-                    // A change, or the recheck's time: either way, look again.
-                    if let Ok(Err(e)) = tokio::time::timeout(BARGING_RECHECK, changed).await {
-                        return Err(e);
+                    match tokio::time::timeout(BARGING_RECHECK, changed).await {
+                        Ok(Err(e)) => return Err(e),
+                        Ok(Ok(_)) => {}
+                        // No change for a while: try anyway (a change some
+                        // store does not announce).
+                        Err(_) => break,
                     }
                 }
                 if waited {
                     pause = Duration::ZERO;
                 } else {
-                    // Refused, yet it reads free at once.
+                    // Refused, yet worth a try at once again.
                     pause = (pause * 2).clamp(BARGING_MIN_PAUSE, BARGING_RECHECK);
                     tokio::time::sleep(pause).await;
                 }
@@ -248,8 +258,8 @@ impl Session {
 /// tries again anyway.
 const BARGING_RECHECK: Duration = Duration::from_secs(1);
 
-/// The first back-off of a non-fair waiter that found the name free but
-/// was not granted it.
+/// The first back-off of a non-fair waiter whose try was refused although
+/// the name read as worth a try.
 const BARGING_MIN_PAUSE: Duration = Duration::from_millis(5);
 
 /// The order in which waiters are granted.

@@ -918,12 +918,20 @@ pub async fn check_unfair_mutex(t: &Target) {
         .unwrap();
     assert!(gb.token() > first, "{} after {first}", gb.token());
 
-    // A fair waiter already queued is granted before any non-fair try.
+    // A fair waiter already queued is granted before a non-fair waiter
+    // that waits at the same time (of a third session), which is granted
+    // after it.
     let fair_a = tokio::spawn({
         let ma = Mutex::new(&a, &name).unwrap();
         async move { ma.lock().await }
     });
     wait_queue_len(&t.store, &name, 2).await;
+    let c = session(&t.store).await;
+    let unfair_c = tokio::spawn({
+        let mc = Mutex::new(&c, &name).unwrap().fair(false);
+        async move { mc.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let held_by_b = gb.token();
     gb.release().await.unwrap();
     let ga = tokio::time::timeout(Duration::from_secs(10), fair_a)
@@ -932,8 +940,21 @@ pub async fn check_unfair_mutex(t: &Target) {
         .unwrap()
         .unwrap();
     assert!(ga.token() > held_by_b);
+    assert!(
+        !unfair_c.is_finished(),
+        "the non-fair waiter passed a queued fair one"
+    );
     assert!(mb.try_lock().await.unwrap().is_none());
+    let held_by_a = ga.token();
     ga.release().await.unwrap();
+    let gc = tokio::time::timeout(Duration::from_secs(10), unfair_c)
+        .await
+        .expect("the non-fair waiter was granted after the fair one")
+        .unwrap()
+        .unwrap();
+    assert!(gc.token() > held_by_a);
+    gc.release().await.unwrap();
+    c.close().await.unwrap();
 
     // A cancelled non-fair wait leaves nothing behind.
     let gb = mb.lock().await.unwrap();
@@ -950,4 +971,45 @@ pub async fn check_unfair_mutex(t: &Target) {
 /// word, once the store ends its session; the holder is told first.
 pub async fn check_unfair_crashed_holder_released(t: &Target) {
     crashed_holder_passes_on(t, false).await;
+}
+
+/// A holder that dies for good (the raw contract: it never renews, leaves
+/// or closes, so nothing of it tells the store) loses the name to a waiting
+/// non-fair mutex once its lease ends: on stores where only a watcher may
+/// end a lease, the waiter's own try must watch it and end it, since
+/// nobody else will.
+pub async fn check_unfair_dead_holder_released(t: &Target) {
+    let name = unique("unfair-dead");
+    let ttl = short_ttl(t, Duration::from_millis(500));
+    let spec = SessionSpec {
+        ttl,
+        label: "dies".into(),
+    };
+    let dead = t.store.open_session(&spec).await.unwrap();
+    let opened = Instant::now();
+    let joined = t
+        .store
+        .join(
+            &dead.key,
+            request(&Name::new(&name).unwrap(), EntryKind::Exclusive, b""),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(joined.granted);
+    let b = session(&t.store).await;
+    let mb = Mutex::new(&b, &name).unwrap().fair(false);
+    let g = tokio::time::timeout(Duration::from_secs(30), mb.lock())
+        .await
+        .expect("a non-fair waiter was never granted a dead holder's lock")
+        .unwrap();
+    let took = opened.elapsed();
+    // The lease's end (etcd counts whole seconds), the waiter's recheck
+    // (1 s) and, where a watcher must confirm it, a try's watch of a TTL.
+    let bound = ttl * 2 + Duration::from_secs(1) + Duration::from_millis(1_500);
+    eprintln!("non-fair waiter behind a dead holder: granted after {took:?}, bound {bound:?}");
+    assert!(took <= bound, "granted after {took:?}, bound {bound:?}");
+    assert!(g.token() > joined.seq);
+    g.release().await.unwrap();
+    b.close().await.unwrap();
 }

@@ -129,7 +129,7 @@ macro_rules! conformance_tests {
             check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_timeout, check_fifo,
             check_reentrancy, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
             check_crashed_holder_released, check_crashed_queue_cleared_by_try,
-            check_unfair_mutex, check_unfair_crashed_holder_released, check_evicted_holder_is_told,
+            check_unfair_mutex, check_unfair_crashed_holder_released, check_unfair_dead_holder_released, check_evicted_holder_is_told,
             check_evicted_session_is_told,
             check_waiter_session_expiry,
             check_cancelled_wait_leaves_queue, check_dead_waiter_behind_a_waiter, check_fencing_monotonic,
