@@ -649,14 +649,15 @@ impl SqlDriver for Postgres {
             while let Some(message) = messages.next().await {
                 match message {
                     Ok(AsyncMessage::Notification(n)) if n.channel() == wake => {
-                        // Payload: name TAB token.
+                        // Payload: name TAB token, sent (on commit) only by
+                        // the transaction that granted that entry.
                         let parsed = n.payload().rsplit_once('\t').and_then(|(name, seq)| {
                             seq.parse::<u64>()
                                 .ok()
                                 .map(|seq| poll::grant_key(name, seq))
                         });
                         if let Some(key) = parsed {
-                            listeners.wake(&key);
+                            listeners.wake_granted(&key);
                         }
                     }
                     Ok(AsyncMessage::Notification(n)) => {
