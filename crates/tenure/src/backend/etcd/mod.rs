@@ -1697,14 +1697,23 @@ impl Store for EtcdStore {
                 }
                 Some(wait) => wait,
             };
-            let mut options = WatchOptions::new().with_start_revision(from);
-            if prefix {
-                options = options.with_prefix();
-            } else if look.exclusive.is_some() {
-                options = options.with_prev_kv();
-            }
+            let options = |start: Option<i64>| {
+                let mut options = WatchOptions::new();
+                if let Some(start) = start {
+                    options = options.with_start_revision(start);
+                }
+                if prefix {
+                    options = options.with_prefix();
+                } else if look.exclusive.is_some() {
+                    options = options.with_prev_kv();
+                }
+                options
+            };
             let mut client = self.client();
-            let mut stream = match client.watch(blocker.clone(), Some(options)).await {
+            let mut stream = match client
+                .watch(blocker.clone(), Some(options(Some(from))))
+                .await
+            {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::debug!(error = %e, "watch failed; looking again shortly");
@@ -1712,6 +1721,12 @@ impl Store for EtcdStore {
                     continue;
                 }
             };
+            // The watch from the look's revision misses nothing, but when
+            // etcd has moved past that revision it is an "unsynced" watcher,
+            // which etcd catches up only every 100 ms: on a busy name every
+            // handoff waited up to that long. A twin from now on is served
+            // at once; the first covers what came between.
+            let _ = stream.watch(blocker.clone(), Some(options(None))).await;
             // The waiter's own entry too: its deletion (lease expired,
             // evicted) must end the wait.
             let _ = stream
@@ -1797,15 +1812,22 @@ impl Store for EtcdStore {
                 return Ok(queue.version);
             }
             let mut client = self.client();
-            let mut first_pass = true;
+            let (mut first_pass, mut first_aux) = (true, true);
             let options = WatchOptions::new()
                 .with_start_revision(revision + 1)
                 .with_prefix();
             match client.watch(self.name_prefix(name), Some(options)).await {
                 Ok(mut stream) => loop {
-                    if self.inner.layout == Layout::Etcd && first_pass {
-                        // Hold counts live apart in this layout.
+                    if first_pass {
                         first_pass = false;
+                        // A twin from now on, served at once (see
+                        // `await_grant`); the first covers what came between.
+                        let twin = WatchOptions::new().with_prefix();
+                        let _ = stream.watch(self.name_prefix(name), Some(twin)).await;
+                    }
+                    if self.inner.layout == Layout::Etcd && first_aux {
+                        // Hold counts live apart in this layout.
+                        first_aux = false;
                         let _ = stream
                             .watch(
                                 self.aux_prefix(name),
