@@ -66,8 +66,14 @@
 
 local P = ARGV[1]
 local op = ARGV[2]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Redis's clock, read once per call; not by a release's fast path, which
+-- needs no time.
+local t, now
+local function read_clock()
+  t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+if op ~= 'leave' then read_clock() end
 local SESS = P .. ':live'
 
 if op == 'join' and (ARGV[10] or '') == '' then
@@ -109,8 +115,9 @@ elseif op == 'leave' then
   if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
   local ekey = P .. ':e:' .. name
   local qkey = P .. ':q:' .. name
-  if redis.call('ZCARD', qkey) == 1 and redis.call('HGET', ekey, 'o' .. secret) == seq then
-    local rec = redis.call('HGET', ekey, seq)
+  if redis.call('ZCARD', qkey) == 1 then
+    local mine = redis.call('HMGET', ekey, 'o' .. secret, seq)
+    local rec = mine[1] == seq and mine[2]
     if rec and string.match(rec, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t(%d+)') == '1' then
       redis.call('DEL', ekey, qkey)
       redis.call('SREM', P .. ':se:' .. secret, name)
@@ -121,6 +128,7 @@ elseif op == 'leave' then
     end
   end
 end
+if not t then read_clock() end
 
 local SINFO = P .. ':sinfo'
 local RENEWALS = P .. ':rn'
