@@ -75,8 +75,6 @@ where
 ///
 /// So with notifications working no waiter polls, and without them the
 /// polls of a process on a name do not grow with its number of waiters.
-/// A waiter woken with the store's word that its entry is granted
-/// ([`Listeners::wake_granted`]) returns without another look.
 /// `listening` is armed before each look, so a wake-up that comes during
 /// the look is not lost. `pushed` is asked before each look (and may
 /// restore the notification path).
@@ -117,10 +115,6 @@ where
         let notified = listening.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        // The store's own word that the entry is granted: no look needed.
-        if listening.granted() {
-            return Ok(());
-        }
         let pushed_now = pushed().await;
         // A TTL of 0 would be a store that lost a session's record: never
         // confirm by it.
@@ -274,16 +268,7 @@ impl ReconnectGate {
 }
 
 /// Key -> (its listeners' notifier, how many registrations).
-type Registry = std::collections::BTreeMap<String, (std::sync::Arc<Slot>, usize)>;
-
-/// What the listeners of one key share.
-#[derive(Default)]
-struct Slot {
-    notify: Notify,
-    /// Set by [`Listeners::wake_granted`]: the store said this key's entry
-    /// is granted.
-    granted: std::sync::atomic::AtomicBool,
-}
+type Registry = std::collections::BTreeMap<String, (std::sync::Arc<Notify>, usize)>;
 
 /// The tasks of this process waiting on keys (an entry's grant, a name's
 /// changes), woken by key. One registry per store; cheap to clone.
@@ -317,11 +302,11 @@ impl Listeners {
         let mut registry = self.registry();
         let slot = registry
             .entry(key.clone())
-            .or_insert_with(|| (std::sync::Arc::new(Slot::default()), 0));
+            .or_insert_with(|| (std::sync::Arc::new(Notify::new()), 0));
         slot.1 += 1;
         let listening = Listening {
             listeners: self.clone(),
-            slot: slot.0.clone(),
+            notify: slot.0.clone(),
             key,
             on_last: None,
             first_of: None,
@@ -334,20 +319,8 @@ impl Listeners {
 
     /// Wakes every task listening on `key` now.
     pub(crate) fn wake(&self, key: &str) {
-        if let Some((slot, _)) = self.registry().get(key) {
-            slot.notify.notify_waiters();
-        }
-    }
-
-    /// Wakes the waiters on the [`grant_key`] `key` with the store's word
-    /// that their entry is granted, so [`until_granted`] returns without
-    /// another look. Only for a message the store sends when, and only
-    /// when, it has granted that entry (in the same atomic step).
-    pub(crate) fn wake_granted(&self, key: &str) {
-        if let Some((slot, _)) = self.registry().get(key) {
-            slot.granted
-                .store(true, std::sync::atomic::Ordering::Release);
-            slot.notify.notify_waiters();
+        if let Some((notify, _)) = self.registry().get(key) {
+            notify.notify_waiters();
         }
     }
 
@@ -362,8 +335,8 @@ impl Listeners {
             ))
             .next()
             .filter(|(k, _)| k.starts_with(prefix));
-        if let Some((_, (slot, _))) = first {
-            slot.notify.notify_waiters();
+        if let Some((_, (notify, _))) = first {
+            notify.notify_waiters();
         }
     }
 
@@ -375,8 +348,8 @@ impl Listeners {
     /// Wakes every listener (the store's notifications stopped: each waiter
     /// looks again, and polls until they are back).
     pub(crate) fn wake_all(&self) {
-        for (slot, _) in self.registry().values() {
-            slot.notify.notify_waiters();
+        for (notify, _) in self.registry().values() {
+            notify.notify_waiters();
         }
     }
 
@@ -396,7 +369,7 @@ impl Listeners {
 pub(crate) struct Listening {
     listeners: Listeners,
     key: String,
-    slot: std::sync::Arc<Slot>,
+    notify: std::sync::Arc<Notify>,
     on_last: Option<Box<dyn FnOnce(String) + Send + Sync>>,
     /// For a waiter on a [`grant_key`]: the name's prefix, so that only the
     /// first waiter of the name in this process polls, and hands that on.
@@ -410,13 +383,7 @@ pub(crate) struct Listening {
 impl Listening {
     /// The notifier to arm before looking.
     pub(crate) fn notify(&self) -> &Notify {
-        &self.slot.notify
-    }
-
-    /// Whether the store said this key's entry is granted
-    /// ([`Listeners::wake_granted`]).
-    fn granted(&self) -> bool {
-        self.slot.granted.load(std::sync::atomic::Ordering::Acquire)
+        &self.notify
     }
 
     /// Runs `f` with the key when the key's last listener goes (to

@@ -649,15 +649,14 @@ impl SqlDriver for Postgres {
             while let Some(message) = messages.next().await {
                 match message {
                     Ok(AsyncMessage::Notification(n)) if n.channel() == wake => {
-                        // Payload: name TAB token, sent (on commit) only by
-                        // the transaction that granted that entry.
+                        // Payload: name TAB token.
                         let parsed = n.payload().rsplit_once('\t').and_then(|(name, seq)| {
                             seq.parse::<u64>()
                                 .ok()
                                 .map(|seq| poll::grant_key(name, seq))
                         });
                         if let Some(key) = parsed {
-                            listeners.wake_granted(&key);
+                            listeners.wake(&key);
                         }
                     }
                     Ok(AsyncMessage::Notification(n)) => {

@@ -448,16 +448,9 @@ impl RedisStore {
         }
         let generation = w.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let (listeners, up, current) = (w.listeners.clone(), w.up.clone(), w.generation.clone());
-        // The script publishes on a `w` channel only when it granted that
-        // channel's entry, in the same script: the message is the grant.
-        let grants = format!("{}:w:", self.inner.prefix);
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                let channel = msg.get_channel_name();
-                match channel.starts_with(&grants) {
-                    true => listeners.wake_granted(channel),
-                    false => listeners.wake(channel),
-                }
+                listeners.wake(msg.get_channel_name());
             }
             // The connection is gone: waiters look again and poll until a
             // new one is up.

@@ -246,11 +246,10 @@ impl SqliteStore {
     /// Wakes this process's waiters that `granted` names and its observers.
     fn notify(&self, changed: &[(Name, Vec<u64>)]) {
         for (name, granted) in changed {
-            // Stamped granted by a transaction that has committed.
             for seq in granted {
                 self.inner
                     .listeners
-                    .wake_granted(&poll::grant_key(name.as_str(), *seq));
+                    .wake(&poll::grant_key(name.as_str(), *seq));
             }
             self.inner.listeners.wake(&poll::change_key(name.as_str()));
         }
