@@ -176,8 +176,8 @@ impl Session {
     /// ending) and reads it again; once a try may succeed (the name reads
     /// free, held by this session, or held only by leases that lapsed by
     /// the store's clock, which a try confirms by watching), tries again.
-    /// So whoever asks first after a release wins. A wait for a change that
-    /// lasts [`BARGING_RECHECK`] ends in a try too.
+    /// So whoever asks first after a release wins. A wait for a change is
+    /// cut at [`BARGING_RECHECK`], and the name read again.
     async fn acquire_barging(
         &self,
         name: &Name,
@@ -217,7 +217,7 @@ impl Session {
                     let queue = store.queue(name).await?;
                     let worth_a_try = queue.entries.is_empty()
                         // Its own session holds it: a try reenters.
-                        || queue.entries.iter().any(|e| e.session_tag == self.tag())
+                        || queue.entries.iter().any(|e| e.granted && e.session_tag == self.tag())
                         // Held only by leases lapsed by the store's clock,
                         // which only a try (watching them) may end.
                         || (watched_expiry && queue.entries.iter().all(|e| e.expires_in.is_zero()));
@@ -226,12 +226,11 @@ impl Session {
                     }
                     waited = true;
                     let changed = store.wait_changed(name, queue.version);
-                    match tokio::time::timeout(BARGING_RECHECK, changed).await {
-                        Ok(Err(e)) => return Err(e),
-                        Ok(Ok(_)) => {}
-                        // No change for a while: try anyway (a change some
-                        // store does not announce).
-                        Err(_) => break,
+                    // A change, or a second without one (a lease that
+                    // lapsed by the store's clock is announced by nobody):
+                    // either way, read again.
+                    if let Ok(Err(e)) = tokio::time::timeout(BARGING_RECHECK, changed).await {
+                        return Err(e);
                     }
                 }
                 if waited {
@@ -255,7 +254,7 @@ impl Session {
 }
 
 /// How long a non-fair waiter waits for a change of the name before it
-/// tries again anyway.
+/// reads the name again anyway.
 const BARGING_RECHECK: Duration = Duration::from_secs(1);
 
 /// The first back-off of a non-fair waiter whose try was refused although

@@ -60,10 +60,10 @@ impl Mutex {
     /// A non-fair waiter holds no place in the name's queue: it tries, and
     /// while the name reads held by others it waits for the name to change
     /// (a release, a holder's session ending: woken by the store where it
-    /// can notify), and it tries again once the name reads free (or held
-    /// only by leases lapsed by the store's clock), and after a second
-    /// without a change in any case; so whoever asks first after a release
-    /// wins, and a waiter may be passed over any
+    /// can notify, and it reads the name again after a second without a
+    /// change in any case), and it tries again once the name reads free (or
+    /// held only by leases lapsed by the store's clock); so whoever asks
+    /// first after a release wins, and a waiter may be passed over any
     /// number of times. What is granted is the same as the fair lock's: a
     /// fencing token greater than every earlier one on the name, held by the
     /// session (released within the TTL when the holder dies), reentrant,
