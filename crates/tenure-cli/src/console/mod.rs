@@ -193,18 +193,19 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
             check_host,
         ))
         .with_state(console.clone());
+    // The handlers are in place before the address is out: a SIGTERM that
+    // follows the first answer must stop the console gracefully, not kill
+    // it (seen in CI when the shutdown future was first polled late).
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
     // The address first, on its own line: scripts and tests read it.
     outln!("console listening on http://{listen}/");
     tracing::info!(%listen, admin = console.token.is_some(), "console started");
     let shutdown = async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return std::future::pending().await,
-            };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+            _ = received(interrupt.as_mut()) => {}
+            _ = received(term.as_mut()) => {}
         }
         // Open pages' event streams end, so the server can finish.
         let _ = stop.send(true);
@@ -217,6 +218,16 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
     .await
     .map_err(|e| (crate::exit::SOFTWARE, e.to_string()))?;
     Ok(0)
+}
+
+/// Resolves when `signal` arrives (never without a handler).
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// Reads the store every `refresh` and publishes what it saw.
