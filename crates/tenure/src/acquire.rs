@@ -146,12 +146,7 @@ impl Session {
         }
         let store = self.store().clone();
         let granted = store.await_grant(self.key(), name, joined.seq);
-        let deadline = async {
-            match wait {
-                Wait::Until(at, _) => tokio::time::sleep_until(at).await,
-                _ => std::future::pending().await,
-            }
-        };
+        let deadline = wait.expired();
         tokio::select! {
             result = granted => {
                 result?;
@@ -159,7 +154,7 @@ impl Session {
             }
             reason = self.lost() => Err(Error::SessionLost(reason)),
             () = deadline => {
-                let waited = match wait { Wait::Until(_, d) => d, _ => Duration::ZERO };
+                let waited = wait.length();
                 if let Err(e) = hold.release().await {
                     tracing::debug!(error = %e, "leaving the queue after a timeout failed");
                 }
@@ -186,16 +181,13 @@ impl Session {
         wait: Wait,
         mut probe: Option<&mut Acquiring>,
     ) -> Result<Option<(Hold, Joined)>> {
-        let deadline = async {
-            match wait {
-                Wait::Until(at, _) => tokio::time::sleep_until(at).await,
-                _ => std::future::pending().await,
-            }
-        };
+        let deadline = wait.expired();
         tokio::pin!(deadline);
         // Back-off for tries refused although the name read as worth a try
         // (a holder whose lease lapsed by the store's clock, then renewed).
         let mut pause = Duration::ZERO;
+        let store = self.store().clone();
+        let watched_expiry = store.capabilities().watched_expiry;
         let attempts = async {
             loop {
                 if let Some((hold, joined)) = self
@@ -210,8 +202,6 @@ impl Session {
                 // Until a try may succeed, only read: on some stores a try
                 // is a write even when it is refused (etcd's transactions),
                 // and every waiter wakes at each change.
-                let store = self.store().clone();
-                let watched_expiry = store.capabilities().watched_expiry;
                 let mut waited = false;
                 loop {
                     let queue = store.queue(name).await?;
@@ -246,7 +236,7 @@ impl Session {
             result = attempts => result,
             reason = self.lost() => Err(Error::SessionLost(reason)),
             () = &mut deadline => {
-                let waited = match wait { Wait::Until(_, d) => d, _ => Duration::ZERO };
+                let waited = wait.length();
                 Err(Error::Timeout(waited))
             }
         }
@@ -302,6 +292,22 @@ pub(crate) enum Wait {
 }
 
 impl Wait {
+    /// Resolves at the wait's deadline; never for a wait without one.
+    async fn expired(self) {
+        match self {
+            Wait::Until(at, _) => tokio::time::sleep_until(at).await,
+            _ => std::future::pending().await,
+        }
+    }
+
+    /// The timeout asked for (zero for a wait without one).
+    fn length(self) -> Duration {
+        match self {
+            Wait::Until(_, d) => d,
+            _ => Duration::ZERO,
+        }
+    }
+
     pub(crate) fn timeout(d: Duration) -> Wait {
         // A timeout too long to represent is no timeout.
         match Instant::now().checked_add(d) {
