@@ -370,19 +370,7 @@ pub async fn check_server_clock_steps(store: &Arc<dyn Store>, step: impl Fn(i64)
     // that no client of A's renews, releases or closes anything.
     let name = unique("clock-back");
     let crashed = Instant::now();
-    let spec = SessionSpec {
-        ttl,
-        label: "crashes".into(),
-    };
-    let dead = store.open_session(&spec).await.unwrap();
-    let joined = store
-        .join(
-            &dead.key,
-            request(&Name::new(&name).unwrap(), EntryKind::Exclusive, b""),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let joined = dying_join(store, &name, ttl).await;
     assert!(joined.granted);
     let b = Session::with_options(store, options()).await.unwrap();
     let waiter = {

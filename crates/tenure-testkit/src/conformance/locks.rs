@@ -422,19 +422,9 @@ pub async fn check_crashed_queue_cleared_by_try(t: &Target) {
     let ttl = short_ttl(t, Duration::from_millis(500));
     let name = unique("crashed-queue");
     let n = Name::new(&name).unwrap();
-    let spec = SessionSpec {
-        ttl,
-        label: "dies".into(),
-    };
     let mut last = 0;
     for i in 0..3 {
-        let dead = t.store.open_session(&spec).await.unwrap();
-        let joined = t
-            .store
-            .join(&dead.key, request(&n, EntryKind::Exclusive, b""))
-            .await
-            .unwrap()
-            .unwrap();
+        let joined = dying_join(&t.store, &name, ttl).await;
         assert_eq!(joined.granted, i == 0, "{joined:?}");
         last = joined.seq;
     }
@@ -458,13 +448,8 @@ pub async fn check_crashed_queue_cleared_by_try(t: &Target) {
     // granted within a few TTLs, not one TTL per crashed entry: a waiter
     // whose entry ahead lapsed watches the whole lapsed run ahead at once.
     let name = unique("crashed-queue-lock");
-    let n = Name::new(&name).unwrap();
     for _ in 0..6 {
-        let dead = t.store.open_session(&spec).await.unwrap();
-        t.store
-            .join(&dead.key, request(&n, EntryKind::Exclusive, b""))
-            .await
-            .unwrap();
+        dying_join(&t.store, &name, ttl).await;
     }
     let started = Instant::now();
     let g = tokio::time::timeout(
@@ -586,25 +571,7 @@ pub async fn check_dead_waiter_behind_a_waiter(t: &Target) {
     // A client that joins and then dies: it never renews, never leaves and
     // never closes (the raw contract, no Session to clean up after it).
     let ttl = short_ttl(t, Duration::from_millis(500));
-    let spec = SessionSpec {
-        ttl,
-        label: "dies".into(),
-    };
-    let c = t.store.open_session(&spec).await.unwrap();
-    let joined = t
-        .store
-        .join(
-            &c.key,
-            JoinRequest {
-                name: &Name::new(&name).unwrap(),
-                kind: tenure::EntryKind::Exclusive,
-                value: b"",
-                mode: JoinMode::Wait,
-            },
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let joined = dying_join(&t.store, &name, ttl).await;
     assert!(!joined.granted);
     wait_queue_len(&t.store, &name, 3).await;
     // Past the store's expiry (etcd counts whole seconds).
@@ -981,21 +948,8 @@ pub async fn check_unfair_crashed_holder_released(t: &Target) {
 pub async fn check_unfair_dead_holder_released(t: &Target) {
     let name = unique("unfair-dead");
     let ttl = short_ttl(t, Duration::from_millis(500));
-    let spec = SessionSpec {
-        ttl,
-        label: "dies".into(),
-    };
-    let dead = t.store.open_session(&spec).await.unwrap();
     let opened = Instant::now();
-    let joined = t
-        .store
-        .join(
-            &dead.key,
-            request(&Name::new(&name).unwrap(), EntryKind::Exclusive, b""),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let joined = dying_join(&t.store, &name, ttl).await;
     assert!(joined.granted);
     let b = session(&t.store).await;
     let mb = Mutex::new(&b, &name).unwrap().fair(false);

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use tenure::store::{JoinMode, JoinRequest, SessionKey, SessionSpec};
+use tenure::store::{JoinMode, JoinRequest, Joined, SessionKey, SessionSpec};
 use tenure::{
     Election, Elector, EntryKind, Error, Mutex, MutexGuard, Name, Session, SessionOptions, Store,
 };
@@ -101,6 +101,22 @@ pub(crate) async fn crashing_session(store: &Arc<dyn Store>, ttl: Duration) -> S
 /// count whole seconds, ZooKeeper servers set a minimum session timeout).
 pub(crate) fn short_ttl(t: &Target, wanted: Duration) -> Duration {
     wanted.max(t.store.capabilities().min_ttl)
+}
+
+/// A client that joins `name` (exclusive) and then dies: it never renews,
+/// leaves or closes (the raw contract: no `Session` cleans up after it).
+pub(crate) async fn dying_join(store: &Arc<dyn Store>, name: &str, ttl: Duration) -> Joined {
+    let spec = SessionSpec {
+        ttl,
+        label: "dies".into(),
+    };
+    let dead = store.open_session(&spec).await.unwrap();
+    let name = Name::new(name).unwrap();
+    store
+        .join(&dead.key, request(&name, EntryKind::Exclusive, b""))
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 /// Waits (bounded) until the queue of `name` has `len` entries.
