@@ -4,7 +4,8 @@
 //! Three tables: sessions (with an expiry in milliseconds by SQLite's own
 //! `julianday('now')`), names (the fencing counter and a change version, kept
 //! forever so tokens never go back), and entries (the queues). Writes run in
-//! `BEGIN IMMEDIATE` transactions; the file is in WAL mode.
+//! `BEGIN IMMEDIATE` transactions; the file is in WAL mode, checkpointed by
+//! a thread of the store's own, off the lock path.
 //!
 //! Waiters in this process are woken directly when a release here grants
 //! them; waiters in other processes poll their own row with a backoff, and
@@ -46,7 +47,10 @@ const WALL_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTE
 
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 
-fn count_statement(_sql: &str) {
+// Counted from SQLite's profile hook, which gets each statement's own text
+// when it ends: the trace hook would expand every bound parameter into a
+// new string on every statement, only to be thrown away.
+fn count_statement(_sql: &str, _took: Duration) {
     STATEMENTS.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -73,6 +77,9 @@ pub struct SqliteStore {
 
 struct Inner {
     conn: Mutex<Connection>,
+    /// Checkpoints the WAL off the lock path (`None`: SQLite's own
+    /// automatic checkpoint does, inside a commit).
+    checkpointer: Option<Arc<Checkpointer>>,
     path: PathBuf,
     caps: Capabilities,
     /// Waiters (woken when a change made here grants them) and observers
@@ -83,6 +90,180 @@ struct Inner {
 }
 
 store_debug!(SqliteStore: path);
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.close();
+        }
+    }
+}
+
+/// A `BEGIN IMMEDIATE` transaction, rolled back when dropped uncommitted.
+/// Its `BEGIN` and `COMMIT` are cached statements: rusqlite's own
+/// `Transaction` parses both again every time, a few microseconds of every
+/// lock operation.
+struct Tx<'c> {
+    conn: &'c Connection,
+    open: bool,
+}
+
+impl<'c> Tx<'c> {
+    fn immediate(conn: &'c Connection) -> Result<Tx<'c>> {
+        conn.prepare_cached("BEGIN IMMEDIATE")
+            .and_then(|mut s| s.execute([]))
+            .map_err(db_err)?;
+        Ok(Tx { conn, open: true })
+    }
+
+    fn commit(mut self) -> Result<()> {
+        self.conn
+            .prepare_cached("COMMIT")
+            .and_then(|mut s| s.execute([]))
+            .map_err(db_err)?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            if let Err(e) = self.conn.execute_batch("ROLLBACK") {
+                tracing::debug!(error = %e, "rolling back failed");
+            }
+        }
+    }
+}
+
+/// Checkpoints the WAL from a thread of its own, so that no acquire or
+/// release waits for one. SQLite's automatic checkpoint runs inside the
+/// commit that crosses its threshold (1,000 pages of WAL): writing them back
+/// and syncing stalled one lock operation in about 170 for 10–20 ms, which
+/// was most of the mean cycle (see the README's bench). Here a thread
+/// checkpoints (`PASSIVE`: it never blocks a writer or a reader) after every
+/// [`CHECKPOINT_EVERY`] calls of this store, and once a second while calls
+/// went on; the lock connection keeps SQLite's own automatic checkpoint
+/// only as a backstop, at [`CHECKPOINT_BACKSTOP`] pages, for a thread that
+/// falls behind.
+struct Checkpointer {
+    /// Calls of the store so far.
+    calls: AtomicU64,
+    /// Checkpoints the thread has made.
+    checkpoints: AtomicU64,
+    state: Mutex<CheckpointState>,
+    wake: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct CheckpointState {
+    due: bool,
+    closed: bool,
+}
+
+/// Calls of a store between two checkpoints: one transaction writes a few
+/// pages, so about SQLite's default 1,000 pages of WAL.
+const CHECKPOINT_EVERY: u64 = 64;
+/// The lock connection's own automatic checkpoint, in pages (SQLite's
+/// default is 1,000), for when the checkpoint thread falls behind.
+const CHECKPOINT_BACKSTOP: u32 = 1_000;
+/// How often the checkpoint thread looks for calls made since its last
+/// checkpoint, when fewer than [`CHECKPOINT_EVERY`] were.
+const CHECKPOINT_IDLE: Duration = Duration::from_secs(1);
+
+impl Checkpointer {
+    /// Opens the thread's own connection to `path` and starts it; `None`
+    /// (and SQLite checkpoints inside commits, as by default) if either
+    /// fails.
+    fn start(path: &Path, lock_conn: &Connection) -> Option<Arc<Checkpointer>> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI;
+        let conn = match Connection::open_with_flags(path, flags) {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::debug!(error = %e, "no checkpoint thread: SQLite checkpoints inside commits");
+                return None;
+            }
+        };
+        let checkpointer = Arc::new(Checkpointer {
+            calls: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
+            state: Mutex::new(CheckpointState::default()),
+            wake: std::sync::Condvar::new(),
+        });
+        let thread = checkpointer.clone();
+        let started = std::thread::Builder::new()
+            .name("tenure-sqlite-checkpoint".into())
+            .spawn(move || thread.run(&conn));
+        if let Err(e) = started {
+            tracing::debug!(error = %e, "no checkpoint thread: SQLite checkpoints inside commits");
+            return None;
+        }
+        if let Err(e) = lock_conn.pragma_update(None, "wal_autocheckpoint", CHECKPOINT_BACKSTOP) {
+            tracing::debug!(error = %e, "the automatic checkpoint stays at SQLite's default");
+        }
+        Some(checkpointer)
+    }
+
+    /// Counts a call of the store.
+    fn called(&self) {
+        let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if calls % CHECKPOINT_EVERY == 0 {
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).due = true;
+            self.wake.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+        self.wake.notify_one();
+    }
+
+    fn run(&self, conn: &Connection) {
+        let mut checkpointed_at = 0;
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if state.closed {
+                return;
+            }
+            if !state.due {
+                state = match self.wake.wait_timeout(state, CHECKPOINT_IDLE) {
+                    Ok((state, _)) => state,
+                    Err(e) => e.into_inner().0,
+                };
+                if state.closed {
+                    return;
+                }
+            }
+            state.due = false;
+            let calls = self.calls.load(Ordering::Relaxed);
+            if calls == checkpointed_at {
+                continue;
+            }
+            checkpointed_at = calls;
+            drop(state);
+            // A busy answer only means another process's checkpoint runs.
+            match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                Ok(()) => {
+                    self.checkpoints.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "WAL checkpoint failed; the next one retries")
+                }
+            }
+            state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
 
 fn db_err(e: rusqlite::Error) -> Error {
     if is_busy(&e) {
@@ -170,7 +351,7 @@ impl SqliteStore {
         let mut conn = Connection::open_with_flags(path, flags).map_err(open_error)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(db_err)?;
         conn.set_prepared_statement_cache_capacity(64);
-        conn.trace(Some(count_statement));
+        conn.profile(Some(count_statement));
         conn.create_scalar_function("tenure_now_ms", 0, FunctionFlags::SQLITE_UTF8, |_| {
             Ok(i64::try_from(crate::clock::boot_time().as_millis()).unwrap_or(i64::MAX))
         })
@@ -196,9 +377,11 @@ impl SqliteStore {
                 Err(e) => return Err(open_error(e)),
             }
         }
+        let checkpointer = Checkpointer::start(path, &conn);
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
+                checkpointer,
                 path: path.to_path_buf(),
                 caps: capabilities(),
                 listeners: Listeners::default(),
@@ -225,6 +408,9 @@ impl SqliteStore {
         f: impl Fn(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
+        if let Some(checkpointer) = &self.inner.checkpointer {
+            checkpointer.called();
+        }
         if let Ok(mut conn) = self.inner.conn.try_lock() {
             let _ = conn.busy_timeout(Duration::ZERO);
             let result = f(&mut conn);
@@ -259,20 +445,18 @@ impl SqliteStore {
     /// local waiters.
     async fn write<T: Send + 'static>(
         &self,
-        f: impl Fn(&rusqlite::Transaction<'_>) -> Result<(T, Vec<Name>)> + Send + 'static,
+        f: impl Fn(&Tx<'_>) -> Result<(T, Vec<Name>)> + Send + 'static,
     ) -> Result<T> {
         let (value, changed) = self
             .run(move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(db_err)?;
+                let tx = Tx::immediate(conn)?;
                 let (value, names) = f(&tx)?;
                 let mut changed = Vec::with_capacity(names.len());
                 for name in names {
                     let granted = settle(&tx, &name, true)?;
                     changed.push((name, granted));
                 }
-                tx.commit().map_err(db_err)?;
+                tx.commit()?;
                 Ok((value, changed))
             })
             .await?;
@@ -566,7 +750,7 @@ fn create_tables(conn: &mut Connection) -> rusqlite::Result<std::result::Result<
 /// Drops the name's entries of expired sessions, stamps newly granted entries
 /// and, if anything changed (or `changed`), bumps the name's version.
 /// Returns the seqs granted by this call.
-fn settle(tx: &rusqlite::Transaction<'_>, name: &Name, changed: bool) -> Result<Vec<u64>> {
+fn settle(tx: &Tx<'_>, name: &Name, changed: bool) -> Result<Vec<u64>> {
     settle_walk(tx, name, changed).map(|walk| walk.newly)
 }
 
@@ -583,7 +767,7 @@ struct Walk {
 /// Ends expired sessions for good (a session row that is gone cannot be
 /// renewed, so even a wall clock that jumps back cannot revive a lease that
 /// is being passed on), bumping the versions of every name they were in.
-fn end_sessions(tx: &rusqlite::Transaction<'_>, sessions: &[String]) -> Result<usize> {
+fn end_sessions(tx: &Tx<'_>, sessions: &[String]) -> Result<usize> {
     let mut ended = 0;
     for session in sessions {
         tx.prepare_cached(
@@ -606,7 +790,7 @@ fn end_sessions(tx: &rusqlite::Transaction<'_>, sessions: &[String]) -> Result<u
 /// stamps what the rules now grant, and stops at the first live entry that
 /// waits, so it reads the granted entries and one more however long the
 /// queue. Bumps the version if anything changed (or `changed`).
-fn settle_walk(tx: &rusqlite::Transaction<'_>, name: &Name, changed: bool) -> Result<Walk> {
+fn settle_walk(tx: &Tx<'_>, name: &Name, changed: bool) -> Result<Walk> {
     let mut granted = Vec::new();
     let mut blocked = false;
     let mut dead = Vec::new();
@@ -831,9 +1015,7 @@ impl Store for SqliteStore {
         let (kind_col, count_col, limit_col) = codec::kind_code(kind);
         let result = self
             .run(move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(db_err)?;
+                let tx = Tx::immediate(conn)?;
                 // Settling first drops entries of expired sessions ahead of us.
                 let walk = settle_walk(&tx, &name, false)?;
                 let newly_ahead = walk.newly.clone();
@@ -872,7 +1054,7 @@ impl Store for SqliteStore {
                     queue::check_same_kind(&name, own_kind, kind)?;
                     let granted = granted_ms.is_some();
                     if mode == JoinMode::IfGranted && !granted {
-                        tx.commit().map_err(db_err)?;
+                        tx.commit()?;
                         return Ok((None, name.clone(), newly_ahead));
                     }
                     let holds: i64 = tx
@@ -885,7 +1067,7 @@ impl Store for SqliteStore {
                         })
                         .map_err(db_err)?;
                     let seq = to_u64(own_seq)?;
-                    tx.commit().map_err(db_err)?;
+                    tx.commit()?;
                     let holds = u32::try_from(holds).map_err(|e| Error::backend(BACKEND, e))?;
                     return Ok((
                         Some(Joined { seq, granted, holds, first: false }),
@@ -904,7 +1086,7 @@ impl Store for SqliteStore {
                 };
                 if mode == JoinMode::IfGranted && !granted {
                     session_alive(&tx, &key)?;
-                    tx.commit().map_err(db_err)?;
+                    tx.commit()?;
                     return Ok((None, name.clone(), newly_ahead));
                 }
                 let seq: i64 = tx
@@ -941,7 +1123,7 @@ impl Store for SqliteStore {
                     // Dropping the transaction rolls back the counter too.
                     return Err(Error::SessionLost(crate::error::LostReason::Expired));
                 }
-                tx.commit().map_err(db_err)?;
+                tx.commit()?;
                 Ok((
                     Some(Joined {
                         seq: to_u64(seq)?,
@@ -1247,9 +1429,7 @@ impl Store for SqliteStore {
             FenceOp::Admit { token, value } => (Some(to_i64(token)?), value.map(<[u8]>::to_vec)),
         };
         self.run(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
+            let tx = Tx::immediate(conn)?;
             let (highest, stored) = match Register::read(&tx, name.as_str())? {
                 Some(r) if r.is_cell => {
                     return Err(kind_conflict(&name, "a cell", "a fence"))
@@ -1278,7 +1458,7 @@ impl Store for SqliteStore {
                     value: stored,
                 },
             };
-            tx.commit().map_err(db_err)?;
+            tx.commit()?;
             Ok(answer)
         })
         .await
@@ -1299,9 +1479,7 @@ impl Store for SqliteStore {
     ) -> Result<CellWrite> {
         let (name, value, owner) = (name.clone(), value.to_vec(), owner.cloned());
         self.run(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
+            let tx = Tx::immediate(conn)?;
             let (stored, current) = Register::cell(&tx, &name)?;
             if let Some(owner) = &owner {
                 session_alive(&tx, owner)?;
@@ -1327,7 +1505,7 @@ impl Store for SqliteStore {
                 ])
             })
             .map_err(db_err)?;
-            tx.commit().map_err(db_err)?;
+            tx.commit()?;
             Ok(CellWrite::Done(to_u64(version)?))
         })
         .await
@@ -1336,9 +1514,7 @@ impl Store for SqliteStore {
     async fn cell_delete(&self, name: &Name, version: u64) -> Result<CellWrite> {
         let name = name.clone();
         self.run(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
+            let tx = Tx::immediate(conn)?;
             let (stored, current) = Register::cell(&tx, &name)?;
             let current = current.map(|c| c.version);
             if current != Some(version) {
@@ -1349,7 +1525,7 @@ impl Store for SqliteStore {
             )
             .and_then(|mut s| s.execute([name.as_str()]))
             .map_err(db_err)?;
-            tx.commit().map_err(db_err)?;
+            tx.commit()?;
             Ok(CellWrite::Done(to_u64(stored)?))
         })
         .await
@@ -1362,6 +1538,49 @@ mod tests {
 
     fn parse(url: &str) -> Result<(PathBuf, &'static str)> {
         parse_url(&StoreUrl::parse(url, &URL)?)
+    }
+
+    /// The WAL is checkpointed by the store's own thread, which ends with
+    /// the store.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thread_checkpoints_the_wal_and_ends_with_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("c.db").display());
+        let typed = SqliteStore::open(&url).await.unwrap();
+        let checkpointer = typed
+            .inner
+            .checkpointer
+            .clone()
+            .expect("a checkpoint thread");
+        let store: Arc<dyn Store> = Arc::new(typed);
+        let session = crate::Session::new(&store).await.unwrap();
+        let mutex = crate::Mutex::new(&session, "checkpointed").unwrap();
+        let calls_before = checkpointer.calls.load(Ordering::Relaxed);
+        for _ in 0..CHECKPOINT_EVERY {
+            mutex.lock().await.unwrap().release().await.unwrap();
+        }
+        // Two calls a cycle: the thread was told at least once.
+        assert!(checkpointer.calls.load(Ordering::Relaxed) - calls_before >= CHECKPOINT_EVERY * 2);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while checkpointer.checkpoints.load(Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no checkpoint in 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        session.close().await.unwrap();
+        drop(mutex);
+        drop(session);
+        drop(store);
+        // The thread let go of its handle: it ended.
+        while Arc::strong_count(&checkpointer) > 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the checkpoint thread outlived its store"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[test]
