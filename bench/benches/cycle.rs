@@ -277,8 +277,12 @@ async fn contended_kind(store: &Arc<dyn Store>, tasks: usize, rounds: usize, fai
 }
 
 /// The floor: one INSERT to take a row-with-expiry lock, one DELETE to drop
-/// it, autocommit, on a WAL file with the same pragmas.
-fn sqlite_floor(path: &std::path::Path, cycles: usize) -> Stats {
+/// it, autocommit, on a WAL file with the same pragmas. SQLite checkpoints
+/// the WAL inside the commit that crosses 1,000 pages, as by default; with
+/// `checkpoint_thread`, a thread of its own also checkpoints (`PASSIVE`)
+/// every 32 cycles, as tenure's store does (64 calls), so that the two
+/// compare the lock's work alone.
+fn sqlite_floor(path: &std::path::Path, cycles: usize, checkpoint_thread: bool) -> Stats {
     let conn = rusqlite::Connection::open(path).unwrap();
     conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
         .unwrap();
@@ -287,6 +291,17 @@ fn sqlite_floor(path: &std::path::Path, cycles: usize) -> Stats {
          CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL);",
     )
     .unwrap();
+    let (due, checkpoints) = std::sync::mpsc::channel::<()>();
+    let thread = checkpoint_thread.then(|| {
+        let checkpointer = rusqlite::Connection::open(path).unwrap();
+        std::thread::spawn(move || {
+            while checkpoints.recv().is_ok() {
+                checkpointer
+                    .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                    .unwrap();
+            }
+        })
+    });
     let mut ins = conn
         .prepare(
             "INSERT INTO locks (name, owner, expires_ms) VALUES (?1, ?2,
@@ -298,16 +313,28 @@ fn sqlite_floor(path: &std::path::Path, cycles: usize) -> Stats {
         .unwrap();
     let mut samples = Vec::with_capacity(cycles);
     let start = Clock::start();
-    for _ in 0..cycles {
+    for i in 0..cycles {
         let t = Instant::now();
         ins.execute(["bench", "me"]).unwrap();
         del.execute(["bench", "me"]).unwrap();
         samples.push(t.elapsed());
+        if checkpoint_thread && i % 32 == 31 {
+            due.send(()).unwrap();
+        }
+    }
+    let total = start.elapsed();
+    drop(due);
+    if let Some(thread) = thread {
+        thread.join().unwrap();
     }
     stats(
-        "sqlite raw floor (rusqlite INSERT + DELETE)",
+        if checkpoint_thread {
+            "sqlite raw floor checkpointed by a thread, as tenure is"
+        } else {
+            "sqlite raw floor (rusqlite INSERT + DELETE)"
+        },
         samples,
-        start.elapsed(),
+        total,
     )
 }
 
@@ -778,6 +805,7 @@ fn main() {
         )
         .await;
         let floor_db = dir.path().join("floor.db");
+        let floor_checkpointed_db = dir.path().join("floor-checkpointed.db");
         rows.extend(
             interleaved(
                 cycles,
@@ -786,7 +814,11 @@ fn main() {
                     runner(|n| uncontended_unfair(&sqlite, n)),
                     runner(|n| {
                         let path = &floor_db;
-                        async move { tokio::task::block_in_place(|| sqlite_floor(path, n)) }
+                        async move { tokio::task::block_in_place(|| sqlite_floor(path, n, false)) }
+                    }),
+                    runner(|n| {
+                        let path = &floor_checkpointed_db;
+                        async move { tokio::task::block_in_place(|| sqlite_floor(path, n, true)) }
                     }),
                 ],
             )
@@ -1003,6 +1035,24 @@ fn main() {
             r.server_us().map_or("-".into(), |us| format!("{us:.1}"))
         );
     }
+    // SQLite's tenure rows against the floor checkpointed as tenure is.
+    let mut sqlite_checkpointed = serde_json::Map::new();
+    if let Some(floor) = rows
+        .iter()
+        .find(|r| r.label.contains("checkpointed by a thread"))
+    {
+        for r in rows
+            .iter()
+            .filter(|r| r.label.starts_with("sqlite tenure") && !r.label.contains("contenders"))
+        {
+            let median = ratio_to_floor(r, floor);
+            println!(
+                "{} vs the floor checkpointed by a thread: {median:.2}×",
+                r.label
+            );
+            sqlite_checkpointed.insert(r.label.clone(), serde_json::json!(median));
+        }
+    }
     println!("sqlite statements per operation: acquire {acquire}, release {release}, renew {renew} (BEGIN/COMMIT included)");
     let json = serde_json::json!({
         "bench": "cycle",
@@ -1018,6 +1068,7 @@ fn main() {
         // Medians over the turns of each turn's ratio (see `ratio_to_floor`).
         "uncontended_cycle_vs_floor": ratios,
         "peers_uncontended_cycle_vs_floor": peers,
+        "sqlite_vs_floor_checkpointed_by_a_thread": sqlite_checkpointed,
     });
     let out = std::env::var("BENCH_OUT")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/cycle.json").to_string());
