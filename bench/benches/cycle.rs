@@ -279,63 +279,91 @@ async fn contended_kind(store: &Arc<dyn Store>, tasks: usize, rounds: usize, fai
 /// The floor: one INSERT to take a row-with-expiry lock, one DELETE to drop
 /// it, autocommit, on a WAL file with the same pragmas. SQLite checkpoints
 /// the WAL inside the commit that crosses 1,000 pages, as by default; with
-/// `checkpoint_thread`, a thread of its own also checkpoints (`PASSIVE`)
-/// every 32 cycles, as tenure's store does (64 calls), so that the two
-/// compare the lock's work alone.
-fn sqlite_floor(path: &std::path::Path, cycles: usize, checkpoint_thread: bool) -> Stats {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
-        .unwrap();
-    conn.execute_batch(
-        "PRAGMA synchronous=NORMAL;
-         CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL);",
-    )
-    .unwrap();
-    let (due, checkpoints) = std::sync::mpsc::channel::<()>();
-    let thread = checkpoint_thread.then(|| {
-        let checkpointer = rusqlite::Connection::open(path).unwrap();
-        std::thread::spawn(move || {
-            while checkpoints.recv().is_ok() {
-                checkpointer
-                    .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                    .unwrap();
-            }
-        })
-    });
-    let mut ins = conn
-        .prepare(
-            "INSERT INTO locks (name, owner, expires_ms) VALUES (?1, ?2,
-               CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 30000)",
+/// a checkpoint thread, a thread of its own also checkpoints (`PASSIVE`)
+/// every 32 cycles, as tenure's store does (every 64 calls), so that the
+/// two compare the lock's work alone. One connection serves every turn, as
+/// one store serves tenure's: closing the last connection checkpoints the
+/// WAL, which a connection per turn would do outside the timed loops.
+struct SqliteFloor {
+    conn: rusqlite::Connection,
+    checkpoint_due: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SqliteFloor {
+    fn open(path: &std::path::Path, checkpoint_thread: bool) -> SqliteFloor {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
+            .unwrap();
+        conn.execute_batch(
+            "PRAGMA synchronous=NORMAL;
+             CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL);",
         )
         .unwrap();
-    let mut del = conn
-        .prepare("DELETE FROM locks WHERE name = ?1 AND owner = ?2")
-        .unwrap();
-    let mut samples = Vec::with_capacity(cycles);
-    let start = Clock::start();
-    for i in 0..cycles {
-        let t = Instant::now();
-        ins.execute(["bench", "me"]).unwrap();
-        del.execute(["bench", "me"]).unwrap();
-        samples.push(t.elapsed());
-        if checkpoint_thread && i % 32 == 31 {
-            due.send(()).unwrap();
+        let (mut checkpoint_due, mut thread) = (None, None);
+        if checkpoint_thread {
+            let (due, checkpoints) = std::sync::mpsc::channel::<()>();
+            let checkpointer = rusqlite::Connection::open(path).unwrap();
+            checkpoint_due = Some(due);
+            thread = Some(std::thread::spawn(move || {
+                while checkpoints.recv().is_ok() {
+                    checkpointer
+                        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                        .unwrap();
+                }
+            }));
+        }
+        SqliteFloor {
+            conn,
+            checkpoint_due,
+            thread,
         }
     }
-    let total = start.elapsed();
-    drop(due);
-    if let Some(thread) = thread {
-        thread.join().unwrap();
+
+    fn run(&self, cycles: usize) -> Stats {
+        let mut ins = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO locks (name, owner, expires_ms) VALUES (?1, ?2,
+                   CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 30000)",
+            )
+            .unwrap();
+        let mut del = self
+            .conn
+            .prepare_cached("DELETE FROM locks WHERE name = ?1 AND owner = ?2")
+            .unwrap();
+        let mut samples = Vec::with_capacity(cycles);
+        let start = Clock::start();
+        for i in 0..cycles {
+            let t = Instant::now();
+            ins.execute(["bench", "me"]).unwrap();
+            del.execute(["bench", "me"]).unwrap();
+            samples.push(t.elapsed());
+            if let Some(due) = &self.checkpoint_due {
+                if i % 32 == 31 {
+                    due.send(()).unwrap();
+                }
+            }
+        }
+        stats(
+            if self.checkpoint_due.is_some() {
+                "sqlite raw floor checkpointed by a thread, as tenure is"
+            } else {
+                "sqlite raw floor (rusqlite INSERT + DELETE)"
+            },
+            samples,
+            start.elapsed(),
+        )
     }
-    stats(
-        if checkpoint_thread {
-            "sqlite raw floor checkpointed by a thread, as tenure is"
-        } else {
-            "sqlite raw floor (rusqlite INSERT + DELETE)"
-        },
-        samples,
-        total,
-    )
+}
+
+impl Drop for SqliteFloor {
+    fn drop(&mut self) {
+        self.checkpoint_due = None;
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+    }
 }
 
 /// The Redis floor: `SET key me NX PX 30000` to take, a compare-and-delete Lua
@@ -804,8 +832,8 @@ fn main() {
             ],
         )
         .await;
-        let floor_db = dir.path().join("floor.db");
-        let floor_checkpointed_db = dir.path().join("floor-checkpointed.db");
+        let floor = SqliteFloor::open(&dir.path().join("floor.db"), false);
+        let floor_checkpointed = SqliteFloor::open(&dir.path().join("floor-checkpointed.db"), true);
         rows.extend(
             interleaved(
                 cycles,
@@ -813,12 +841,12 @@ fn main() {
                     runner(|n| uncontended(&sqlite, n)),
                     runner(|n| uncontended_unfair(&sqlite, n)),
                     runner(|n| {
-                        let path = &floor_db;
-                        async move { tokio::task::block_in_place(|| sqlite_floor(path, n, false)) }
+                        let floor = &floor;
+                        async move { tokio::task::block_in_place(|| floor.run(n)) }
                     }),
                     runner(|n| {
-                        let path = &floor_checkpointed_db;
-                        async move { tokio::task::block_in_place(|| sqlite_floor(path, n, true)) }
+                        let floor = &floor_checkpointed;
+                        async move { tokio::task::block_in_place(|| floor.run(n)) }
                     }),
                 ],
             )
