@@ -15,12 +15,14 @@ use crate::task::{finish, spawn_detached};
 impl Session {
     /// Joins a queue; cancel safe: if this future is dropped after the store
     /// took the entry, the entry is left again in the background.
+    /// `likely_free` is [`JoinRequest::likely_free`].
     pub(crate) async fn join(
         &self,
         name: &Name,
         kind: EntryKind,
         value: Vec<u8>,
         mode: JoinMode,
+        likely_free: bool,
     ) -> Result<Option<(Hold, Joined)>> {
         self.check_alive()?;
         // The kind's own sense (permits within the limit) is checked here,
@@ -47,6 +49,7 @@ impl Session {
                     kind,
                     value: &value,
                     mode,
+                    likely_free,
                 };
                 store.join(&key, request).await
             },
@@ -135,7 +138,7 @@ impl Session {
             Wait::No => JoinMode::IfGranted,
             _ => JoinMode::Wait,
         };
-        let Some((hold, joined)) = self.join(name, kind, value, mode).await? else {
+        let Some((hold, joined)) = self.join(name, kind, value, mode, false).await? else {
             return Ok(None);
         };
         if joined.granted {
@@ -191,7 +194,9 @@ impl Session {
         let attempts = async {
             loop {
                 if let Some((hold, joined)) = self
-                    .join(name, kind, value.clone(), JoinMode::IfGranted)
+                    // Likely free: the first try (a non-fair lock is free
+                    // most of the time), or the name just read so.
+                    .join(name, kind, value.clone(), JoinMode::IfGranted, true)
                     .await?
                 {
                     return self.still_ours(hold, joined);

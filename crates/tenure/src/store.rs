@@ -208,6 +208,12 @@ pub struct JoinRequest<'a> {
     pub value: &'a [u8],
     /// Whether a waiting entry may be left behind.
     pub mode: JoinMode,
+    /// A hint for [`JoinMode::IfGranted`]: the caller has reason to think
+    /// the name free (it has just read it so, or it takes a non-fair lock,
+    /// which nobody holds most of the time). A store that reads before a
+    /// try, to spare a write that a refusal would undo, may skip that
+    /// read. It never changes the answer.
+    pub likely_free: bool,
 }
 
 /// The answer to [`Store::join`].

@@ -152,6 +152,7 @@ async fn run(seed: u64, steps: usize, other_url: &str) {
                                 kind,
                                 value: &[slot as u8],
                                 mode,
+                                likely_free: false,
                             },
                         )
                         .await

@@ -97,6 +97,50 @@ pub async fn check_try_lock_while_held(t: &Target) {
     g.release().await.unwrap();
 }
 
+/// A try with the `likely_free` hint (what a non-fair lock sends) gets the
+/// same answers as one without: refused on a held name, and nothing left
+/// behind (a store that skips its read-first for the hint must undo its
+/// write); granted, with a higher token, once the name is free.
+pub async fn check_hinted_try(t: &Target) {
+    let name = Name::new(unique("hinted")).unwrap();
+    let spec = SessionSpec {
+        ttl: Duration::from_secs(10),
+        label: "test".into(),
+    };
+    let a = t.store.open_session(&spec).await.unwrap();
+    let b = t.store.open_session(&spec).await.unwrap();
+    let held = t
+        .store
+        .join(&a.key, request(&name, EntryKind::Exclusive, b"a"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(held.granted);
+    let hinted = |value: &'static [u8]| JoinRequest {
+        likely_free: true,
+        mode: JoinMode::IfGranted,
+        ..request(&name, EntryKind::Exclusive, value)
+    };
+    let refused = t.store.join(&b.key, hinted(b"b")).await.unwrap();
+    assert_eq!(refused, None, "a hinted try was granted on a held name");
+    wait_queue_len(&t.store, name.as_str(), 1).await;
+    let queue = t.store.queue(&name).await.unwrap();
+    assert_eq!(
+        queue.entries[0].seq, held.seq,
+        "the holder's entry is not the only one"
+    );
+    t.store.leave(&a.key, &name, held.seq).await.unwrap();
+    let granted = t
+        .store
+        .join(&b.key, hinted(b"b"))
+        .await
+        .unwrap()
+        .expect("a hinted try on a free name was refused");
+    assert!(granted.granted && granted.seq > held.seq);
+    t.store.leave(&b.key, &name, granted.seq).await.unwrap();
+    wait_queue_len(&t.store, name.as_str(), 0).await;
+}
+
 pub async fn check_timeout(t: &Target) {
     let name = unique("timeout");
     let (a, b) = (session(&t.store).await, session(&t.store).await);

@@ -71,6 +71,7 @@ pub(crate) fn request<'a>(name: &'a Name, kind: EntryKind, value: &'a [u8]) -> J
         kind,
         value,
         mode: JoinMode::Wait,
+        likely_free: false,
     }
 }
 
@@ -142,7 +143,7 @@ pub(crate) async fn wait_queue_len(store: &Arc<dyn Store>, name: &str, len: usiz
 macro_rules! conformance_tests {
     ($target:expr) => {
         $crate::conformance_tests!(@each $target;
-            check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_timeout, check_fifo,
+            check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_hinted_try, check_timeout, check_fifo,
             check_reentrancy, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
             check_crashed_holder_released, check_crashed_queue_cleared_by_try,
             check_unfair_mutex, check_unfair_crashed_holder_released, check_unfair_dead_holder_released, check_evicted_holder_is_told,

@@ -254,6 +254,37 @@ async fn call<T>(fut: impl std::future::Future<Output = ZkResult<T>>) -> Result<
 
 use super::poll::{retrying, RETRY_FOR};
 
+/// The queue, the class its node holds and whether the session's node is
+/// there, from the answer of [`ZkStore::session_checking_reader`]'s
+/// multi-read.
+fn listed_checking_session(results: Vec<zk::MultiReadResult>) -> Result<(Listing, Vec<u8>)> {
+    let mut results = results.into_iter();
+    let children = match results.next() {
+        Some(zk::MultiReadResult::Children { children }) => children,
+        Some(zk::MultiReadResult::Error {
+            err: zk::Error::NoNode,
+        }) => Vec::new(),
+        Some(zk::MultiReadResult::Error { err }) => return Err(zk_err(err)),
+        _ => return Err(Error::backend(BACKEND, "unexpected multi-read answer")),
+    };
+    let class = match results.next() {
+        Some(zk::MultiReadResult::Data { data, .. }) => data,
+        Some(zk::MultiReadResult::Error {
+            err: zk::Error::NoNode,
+        }) => Vec::new(),
+        Some(zk::MultiReadResult::Error { err }) => return Err(zk_err(err)),
+        _ => return Err(Error::backend(BACKEND, "unexpected multi-read answer")),
+    };
+    match results.next() {
+        Some(zk::MultiReadResult::Data { .. }) => Ok((listing(children), class)),
+        Some(zk::MultiReadResult::Error {
+            err: zk::Error::NoNode,
+        }) => Err(lost()),
+        Some(zk::MultiReadResult::Error { err }) => Err(zk_err(err)),
+        _ => Err(Error::backend(BACKEND, "unexpected multi-read answer")),
+    }
+}
+
 /// A name as one path segment: bytes outside `[A-Za-z0-9_-]` as `%XX`.
 fn encode_name(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
@@ -952,41 +983,28 @@ impl ZkStore {
         session: &ZkSession,
         name: &Name,
     ) -> Result<(Listing, Vec<u8>)> {
-        let dir = self.name_path(name);
-        let node = self.session_path(&session.tag);
         retrying(|| async {
-            let mut reader = session.client.new_multi_reader();
-            reader.add_get_children(&dir).map_err(zk_err)?;
-            reader.add_get_data(&dir).map_err(zk_err)?;
-            reader.add_get_data(&node).map_err(zk_err)?;
-            let results = call(reader.commit()).await?;
-            let mut results = results.into_iter();
-            let children = match results.next() {
-                Some(zk::MultiReadResult::Children { children }) => children,
-                Some(zk::MultiReadResult::Error {
-                    err: zk::Error::NoNode,
-                }) => Vec::new(),
-                Some(zk::MultiReadResult::Error { err }) => return Err(zk_err(err)),
-                _ => return Err(Error::backend(BACKEND, "unexpected multi-read answer")),
-            };
-            let class = match results.next() {
-                Some(zk::MultiReadResult::Data { data, .. }) => data,
-                Some(zk::MultiReadResult::Error {
-                    err: zk::Error::NoNode,
-                }) => Vec::new(),
-                Some(zk::MultiReadResult::Error { err }) => return Err(zk_err(err)),
-                _ => return Err(Error::backend(BACKEND, "unexpected multi-read answer")),
-            };
-            match results.next() {
-                Some(zk::MultiReadResult::Data { .. }) => Ok((listing(children), class)),
-                Some(zk::MultiReadResult::Error {
-                    err: zk::Error::NoNode,
-                }) => Err(lost()),
-                Some(zk::MultiReadResult::Error { err }) => Err(zk_err(err)),
-                _ => Err(Error::backend(BACKEND, "unexpected multi-read answer")),
-            }
+            let answer = call(self.session_checking_reader(session, name)?.commit()).await?;
+            listed_checking_session(answer)
         })
         .await
+    }
+
+    /// The multi-read of [`Self::list_checking_session`], not yet sent.
+    fn session_checking_reader<'c>(
+        &self,
+        session: &'c ZkSession,
+        name: &Name,
+    ) -> Result<zk::MultiReader<'c>> {
+        let mut reader = session.client.new_multi_reader();
+        reader
+            .add_get_children(&self.name_path(name))
+            .map_err(zk_err)?;
+        reader.add_get_data(&self.name_path(name)).map_err(zk_err)?;
+        reader
+            .add_get_data(&self.session_path(&session.tag))
+            .map_err(zk_err)?;
+        Ok(reader)
     }
 
     /// The class `name`'s node holds and how many entries it has (one
@@ -1006,7 +1024,9 @@ impl ZkStore {
     /// Creates the session's child for `name` (and the name's node on first
     /// use). A create whose answer was lost may have happened: the child is
     /// then found by its prefix, which only this session uses, rather than
-    /// made twice. Returns its stat, name and sequence.
+    /// made twice (`unsure`: an earlier create's answer was lost already).
+    /// Returns its stat, name and sequence.
+    #[allow(clippy::too_many_arguments)]
     async fn create_entry(
         &self,
         session: &ZkSession,
@@ -1015,11 +1035,11 @@ impl ZkStore {
         data: &[u8],
         options: &zk::CreateOptions<'_>,
         class: &[u8],
+        mut unsure: bool,
     ) -> Result<(zk::Stat, String, i64)> {
         let dir = self.name_path(name);
         let path = format!("{dir}/{prefix}");
         let deadline = tokio::time::Instant::now() + RETRY_FOR;
-        let mut unsure = false;
         loop {
             if unsure {
                 let children = call(session.client.list_children(&dir)).await;
@@ -1736,7 +1756,7 @@ impl Store for ZkStore {
             }));
         }
         let class = class_of(kind);
-        if mode == JoinMode::IfGranted {
+        if mode == JoinMode::IfGranted && !request.likely_free {
             // A try reads first (a read is served from the server's memory;
             // a create and its delete go through the quorum): on a queue that
             // would not grant it, that read is the whole answer. An exclusive
@@ -1769,9 +1789,41 @@ impl Store for ZkStore {
         let prefix = child_prefix(&session.tag, kind);
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let data = encode_data(1, &session.label, value);
-        let (stat, child, sequence) = self
-            .create_entry(&session, name, &prefix, &data, &options, &class)
-            .await?;
+        // The create and the list that finds the new child in the queue go
+        // out back to back on the session's connection: ZooKeeper answers a
+        // client's requests in order, so the list is read after the child
+        // is made, and the two take one round trip. Anything but two clean
+        // answers (the name's first use, a lost answer) takes the careful
+        // path: `create_entry`, then a list of its own.
+        // (Each request is sent when its future is made, in this order.)
+        let mut reader = self.session_checking_reader(&session, name)?;
+        let child_path = format!("{dir}/{prefix}");
+        let created = session.client.create(&child_path, &data, &options);
+        let listed = reader.commit();
+        let (created, listed) =
+            futures_util::future::join(call_raw(created), call_raw(listed)).await;
+        let (stat, child, sequence, listed) = match created {
+            Ok(Ok((stat, sequence))) => {
+                let listed = match listed {
+                    Ok(Ok(answer)) => Some(listed_checking_session(answer)),
+                    _ => None,
+                };
+                (
+                    stat,
+                    format!("{prefix}{sequence}"),
+                    sequence.into_i64(),
+                    listed,
+                )
+            }
+            created => {
+                // A create whose answer was lost may have happened.
+                let unsure = created.is_err();
+                let (stat, child, sequence) = self
+                    .create_entry(&session, name, &prefix, &data, &options, &class, unsure)
+                    .await?;
+                (stat, child, sequence, None)
+            }
+        };
         let path = format!("{dir}/{child}");
         // From here on, a failure must not leave the child behind unknown
         // to the session: it would block the name until the session ends.
@@ -1784,11 +1836,13 @@ impl Store for ZkStore {
             })
             .await
         };
+        let listed = match listed {
+            Some(Ok(listed)) if listed.0.position(&child).is_some() => Ok(listed),
+            Some(Err(e @ Error::SessionLost(_))) => Err(e),
+            _ => self.list_checking_session(&session, name).await,
+        };
         let seq = u64::try_from(stat.czxid).map_err(|e| Error::backend(BACKEND, e));
-        let (list, held_class) = match (
-            seq.as_ref(),
-            self.list_checking_session(&session, name).await,
-        ) {
+        let (list, held_class) = match (seq.as_ref(), listed) {
             (Ok(_), Ok((list, held_class))) if list.position(&child).is_some() => {
                 (list, held_class)
             }
