@@ -151,7 +151,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "the ZooKeeper server's session clock",
-            "acquire: 2 (create + list; a try-lock reads the list first: 1 when the queue would not grant it, 3 when it would), release: 1 (delete), renew: 1 (a multi-read of the session's entries); fence read, cell get: 1 (a sync pipelined with a multi-read); fence admit, cell put, cell delete: 1 (a conditional setData or multi) when nobody wrote since this store last saw the node, 2 when it saw none (read + write), 3 when what it saw is stale; a refusal or a mismatch 1 or 2",
+            "acquire: 1 (a create and the list, pipelined: the list is sent right behind the create; 2 on a name's first use); a try-lock reads the name's node first: 1 when the queue would not grant it, 2 when it would (a non-fair lock's tries do not read first), release: 1 (delete), renew: 1 (a multi-read of the session's entries); fence read, cell get: 1 (a sync pipelined with a multi-read); fence admit, cell put, cell delete: 1 (a conditional setData or multi) when nobody wrote since this store last saw the node, 2 when it saw none (read + write), 3 when what it saw is stale; a refusal or a mismatch 1 or 2",
         )
     }
 }
