@@ -115,6 +115,11 @@ where
         let notified = listening.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        // Announced with the grant itself: a look would only say so again
+        // (one round trip more on every handoff).
+        if listening.announced_granted() {
+            return Ok(());
+        }
         let pushed_now = pushed().await;
         // A TTL of 0 would be a store that lost a session's record: never
         // confirm by it.
@@ -267,8 +272,16 @@ impl ReconnectGate {
     }
 }
 
-/// Key -> (its listeners' notifier, how many registrations).
-type Registry = std::collections::BTreeMap<String, (std::sync::Arc<Notify>, usize)>;
+/// Key -> (its listeners' slot, how many registrations).
+type Registry = std::collections::BTreeMap<String, (std::sync::Arc<Slot>, usize)>;
+
+/// What the listeners of one key share.
+#[derive(Default)]
+struct Slot {
+    notify: Notify,
+    /// The store announced the grant of the entry of this [`grant_key`].
+    granted: std::sync::atomic::AtomicBool,
+}
 
 /// The tasks of this process waiting on keys (an entry's grant, a name's
 /// changes), woken by key. One registry per store; cheap to clone.
@@ -302,11 +315,11 @@ impl Listeners {
         let mut registry = self.registry();
         let slot = registry
             .entry(key.clone())
-            .or_insert_with(|| (std::sync::Arc::new(Notify::new()), 0));
+            .or_insert_with(|| (std::sync::Arc::new(Slot::default()), 0));
         slot.1 += 1;
         let listening = Listening {
             listeners: self.clone(),
-            notify: slot.0.clone(),
+            slot: slot.0.clone(),
             key,
             on_last: None,
             first_of: None,
@@ -319,8 +332,23 @@ impl Listeners {
 
     /// Wakes every task listening on `key` now.
     pub(crate) fn wake(&self, key: &str) {
-        if let Some((notify, _)) = self.registry().get(key) {
-            notify.notify_waiters();
+        if let Some((slot, _)) = self.registry().get(key) {
+            slot.notify.notify_waiters();
+        }
+    }
+
+    /// The store announces that the entry of `key` (a [`grant_key`]) is
+    /// granted: its waiter returns without looking again. Only for an
+    /// announcement the store makes in the same atomic step as the grant,
+    /// and delivers after it (a script's `PUBLISH`, a `NOTIFY` sent on
+    /// commit, a local wake after the commit): the grant is then in the
+    /// store when the waiter hears of it, as a look would have found it.
+    /// Tokens are never reused for a name, so the key names one entry.
+    pub(crate) fn granted(&self, key: &str) {
+        if let Some((slot, _)) = self.registry().get(key) {
+            slot.granted
+                .store(true, std::sync::atomic::Ordering::Release);
+            slot.notify.notify_waiters();
         }
     }
 
@@ -335,8 +363,8 @@ impl Listeners {
             ))
             .next()
             .filter(|(k, _)| k.starts_with(prefix));
-        if let Some((_, (notify, _))) = first {
-            notify.notify_waiters();
+        if let Some((_, (slot, _))) = first {
+            slot.notify.notify_waiters();
         }
     }
 
@@ -348,8 +376,8 @@ impl Listeners {
     /// Wakes every listener (the store's notifications stopped: each waiter
     /// looks again, and polls until they are back).
     pub(crate) fn wake_all(&self) {
-        for (notify, _) in self.registry().values() {
-            notify.notify_waiters();
+        for (slot, _) in self.registry().values() {
+            slot.notify.notify_waiters();
         }
     }
 
@@ -369,7 +397,7 @@ impl Listeners {
 pub(crate) struct Listening {
     listeners: Listeners,
     key: String,
-    notify: std::sync::Arc<Notify>,
+    slot: std::sync::Arc<Slot>,
     on_last: Option<Box<dyn FnOnce(String) + Send + Sync>>,
     /// For a waiter on a [`grant_key`]: the name's prefix, so that only the
     /// first waiter of the name in this process polls, and hands that on.
@@ -383,7 +411,12 @@ pub(crate) struct Listening {
 impl Listening {
     /// The notifier to arm before looking.
     pub(crate) fn notify(&self) -> &Notify {
-        &self.notify
+        &self.slot.notify
+    }
+
+    /// Whether the store announced this entry's grant ([`Listeners::granted`]).
+    fn announced_granted(&self) -> bool {
+        self.slot.granted.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Runs `f` with the key when the key's last listener goes (to

@@ -655,8 +655,10 @@ impl SqlDriver for Postgres {
                                 .ok()
                                 .map(|seq| poll::grant_key(name, seq))
                         });
+                        // Sent by the transaction that granted the entry, on
+                        // its commit.
                         if let Some(key) = parsed {
-                            listeners.wake(&key);
+                            listeners.granted(&key);
                         }
                     }
                     Ok(AsyncMessage::Notification(n)) => {

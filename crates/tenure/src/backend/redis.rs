@@ -450,7 +450,13 @@ impl RedisStore {
         let (listeners, up, current) = (w.listeners.clone(), w.up.clone(), w.generation.clone());
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                listeners.wake(msg.get_channel_name());
+                // The script publishes `granted` on an entry's channel in the
+                // call that grants it.
+                if msg.get_payload_bytes() == b"granted" {
+                    listeners.granted(msg.get_channel_name());
+                } else {
+                    listeners.wake(msg.get_channel_name());
+                }
             }
             // The connection is gone: waiters look again and poll until a
             // new one is up.

@@ -432,10 +432,11 @@ impl SqliteStore {
     /// Wakes this process's waiters that `granted` names and its observers.
     fn notify(&self, changed: &[(Name, Vec<u64>)]) {
         for (name, granted) in changed {
+            // Granted by a transaction that has committed.
             for seq in granted {
                 self.inner
                     .listeners
-                    .wake(&poll::grant_key(name.as_str(), *seq));
+                    .granted(&poll::grant_key(name.as_str(), *seq));
             }
             self.inner.listeners.wake(&poll::change_key(name.as_str()));
         }
