@@ -450,13 +450,11 @@ impl RedisStore {
         let (listeners, up, current) = (w.listeners.clone(), w.up.clone(), w.generation.clone());
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                // The script publishes `granted` on an entry's channel in the
-                // call that grants it.
-                if msg.get_payload_bytes() == b"granted" {
-                    listeners.granted(msg.get_channel_name());
-                } else {
-                    listeners.wake(msg.get_channel_name());
-                }
+                // Only a wake-up: the waiter looks before it takes the
+                // grant. Pub/sub ignores the database number, so a message
+                // may come from another database's store with the same
+                // prefix, name and token (see `Listeners::granted`).
+                listeners.wake(msg.get_channel_name());
             }
             // The connection is gone: waiters look again and poll until a
             // new one is up.
