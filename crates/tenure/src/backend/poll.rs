@@ -339,15 +339,16 @@ impl Listeners {
 
     /// The store announces that the entry of `key` (a [`grant_key`]) is
     /// granted: its waiter returns without looking again. Only for an
-    /// announcement the store makes in the same atomic step as the grant,
-    /// and delivers after it and only to this store (PostgreSQL's `NOTIFY`,
-    /// sent on commit, within one database and on the schema's channel;
-    /// SQLite's wake-up in this process after the commit): the grant is
-    /// then in the store when the waiter hears of it, as a look would have
-    /// found it. Tokens are never reused for a name, so the key names one
-    /// entry. Not Redis's pub/sub, which ignores the database number: a
-    /// store of another database with the same prefix could announce a
-    /// grant of the same name and token.
+    /// announcement made after the grant has committed, only to this store,
+    /// and only of an entry still granted when the transaction ends
+    /// (SQLite's wake-up in this process after the commit, for the entries
+    /// its settling granted): the grant is then in the store when the
+    /// waiter hears of it, as a look would have found it. Tokens are never
+    /// reused for a name, so the key names one entry. Not Redis's pub/sub,
+    /// which ignores the database number (a store of another database with
+    /// the same prefix could announce the same name and token), nor
+    /// PostgreSQL's `NOTIFY`, which a transaction sends for an entry it
+    /// grants and may end again before it commits (`evict`).
     pub(crate) fn granted(&self, key: &str) {
         if let Some((slot, _)) = self.registry().get(key) {
             slot.granted

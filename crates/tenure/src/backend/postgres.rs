@@ -655,10 +655,13 @@ impl SqlDriver for Postgres {
                                 .ok()
                                 .map(|seq| poll::grant_key(name, seq))
                         });
-                        // Sent by the transaction that granted the entry, on
-                        // its commit.
+                        // Only a wake-up: the waiter looks before it takes the
+                        // grant. A transaction may grant an entry and then
+                        // end it (`evict` ends every holder its first settle
+                        // finds, a waiter it just granted included), and the
+                        // NOTIFY still goes out.
                         if let Some(key) = parsed {
-                            listeners.granted(&key);
+                            listeners.wake(&key);
                         }
                     }
                     Ok(AsyncMessage::Notification(n)) => {

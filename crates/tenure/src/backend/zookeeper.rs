@@ -1816,8 +1816,11 @@ impl Store for ZkStore {
                 )
             }
             created => {
-                // A create whose answer was lost may have happened.
-                let unsure = created.is_err();
+                // Only the name's first use (no node to create under) says
+                // for certain that nothing was made; any other failure, a
+                // lost connection above all, may follow a create that
+                // happened, so its child is looked for first.
+                let unsure = !matches!(created, Ok(Err(zk::Error::NoNode)));
                 let (stat, child, sequence) = self
                     .create_entry(&session, name, &prefix, &data, &options, &class, unsure)
                     .await?;
