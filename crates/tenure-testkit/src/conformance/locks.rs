@@ -103,12 +103,7 @@ pub async fn check_try_lock_while_held(t: &Target) {
 /// write); granted, with a higher token, once the name is free.
 pub async fn check_hinted_try(t: &Target) {
     let name = Name::new(unique("hinted")).unwrap();
-    let spec = SessionSpec {
-        ttl: Duration::from_secs(10),
-        label: "test".into(),
-    };
-    let a = t.store.open_session(&spec).await.unwrap();
-    let b = t.store.open_session(&spec).await.unwrap();
+    let (a, b) = (raw_session(&t.store).await, raw_session(&t.store).await);
     let held = t
         .store
         .join(&a.key, request(&name, EntryKind::Exclusive, b"a"))
@@ -243,12 +238,7 @@ pub async fn check_reentrancy(t: &Target) {
 /// proclaimed; reading a queue never reveals the secret.
 pub async fn check_non_holder_cannot_act(t: &Target) {
     let name = Name::new(unique("owner")).unwrap();
-    let spec = SessionSpec {
-        ttl: Duration::from_secs(10),
-        label: "test".into(),
-    };
-    let a = t.store.open_session(&spec).await.unwrap();
-    let b = t.store.open_session(&spec).await.unwrap();
+    let (a, b) = (raw_session(&t.store).await, raw_session(&t.store).await);
     let ja = t
         .store
         .join(&a.key, request(&name, EntryKind::Exclusive, b"a"))

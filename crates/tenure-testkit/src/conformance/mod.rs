@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use tenure::store::{JoinMode, JoinRequest, Joined, SessionKey, SessionSpec};
+use tenure::store::{JoinMode, JoinRequest, Joined, OpenedSession, SessionKey, SessionSpec};
 use tenure::{
     Election, Elector, EntryKind, Error, Mutex, MutexGuard, Name, Session, SessionOptions, Store,
 };
@@ -102,6 +102,16 @@ pub(crate) async fn crashing_session(store: &Arc<dyn Store>, ttl: Duration) -> S
 /// count whole seconds, ZooKeeper servers set a minimum session timeout).
 pub(crate) fn short_ttl(t: &Target, wanted: Duration) -> Duration {
     wanted.max(t.store.capabilities().min_ttl)
+}
+
+/// A session of the raw contract (no `Session` renews or closes it), TTL
+/// 10 s: longer than any check that uses one.
+pub(crate) async fn raw_session(store: &Arc<dyn Store>) -> OpenedSession {
+    let spec = SessionSpec {
+        ttl: Duration::from_secs(10),
+        label: "test".into(),
+    };
+    store.open_session(&spec).await.unwrap()
 }
 
 /// A client that joins `name` (exclusive) and then dies: it never renews,
