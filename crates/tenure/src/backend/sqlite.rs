@@ -86,7 +86,8 @@ struct Inner {
     /// (woken on any change made here) of this process.
     listeners: Listeners,
     /// Calls to the database file so far (see [`SqliteStore::round_trips`]).
-    round_trips: std::sync::atomic::AtomicU64,
+    /// Shared with the checkpoint thread, which counts by it.
+    round_trips: Arc<AtomicU64>,
 }
 
 store_debug!(SqliteStore: path);
@@ -151,12 +152,13 @@ impl Drop for Tx<'_> {
 /// was most of the mean cycle (see the README's bench). Here a thread
 /// checkpoints (`PASSIVE`: it never blocks a writer or a reader) after every
 /// [`CHECKPOINT_EVERY`] calls of this store, and once a second while calls
-/// went on; the lock connection keeps SQLite's own automatic checkpoint
-/// only as a backstop, at [`CHECKPOINT_BACKSTOP`] pages, for a thread that
-/// falls behind.
+/// went on. The lock connection keeps SQLite's own automatic checkpoint (at
+/// its default, 1,000 pages) as a backstop for a thread that falls behind:
+/// it then finds most of the WAL written back already.
 struct Checkpointer {
-    /// Calls of the store so far.
-    calls: AtomicU64,
+    /// Calls of the store so far: the store's own count
+    /// ([`SqliteStore::round_trips`]).
+    calls: Arc<AtomicU64>,
     /// Checkpoints the thread has made.
     checkpoints: AtomicU64,
     state: Mutex<CheckpointState>,
@@ -172,9 +174,6 @@ struct CheckpointState {
 /// Calls of a store between two checkpoints: one transaction writes a few
 /// pages, so about SQLite's default 1,000 pages of WAL.
 const CHECKPOINT_EVERY: u64 = 64;
-/// The lock connection's own automatic checkpoint, in pages (SQLite's
-/// default is 1,000), for when the checkpoint thread falls behind.
-const CHECKPOINT_BACKSTOP: u32 = 1_000;
 /// How often the checkpoint thread looks for calls made since its last
 /// checkpoint, when fewer than [`CHECKPOINT_EVERY`] were.
 const CHECKPOINT_IDLE: Duration = Duration::from_secs(1);
@@ -183,7 +182,7 @@ impl Checkpointer {
     /// Opens the thread's own connection to `path` and starts it; `None`
     /// (and SQLite checkpoints inside commits, as by default) if either
     /// fails.
-    fn start(path: &Path, lock_conn: &Connection) -> Option<Arc<Checkpointer>> {
+    fn start(path: &Path, calls: Arc<AtomicU64>) -> Option<Arc<Checkpointer>> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
             | OpenFlags::SQLITE_OPEN_URI;
@@ -195,7 +194,7 @@ impl Checkpointer {
             }
         };
         let checkpointer = Arc::new(Checkpointer {
-            calls: AtomicU64::new(0),
+            calls,
             checkpoints: AtomicU64::new(0),
             state: Mutex::new(CheckpointState::default()),
             wake: std::sync::Condvar::new(),
@@ -208,15 +207,11 @@ impl Checkpointer {
             tracing::debug!(error = %e, "no checkpoint thread: SQLite checkpoints inside commits");
             return None;
         }
-        if let Err(e) = lock_conn.pragma_update(None, "wal_autocheckpoint", CHECKPOINT_BACKSTOP) {
-            tracing::debug!(error = %e, "the automatic checkpoint stays at SQLite's default");
-        }
         Some(checkpointer)
     }
 
-    /// Counts a call of the store.
-    fn called(&self) {
-        let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+    /// The store made its `calls`-th call.
+    fn called(&self, calls: u64) {
         if calls % CHECKPOINT_EVERY == 0 {
             self.state.lock().unwrap_or_else(|e| e.into_inner()).due = true;
             self.wake.notify_one();
@@ -377,7 +372,8 @@ impl SqliteStore {
                 Err(e) => return Err(open_error(e)),
             }
         }
-        let checkpointer = Checkpointer::start(path, &conn);
+        let round_trips = Arc::new(AtomicU64::new(0));
+        let checkpointer = Checkpointer::start(path, round_trips.clone());
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
@@ -385,7 +381,7 @@ impl SqliteStore {
                 path: path.to_path_buf(),
                 caps: capabilities(),
                 listeners: Listeners::default(),
-                round_trips: AtomicU64::new(0),
+                round_trips,
             }),
         })
     }
@@ -407,9 +403,9 @@ impl SqliteStore {
         &self,
         f: impl Fn(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
+        let calls = self.inner.round_trips.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(checkpointer) = &self.inner.checkpointer {
-            checkpointer.called();
+            checkpointer.called(calls);
         }
         if let Ok(mut conn) = self.inner.conn.try_lock() {
             let _ = conn.busy_timeout(Duration::ZERO);
