@@ -298,3 +298,135 @@ async fn server_clock_steps_neither_grant_twice_nor_delay_a_release() {
     let clock = server.clock().unwrap();
     tenure_testkit::conformance::check_server_clock_steps(&store, |s| clock.step(s)).await;
 }
+
+/// A name nobody else wants is held in its row: taking and releasing it is
+/// one statement each, and nothing goes into `entries`. A second comer
+/// moves the holder into the queue, and the handoff works as ever; once the
+/// queue is empty again, the next take is in the row again.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_holder_is_kept_in_its_names_row() {
+    use std::time::Duration;
+    let Some(server) = shared() else { return };
+    let url = format!("{}?schema=lone", server.url());
+    let pg = tenure::backend::postgres::PostgresStore::open(&url)
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(pg.clone());
+    let (db, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // (row holder's token, entries of the name)
+    let layout = || async {
+        let row = db
+            .query_one(
+                "SELECT (SELECT h_seq FROM lone.names WHERE name = 'n'),
+                        (SELECT count(*) FROM lone.entries WHERE name = 'n')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get::<_, Option<i64>>(0), row.get::<_, i64>(1))
+    };
+    let s1 = Session::new(&store).await.unwrap();
+    let s2 = Session::new(&store).await.unwrap();
+    // The first take of a new name makes its row (the function's path).
+    let g = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
+    g.release().await.unwrap();
+    let before = pg.round_trips();
+    let g1 = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
+    assert_eq!(
+        pg.round_trips() - before,
+        1,
+        "a free name is taken in one call"
+    );
+    assert_eq!(layout().await, (Some(g1.token() as i64), 0));
+    let before = pg.round_trips();
+    g1.release().await.unwrap();
+    assert_eq!(
+        pg.round_trips() - before,
+        1,
+        "a lone holder is released in one call"
+    );
+    assert_eq!(layout().await, (None, 0));
+
+    let g1 = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
+    let m2 = Mutex::new(&s2, "n").unwrap();
+    let waiter = tokio::spawn(async move { m2.lock().await.map(|g| g.token()) });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while layout().await != (None, 2) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the holder never moved into the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = g1.token();
+    drop(g1);
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap()
+        .unwrap();
+    assert!(second > first);
+    // The waiter's guard went with its task: the queue is empty, and the
+    // name free for a take in its row again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while layout().await != (None, 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue never emptied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let g = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
+    assert_eq!(layout().await, (Some(g.token() as i64), 0));
+}
+
+/// The one-statement take never waits for the name's row: while someone
+/// else has it locked, the take goes to the function, which judges the
+/// session after the wait. A session ended meanwhile (by hand here, as an
+/// eviction or a watcher's confirmation does) gets nothing.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_that_found_the_name_locked_reads_its_session_after_the_wait() {
+    use std::time::Duration;
+    let Some(server) = shared() else { return };
+    let url = format!("{}?schema=lockedname", server.url());
+    let store = tenure::open(&url).await.unwrap();
+    let s = Session::new(&store).await.unwrap();
+    drop(Mutex::new(&s, "n").unwrap().lock().await.unwrap());
+    let (db, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    db.batch_execute("BEGIN; SELECT 1 FROM lockedname.names WHERE name = 'n' FOR UPDATE;")
+        .await
+        .unwrap();
+    let m = Mutex::new(&s, "n").unwrap();
+    let take = tokio::spawn(async move { m.lock().await.map(|g| g.token()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !take.is_finished(),
+        "the take did not wait for the locked name"
+    );
+    db.batch_execute("UPDATE lockedname.sessions SET expires_ms = 0; COMMIT")
+        .await
+        .unwrap();
+    let taken = tokio::time::timeout(Duration::from_secs(10), take)
+        .await
+        .expect("the take never returned")
+        .unwrap();
+    assert!(taken.is_err(), "an ended session was granted: {taken:?}");
+    let holders: i64 = db
+        .query_one(
+            "SELECT (SELECT count(*) FROM lockedname.entries)
+                  + (SELECT count(*) FROM lockedname.names WHERE h_session IS NOT NULL)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(holders, 0);
+}

@@ -25,7 +25,7 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "7";
+const SCHEMA_VERSION: &str = "8";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
 /// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
@@ -33,8 +33,46 @@ const SCHEMA_VERSION: &str = "7";
 /// an expiry as it ends the session; 4 walks queues from the head; 5 adds
 /// the fences' and cells' table and functions; 6 counts renewals and ends
 /// a session only when a watcher confirms it, never by the server's clock;
-/// 7 adds `evict_session`, ending one session by its tag).
-const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6"];
+/// 7 adds `evict_session`, ending one session by its tag; 8 keeps a lone
+/// holder in its name's row).
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6", "7"];
+/// Takes a name nobody holds or waits for (`queued` false) for a live
+/// session: the lone holder goes into the name's row, with the next token.
+/// One statement; no row when that case does not apply, and the `join`
+/// function decides. It never waits for a lock (SKIP LOCKED), so its
+/// snapshot is not older than the locks it takes: a join that would have
+/// waited for the name goes to the function, which judges the session
+/// after the wait. The session's row is key-share locked, as the foreign
+/// key of an entry would (nothing deletes the session before this
+/// commits: `open`'s collection skips it), and both rows are read again at
+/// their newest version as they are locked, so two of these never both
+/// take a name. Answers as `join` does, plus the notification.
+const FAST_JOIN: &str = "WITH live AS (
+    SELECT 1 FROM @s.sessions s WHERE s.id = $1 AND s.expires_ms > 0 FOR KEY SHARE SKIP LOCKED
+), free AS (
+    SELECT f.name FROM @s.names f
+     WHERE f.name = $2 AND f.h_session IS NULL AND NOT f.queued AND EXISTS (SELECT 1 FROM live)
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE @s.names n
+   SET last_seq = n.last_seq + 1, version = n.version + 1, h_seq = n.last_seq + 1,
+       h_session = $1, h_kind = $3, h_count = $4, h_lim = $5, h_value = $6,
+       h_granted_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+  FROM free WHERE n.name = free.name
+RETURNING 'ok'::text, n.last_seq, true, 1, n.last_seq = 1, pg_notify('@s_change', n.name)";
+/// Releases the row holder `$3` of a live session; no row when that is not
+/// the case (an entry in `entries`, a lost session, a name's row someone
+/// has locked), and the `leave` function decides, so that a session ended
+/// while this would have waited reads "lost". Answers as `leave` does.
+const FAST_LEAVE: &str = "WITH held AS (
+    SELECT f.name FROM @s.names f
+     WHERE f.name = $2 AND f.h_seq = $3 AND f.h_session = $1
+       AND EXISTS (SELECT 1 FROM @s.sessions s WHERE s.id = $1 AND s.expires_ms > 0)
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE @s.names n SET version = n.version + 1, h_seq = NULL, h_session = NULL, h_value = NULL
+  FROM held WHERE n.name = held.name
+RETURNING 'ok'::text, 0, pg_notify('@s_change', n.name)";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 /// A LISTEN connection that failed to open is tried again after this long.
@@ -110,6 +148,8 @@ struct Statements {
     close: Statement,
     join: Statement,
     leave: Statement,
+    fast_join: Statement,
+    fast_leave: Statement,
     look: Statement,
     set_value: Statement,
     version: Statement,
@@ -463,6 +503,10 @@ impl Postgres {
             let client = &client;
             async move { client.prepare(&sql).await.map_err(pg_err) }
         };
+        let prep_typed = |sql: String, types: &'static [Type]| {
+            let client = &client;
+            async move { client.prepare_typed(&sql, types).await.map_err(pg_err) }
+        };
         let stmts = Statements {
             open: prep(format!(
                 "SELECT {s}.open($1, $2, $3, $4)"
@@ -475,6 +519,15 @@ impl Postgres {
             close: prep(format!("SELECT {s}.close($1)")).await?,
             join: prep(format!("SELECT * FROM {s}.join($1, $2, $3, $4, $5, $6, $7)")).await?,
             leave: prep(format!("SELECT * FROM {s}.leave($1, $2, $3)")).await?,
+            // Typed here: `$3` is compared with a bigint, and the answer's
+            // columns are what `to_row` reads.
+            fast_join: prep_typed(
+                FAST_JOIN.replace("@s", s),
+                &[Type::TEXT, Type::TEXT, Type::INT2, Type::INT4, Type::INT4, Type::BYTEA],
+            )
+            .await?,
+            fast_leave: prep_typed(FAST_LEAVE.replace("@s", s), &[Type::TEXT, Type::TEXT, Type::INT8])
+                .await?,
             look: prep(format!("SELECT * FROM {s}.look($1, $2, $3, $4)")).await?,
             set_value: prep(format!("SELECT {s}.set_value($1, $2, $3, $4)")).await?,
             version: prep(format!("SELECT coalesce((SELECT version FROM {s}.names WHERE name = $1), 0)")).await?,
@@ -483,18 +536,35 @@ impl Postgres {
                         CASE WHEN s.expires_ms <= 0 THEN -1 ELSE greatest(s.expires_ms - {s}.now_ms(), 0) END, e.holds,
                         (SELECT version FROM {s}.names WHERE name = $1)
                    FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
-                  WHERE e.name = $1 ORDER BY e.seq"
+                  WHERE e.name = $1
+                 UNION ALL
+                 SELECT n.h_seq, n.h_kind, n.h_count, n.h_lim, s.tag, s.label, n.h_value, n.h_granted_ms,
+                        CASE WHEN s.expires_ms <= 0 THEN -1 ELSE greatest(s.expires_ms - {s}.now_ms(), 0) END, 1,
+                        n.version
+                   FROM {s}.names n JOIN {s}.sessions s ON s.id = n.h_session
+                  WHERE n.name = $1
+                  ORDER BY 1"
             ))
             .await?,
             refresh: prep(format!("SELECT {s}.refresh($1)")).await?,
             names: prep(format!(
-                "SELECT DISTINCT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
-                  WHERE s.expires_ms > 0 AND left(e.name, length($1)) = $1 ORDER BY 1"
+                "SELECT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
+                  WHERE s.expires_ms > 0 AND left(e.name, length($1)) = $1
+                 UNION
+                 SELECT n.name FROM {s}.names n JOIN {s}.sessions s ON s.id = n.h_session
+                  WHERE s.expires_ms > 0 AND left(n.name, length($1)) = $1 ORDER BY 1"
             ))
             .await?,
-            names_of: prep(format!("SELECT DISTINCT name FROM {s}.entries WHERE session = $1")).await?,
+            names_of: prep(format!(
+                "SELECT name FROM {s}.entries WHERE session = $1
+                 UNION SELECT name FROM {s}.names WHERE h_session = $1"
+            ))
+            .await?,
             names_of_tag: prep(format!(
-                "SELECT DISTINCT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
+                "SELECT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
+                  WHERE s.tag = $1 AND s.expires_ms > 0
+                 UNION
+                 SELECT n.name FROM {s}.names n JOIN {s}.sessions s ON s.id = n.h_session
                   WHERE s.tag = $1 AND s.expires_ms > 0"
             ))
             .await?,
@@ -694,6 +764,24 @@ impl SqlDriver for Postgres {
                 failed()
             }
         }
+    }
+
+    async fn fast(&self, routine: &'static str, args: &[Arg<'_>]) -> Result<Option<SqlRow>> {
+        let rows = match routine {
+            // (The join's last argument, "only if granted", changes nothing
+            // here: this grants or does nothing.)
+            "join" => {
+                self.query(|s| Ok(&s.fast_join), &args[..args.len().min(6)])
+                    .await?
+            }
+            "leave" => self.query(|s| Ok(&s.fast_leave), args).await?,
+            _ => return Ok(None),
+        };
+        rows.first().map(to_row).transpose()
+    }
+
+    fn has_fast_paths(&self) -> bool {
+        true
     }
 
     fn wakes_by_hand(&self) -> bool {

@@ -1,4 +1,4 @@
--- tenure's PostgreSQL store, schema version 7 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock; 6 could not end one session by its tag). "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 8 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock; 6 could not end one session by its tag; 7 kept every entry in @s.entries). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
 -- one transaction.
 --
@@ -13,6 +13,17 @@
 -- nothing, and the life of cells bound to a session.
 -- A name's row in @s.names is locked FOR UPDATE by every change to its
 -- queue, so changes to one name are serialized.
+--
+-- A lone holder (one entry, one hold, granted on a name nobody else was
+-- queued on) is kept in its name's row (the h_ columns), not in @s.entries:
+-- taking and releasing a free name is then one UPDATE each, which the
+-- driver sends as a plain statement (postgres.rs: FAST_JOIN, FAST_LEAVE)
+-- before it calls a function. Everything else first moves that holder into
+-- @s.entries (`lock_name` does, as it locks the row: `spill`), so the rest
+-- of this file knows only @s.entries. A row holder whose session is gone or
+-- ended is dead, as an entry of it would be. `queued` is true whenever the
+-- name may have entries (set with every insert, cleared by `settle` when it
+-- finds none): a row holder is only taken while it is false.
 
 CREATE TABLE IF NOT EXISTS @s.meta (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE IF NOT EXISTS @s.sessions (
@@ -43,6 +54,19 @@ CREATE INDEX IF NOT EXISTS entries_owner ON @s.entries(session, name);
 -- Renewals, counted by keep_alive: what a watcher watches.
 ALTER TABLE @s.sessions ADD COLUMN IF NOT EXISTS renewals bigint NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS sessions_expiry ON @s.sessions(expires_ms);
+-- The lone holder kept in the name's row. No index on h_session: an index
+-- on a column every take and release changes would make each of those
+-- UPDATEs write the indexes (no HOT update), about 10 % of a cycle; the
+-- few readers by session (close, evict_session, open's collection) scan
+-- the names instead.
+ALTER TABLE @s.names ADD COLUMN IF NOT EXISTS h_seq bigint,
+    ADD COLUMN IF NOT EXISTS h_session text,
+    ADD COLUMN IF NOT EXISTS h_kind smallint,
+    ADD COLUMN IF NOT EXISTS h_count integer,
+    ADD COLUMN IF NOT EXISTS h_lim integer,
+    ADD COLUMN IF NOT EXISTS h_value bytea,
+    ADD COLUMN IF NOT EXISTS h_granted_ms bigint,
+    ADD COLUMN IF NOT EXISTS queued boolean NOT NULL DEFAULT true;
 
 -- Fences and cells. A fence keeps its highest token in version; a cell
 -- keeps its version there even when it has no value (deleted, or its owner
@@ -77,6 +101,7 @@ DECLARE
     permits bigint := 0;
     ok boolean;
     changed boolean := p_changed;
+    empty boolean;
 BEGIN
     -- One row at a time by seq (an index lookup each), not a cursor over
     -- the name's whole queue: the planner may not know the walk stops early.
@@ -105,21 +130,53 @@ BEGIN
             changed := true;
         END IF;
     END LOOP;
-    IF changed THEN
-        UPDATE @s.names SET version = version + 1 WHERE name = p_name;
+    -- No live entry left (the walk ended without one): a free name again,
+    -- which a join may take in its row.
+    empty := idx = 0;
+    IF changed OR empty THEN
+        UPDATE @s.names SET version = version + changed::int, queued = queued AND NOT empty
+         WHERE name = p_name AND (changed OR queued);
+        IF changed THEN PERFORM pg_notify('@s_change', p_name); END IF;
+    END IF;
+END $$;
+
+-- Moves the lone holder kept in the name's row into @s.entries, where the
+-- rest of this file looks; a dead one (its session gone) just goes. The
+-- caller holds the name's lock. (The session's row is locked as the
+-- entry's foreign key will: a session being deleted meanwhile is waited
+-- for, and then read as gone rather than failing the key.)
+CREATE OR REPLACE FUNCTION @s.spill(p_name text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+    SELECT n.name, n.h_seq, n.h_session, n.h_kind, n.h_count, n.h_lim, 1, n.h_value, n.h_granted_ms
+      FROM @s.names n JOIN @s.sessions s ON s.id = n.h_session
+     WHERE n.name = p_name
+       FOR KEY SHARE OF s;
+    IF FOUND THEN
+        UPDATE @s.names SET h_seq = NULL, h_session = NULL, h_value = NULL, queued = true
+         WHERE name = p_name;
+    ELSE
+        UPDATE @s.names SET h_seq = NULL, h_session = NULL, h_value = NULL, queued = true,
+               version = version + 1
+         WHERE name = p_name;
         PERFORM pg_notify('@s_change', p_name);
     END IF;
 END $$;
 
+-- Locks the name's row (made if missing), and moves a row holder into
+-- @s.entries.
 CREATE OR REPLACE FUNCTION @s.lock_name(p_name text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    holder text;
 BEGIN
     -- The usual case, a known name, is one locking read.
-    PERFORM 1 FROM @s.names WHERE name = p_name FOR UPDATE;
+    SELECT h_session INTO holder FROM @s.names WHERE name = p_name FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO @s.names (name, last_seq, version) VALUES (p_name, 0, 0)
             ON CONFLICT (name) DO NOTHING;
-        PERFORM 1 FROM @s.names WHERE name = p_name FOR UPDATE;
+        SELECT h_session INTO holder FROM @s.names WHERE name = p_name FOR UPDATE;
     END IF;
+    IF holder IS NOT NULL THEN PERFORM @s.spill(p_name); END IF;
 END $$;
 
 -- Not ended (closed, evicted or confirmed expired).
@@ -187,36 +244,16 @@ DECLARE
     mine @s.entries%ROWTYPE;
     r record;
     permits bigint := 0;
-    now_ms bigint;
+    empty boolean := false;
 BEGIN
-    -- Fast path, for a known name with an empty queue: lock its row and take
-    -- the next seq in one statement, then insert the entry granted if the
-    -- queue is still empty (read after the lock) and the session alive.
-    IF p_kind <> 2 OR p_count <= p_lim THEN
-        UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1
-         WHERE n.name = p_name RETURNING n.last_seq INTO seq;
-        IF FOUND THEN
-            -- The clock is read after the lock: the wait for it may be long.
-            now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-            INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
-            SELECT p_name, seq, p_secret, p_kind, p_count, p_lim, 1, p_value, now_ms
-              FROM @s.sessions s
-             WHERE s.id = p_secret AND s.expires_ms > 0
-               AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name);
-            IF FOUND THEN
-                status := 'ok'; granted := true; holds := 1; first := seq = 1;
-                PERFORM pg_notify('@s_change', p_name);
-                RETURN;
-            END IF;
-            -- Not taken: give the seq back (the row is still ours alone), so
-            -- that `first` stays exact; the general path decides.
-            UPDATE @s.names n SET last_seq = n.last_seq - 1, version = n.version - 1
-             WHERE n.name = p_name;
-        END IF;
-    END IF;
+    -- (A free name is taken by the driver's FAST_JOIN, one UPDATE of the
+    -- name's row, before this is called.)
     PERFORM @s.lock_name(p_name);
-    -- Checked after the lock, by the clock of that moment.
-    IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
+    -- Checked after the name's lock, and key-share locked as an entry's
+    -- foreign key would be: a grant kept in the name's row has no key, and
+    -- `open`'s collection must not delete the session under it.
+    PERFORM 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > 0 FOR KEY SHARE;
+    IF NOT FOUND THEN status := 'lost'; RETURN; END IF;
     PERFORM @s.settle(p_name, false);
     SELECT * INTO mine FROM @s.entries e WHERE e.name = p_name AND e.session = p_secret;
     IF FOUND THEN
@@ -246,7 +283,7 @@ BEGIN
     -- entry is granted, all are.
     SELECT e.kind, e.granted_ms INTO r FROM @s.entries e
      WHERE e.name = p_name ORDER BY e.seq DESC LIMIT 1;
-    IF NOT FOUND THEN granted := true;
+    IF NOT FOUND THEN granted := true; empty := true;
     ELSIF r.granted_ms IS NULL THEN granted := false;
     ELSIF p_kind = 0 THEN granted := false;
     ELSIF p_kind = 1 THEN granted := r.kind = 1;
@@ -272,14 +309,22 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1
-     WHERE n.name = p_name RETURNING n.last_seq INTO seq;
-    first := seq = 1;
-    INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
-    VALUES (p_name, seq, p_secret, p_kind, p_count, p_lim, 1, p_value,
-            CASE WHEN granted THEN @s.now_ms() END);
     holds := 1;
     status := 'ok';
+    IF empty THEN
+        -- Alone on the name: held in its row, as FAST_JOIN would.
+        UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1,
+               h_seq = n.last_seq + 1, h_session = p_secret, h_kind = p_kind, h_count = p_count,
+               h_lim = p_lim, h_value = p_value, h_granted_ms = @s.now_ms(), queued = false
+         WHERE n.name = p_name RETURNING n.last_seq INTO seq;
+    ELSE
+        UPDATE @s.names n SET last_seq = n.last_seq + 1, version = n.version + 1, queued = true
+         WHERE n.name = p_name RETURNING n.last_seq INTO seq;
+        INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+        VALUES (p_name, seq, p_secret, p_kind, p_count, p_lim, 1, p_value,
+                CASE WHEN granted THEN @s.now_ms() END);
+    END IF;
+    first := seq = 1;
     PERFORM pg_notify('@s_change', p_name);
 END $$;
 
@@ -287,9 +332,10 @@ CREATE OR REPLACE FUNCTION @s.leave(p_secret text, p_name text, p_seq bigint,
     OUT status text, OUT holds integer)
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- Fast path, for the last hold of an entry of a live session: lock the
-    -- name (bumping its version), delete the entry, and settle only if
-    -- others are queued.
+    -- (A row holder is released by the driver's FAST_LEAVE, before this is
+    -- called.) Fast path, for the last hold of an entry of a live session:
+    -- lock the name (bumping its version), delete the entry, and settle only
+    -- if others are queued.
     UPDATE @s.names n SET version = n.version + 1 WHERE n.name = p_name;
     DELETE FROM @s.entries e USING @s.sessions s
      WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret AND e.holds = 1
@@ -299,6 +345,7 @@ BEGIN
         IF EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name) THEN
             PERFORM @s.settle(p_name, true);
         ELSE
+            UPDATE @s.names SET queued = false WHERE name = p_name;
             PERFORM pg_notify('@s_change', p_name);
         END IF;
         RETURN;
@@ -339,7 +386,11 @@ BEGIN
     IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     SELECT e.granted_ms INTO stamped FROM @s.entries e
      WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
-    IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
+    IF NOT FOUND THEN
+        PERFORM 1 FROM @s.names n WHERE n.name = p_name AND n.h_seq = p_seq AND n.h_session = p_secret;
+        status := CASE WHEN FOUND THEN 'granted' ELSE 'notheld' END;
+        RETURN;
+    END IF;
     IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
     PERFORM @s.lock_name(p_name);
     -- Each turn ends something (an ended entry just ahead, or confirmed
@@ -419,13 +470,15 @@ BEGIN
         SELECT s.id FROM @s.sessions s
          WHERE s.expires_ms < now_ms - 60000
            AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.session = s.id)
+           AND NOT EXISTS (SELECT 1 FROM @s.names n WHERE n.h_session = s.id)
          ORDER BY s.expires_ms LIMIT 16
            FOR UPDATE SKIP LOCKED) c;
     -- Checked again by a statement of its own (a newer snapshot): an entry
     -- that a join committed after the one above keeps its session.
     IF lapsed IS NOT NULL THEN
         DELETE FROM @s.sessions s WHERE s.id = ANY(lapsed)
-           AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.session = s.id);
+           AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.session = s.id)
+           AND NOT EXISTS (SELECT 1 FROM @s.names n WHERE n.h_session = s.id);
     END IF;
     INSERT INTO @s.sessions (id, tag, label, ttl_ms, expires_ms)
     VALUES (p_secret, p_tag, p_label, p_ttl_ms, now_ms + p_ttl_ms);
@@ -449,7 +502,9 @@ CREATE OR REPLACE FUNCTION @s.close(p_secret text) RETURNS void LANGUAGE plpgsql
 DECLARE
     n text;
 BEGIN
-    FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = p_secret ORDER BY name LOOP
+    -- Locking a name moves the session's row holder there into @s.entries.
+    FOR n IN SELECT name FROM @s.entries WHERE session = p_secret
+             UNION SELECT name FROM @s.names WHERE h_session = p_secret ORDER BY 1 LOOP
         PERFORM @s.lock_name(n);
     END LOOP;
     FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = p_secret ORDER BY name LOOP
@@ -511,7 +566,8 @@ BEGIN
     -- The names' locks first, in name order, then the session's row: the
     -- order close takes them in, and evict and the watchers' confirmations.
     SELECT coalesce(array_agg(d.name ORDER BY d.name), '{}') INTO locked
-      FROM (SELECT DISTINCT name FROM @s.entries WHERE session = sid) d;
+      FROM (SELECT name FROM @s.entries WHERE session = sid
+            UNION SELECT name FROM @s.names WHERE h_session = sid) d;
     FOREACH n IN ARRAY locked LOOP
         PERFORM @s.lock_name(n);
     END LOOP;

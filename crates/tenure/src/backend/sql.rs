@@ -159,6 +159,22 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
     /// serialization failures are retried.
     async fn call(&self, routine: &'static str, args: &[Arg<'_>]) -> Result<SqlRow>;
 
+    /// A one-statement answer to `routine` ("join" or "leave") for the
+    /// common case — taking a name nobody holds or waits for, releasing a
+    /// lone holder — or `None` when that case does not apply, and
+    /// [`SqlDriver::call`] decides. Called only when
+    /// [`SqlDriver::has_fast_paths`].
+    async fn fast(&self, routine: &'static str, args: &[Arg<'_>]) -> Result<Option<SqlRow>> {
+        let _ = (routine, args);
+        Ok(None)
+    }
+
+    /// Whether [`SqlDriver::fast`] may answer (one more round trip when
+    /// it does not).
+    fn has_fast_paths(&self) -> bool {
+        false
+    }
+
     /// A name's entries in queue order — seq, kind, count, limit, tag,
     /// label, value, granted_ms, ms left, holds — and its version.
     async fn rows(&self, name: &str) -> Result<(Vec<SqlRow>, i64)>;
@@ -392,30 +408,39 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Flag(request.mode == JoinMode::IfGranted),
         ];
         let mut confirmed = false;
-        let row = loop {
-            let row = self.counted().call("join", &args).await?;
-            if self.status(&row, name)? != "none" {
-                break row;
-            }
-            // A try-lock on a queue where nobody is alive by the server's
-            // clock (holders and waiters): that clock alone is not trusted,
-            // so watch them all for their TTL, end those none renewed, and
-            // try once more.
-            match self.watch_at(&row, 5)? {
-                Some(watch) if row.truthy(7) && !confirmed => {
-                    confirmed = true;
-                    let ended = poll::confirm_lapsed(&watch, || async {
-                        let args = [Arg::Text(name.as_str()), Arg::Text(&watch.blockers)];
-                        Ok(self.counted().call("expire", &args).await?.int(1)? > 0)
-                    })
-                    .await?;
-                    if !ended {
-                        return Ok(None);
-                    }
-                    self.wake_next(name.as_str());
+        // A semaphore request larger than its limit is the routine's to judge.
+        let fast = if self.driver.has_fast_paths() && count <= limit {
+            self.counted().fast("join", &args).await?
+        } else {
+            None
+        };
+        let row = match fast {
+            Some(row) => row,
+            None => loop {
+                let row = self.counted().call("join", &args).await?;
+                if self.status(&row, name)? != "none" {
+                    break row;
                 }
-                _ => return Ok(None),
-            }
+                // A try-lock on a queue where nobody is alive by the server's
+                // clock (holders and waiters): that clock alone is not trusted,
+                // so watch them all for their TTL, end those none renewed, and
+                // try once more.
+                match self.watch_at(&row, 5)? {
+                    Some(watch) if row.truthy(7) && !confirmed => {
+                        confirmed = true;
+                        let ended = poll::confirm_lapsed(&watch, || async {
+                            let args = [Arg::Text(name.as_str()), Arg::Text(&watch.blockers)];
+                            Ok(self.counted().call("expire", &args).await?.int(1)? > 0)
+                        })
+                        .await?;
+                        if !ended {
+                            return Ok(None);
+                        }
+                        self.wake_next(name.as_str());
+                    }
+                    _ => return Ok(None),
+                }
+            },
         };
         self.changed(name.as_str());
         Ok(Some(Joined {
@@ -432,7 +457,15 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Text(name.as_str()),
             Arg::Int(seq_arg(seq)?),
         ];
-        let row = self.counted().call("leave", &args).await?;
+        let fast = if self.driver.has_fast_paths() {
+            self.counted().fast("leave", &args).await?
+        } else {
+            None
+        };
+        let row = match fast {
+            Some(row) => row,
+            None => self.counted().call("leave", &args).await?,
+        };
         self.status(&row, name)?;
         let holds = row.count(1)?;
         if holds == 0 {
