@@ -246,8 +246,12 @@ async fn open_collects_lapsed_sessions_that_hold_nothing() {
     conn.query_drop(
         "INSERT INTO collect_sessions (id, tag, label, ttl_ms, expires_ms) VALUES
            ('lapsed-empty', 'a', '', 1000, 1000),
-           ('lapsed-holding', 'b', '', 1000, 1000);
+           ('lapsed-holding', 'b', '', 1000, 1000),
+           ('lapsed-row-holding', 'c', '', 1000, 1000);
          INSERT INTO collect_names (name, last_seq, version) VALUES ('held', 1, 1);
+         INSERT INTO collect_names (name, last_seq, version, h_seq, h_session, h_kind, h_count,
+                                    h_lim, h_value, h_granted_ms, queued)
+           VALUES ('held-in-row', 1, 1, 1, 'lapsed-row-holding', 0, 1, 1, '', 1000, FALSE);
          INSERT INTO collect_entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
            VALUES ('held', 1, 'lapsed-holding', 0, 1, 1, 1, '', 1000);",
     )
@@ -258,6 +262,94 @@ async fn open_collects_lapsed_sessions_that_hold_nothing() {
         .query("SELECT id FROM collect_sessions WHERE id LIKE 'lapsed-%' ORDER BY id")
         .await
         .unwrap();
-    assert_eq!(left, vec!["lapsed-holding".to_string()]);
+    assert_eq!(
+        left,
+        vec![
+            "lapsed-holding".to_string(),
+            "lapsed-row-holding".to_string()
+        ]
+    );
     s.close().await.unwrap();
+}
+
+/// A name nobody else wants is held in its row: nothing goes into
+/// `entries`. A second comer moves the holder into the queue, and the
+/// handoff works as ever; once the queue is empty again, the next take is
+/// in the row again.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_holder_is_kept_in_its_names_row() {
+    use mysql_async::prelude::Queryable;
+    use std::time::Duration;
+    let Some(server) = shared() else { return };
+    let url = format!("{}?prefix=lone_", server.url());
+    let my = tenure::backend::mysql::MysqlStore::open(&url)
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(my.clone());
+    let conn = std::sync::Arc::new(tokio::sync::Mutex::new(raw_conn(server).await));
+    // (row holder's token, entries of the name)
+    let layout = || {
+        let conn = conn.clone();
+        async move {
+            let row: Option<(Option<i64>, i64)> = conn
+                .lock()
+                .await
+                .query_first(
+                    "SELECT (SELECT h_seq FROM lone_names WHERE name = 'n'),
+                            (SELECT COUNT(*) FROM lone_entries WHERE name = 'n')",
+                )
+                .await
+                .unwrap();
+            row.unwrap()
+        }
+    };
+    let s1 = Session::new(&store).await.unwrap();
+    let s2 = Session::new(&store).await.unwrap();
+    let before = my.round_trips();
+    let g1 = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
+    assert_eq!(
+        my.round_trips() - before,
+        1,
+        "a free name is taken in one call"
+    );
+    assert_eq!(layout().await, (Some(g1.token() as i64), 0));
+    let before = my.round_trips();
+    g1.release().await.unwrap();
+    assert_eq!(
+        my.round_trips() - before,
+        1,
+        "a lone holder is released in one call"
+    );
+    assert_eq!(layout().await, (None, 0));
+
+    let g1 = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
+    let m2 = Mutex::new(&s2, "n").unwrap();
+    let waiter = tokio::spawn(async move { m2.lock().await.map(|g| g.token()) });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while layout().await != (None, 2) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the holder never moved into the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = g1.token();
+    drop(g1);
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap()
+        .unwrap();
+    assert!(second > first);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while layout().await != (None, 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue never emptied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let g = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
+    assert_eq!(layout().await, (Some(g.token() as i64), 0));
 }

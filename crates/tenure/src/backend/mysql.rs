@@ -25,15 +25,16 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "mysql";
 const SCHEMA_SQL: &str = include_str!("mysql.sql");
-const SCHEMA_VERSION: &str = "7";
+const SCHEMA_VERSION: &str = "8";
 /// Schema versions this build upgrades in place (the procedures are
 /// replaced; version 4 adds the fences' and cells' table, 5 a renewal
 /// counter, and ends a session only when a watcher confirms it, never by
 /// the server's clock; 6 adds `evict_session`, ending one session by its
-/// tag; 7 runs fewer statements per join and release). The upgrade is
+/// tag; 7 runs fewer statements per join and release; 8 keeps a lone
+/// holder in its name's row). The upgrade is
 /// one-way: a build of an older version then refuses
 /// the tables.
-const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6"];
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6", "7"];
 const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
@@ -367,9 +368,15 @@ impl SqlDriver for Mysql {
                     "SELECT e.seq, e.kind, e.count, e.lim, s.tag, s.label, e.value, e.granted_ms,
                             IF(s.expires_ms <= 0, -1, GREATEST(s.expires_ms - {NOW_MS}, 0)), e.holds
                        FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
-                      WHERE e.name = ? ORDER BY e.seq"
+                      WHERE e.name = ?
+                     UNION ALL
+                     SELECT n.h_seq, n.h_kind, n.h_count, n.h_lim, s.tag, s.label, n.h_value, n.h_granted_ms,
+                            IF(s.expires_ms <= 0, -1, GREATEST(s.expires_ms - {NOW_MS}, 0)), 1
+                       FROM {p}names n JOIN {p}sessions s ON s.id = n.h_session
+                      WHERE n.name = ?
+                      ORDER BY 1"
                 ),
-                &[Arg::Text(name)],
+                &[Arg::Text(name), Arg::Text(name)],
             )
             .await?;
         let version = self
@@ -389,10 +396,18 @@ impl SqlDriver for Mysql {
         let p = &self.inner.prefix;
         self.texts(
             format!(
-                "SELECT DISTINCT e.name FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
-                  WHERE s.expires_ms > 0 AND LEFT(e.name, CHAR_LENGTH(?)) = ? ORDER BY e.name"
+                "SELECT e.name FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
+                  WHERE s.expires_ms > 0 AND LEFT(e.name, CHAR_LENGTH(?)) = ?
+                 UNION
+                 SELECT n.name FROM {p}names n JOIN {p}sessions s ON s.id = n.h_session
+                  WHERE s.expires_ms > 0 AND LEFT(n.name, CHAR_LENGTH(?)) = ? ORDER BY 1"
             ),
-            &[Arg::Text(prefix), Arg::Text(prefix)],
+            &[
+                Arg::Text(prefix),
+                Arg::Text(prefix),
+                Arg::Text(prefix),
+                Arg::Text(prefix),
+            ],
         )
         .await
     }
@@ -400,8 +415,11 @@ impl SqlDriver for Mysql {
     async fn names_of(&self, secret: &str) -> Result<Vec<String>> {
         let p = &self.inner.prefix;
         self.texts(
-            format!("SELECT DISTINCT name FROM {p}entries WHERE session = ?"),
-            &[Arg::Text(secret)],
+            format!(
+                "SELECT name FROM {p}entries WHERE session = ?
+                 UNION SELECT name FROM {p}names WHERE h_session = ?"
+            ),
+            &[Arg::Text(secret), Arg::Text(secret)],
         )
         .await
     }
@@ -411,10 +429,13 @@ impl SqlDriver for Mysql {
         // Compared as bytes, as `evict_session` compares them.
         self.texts(
             format!(
-                "SELECT DISTINCT e.name FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
+                "SELECT e.name FROM {p}entries e JOIN {p}sessions s ON s.id = e.session
+                  WHERE CAST(s.tag AS BINARY) = CAST(? AS BINARY) AND s.expires_ms > 0
+                 UNION
+                 SELECT n.name FROM {p}names n JOIN {p}sessions s ON s.id = n.h_session
                   WHERE CAST(s.tag AS BINARY) = CAST(? AS BINARY) AND s.expires_ms > 0"
             ),
-            &[Arg::Text(tag)],
+            &[Arg::Text(tag), Arg::Text(tag)],
         )
         .await
     }

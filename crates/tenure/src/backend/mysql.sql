@@ -1,8 +1,9 @@
--- tenure's MySQL/MariaDB store, schema version 7 (1 read the clock and the
+-- tenure's MySQL/MariaDB store, schema version 8 (1 read the clock and the
 -- session before the name's lock; 2 read every entry of a queue on each
 -- call; 3 had no fences or cells; 4 judged expiry by the server's clock; 5
 -- could not end one session by its tag; 6 ran more statements and nested
--- calls per join and release). "@p" is the table prefix.
+-- calls per join and release; 7 kept every entry in @pentries). "@p" is
+-- the table prefix.
 -- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
 -- server's clock in milliseconds (replaced when loaded, so no stored
 -- function needs SUPER under binary logging). Every operation is one CALL (one
@@ -14,6 +15,15 @@
 -- clock (`look` and `expire` with the fingerprint it saw). A name's row in
 -- @pnames is locked FOR UPDATE by every change to its queue. Fencing counters
 -- are plain columns, not AUTO_INCREMENT, so they never go back on restart.
+-- A lone holder (one entry, one hold, granted on a name nobody else was
+-- queued on) is kept in its name's row (the h_ columns), not in @pentries,
+-- which saves the entry's INSERT and DELETE and the looks for others
+-- queued. Every path that locks a name first moves that holder into
+-- @pentries (`spill`), so the rest of this file knows only @pentries,
+-- except join's and leave's cases of a free name and a lone holder. A row
+-- holder whose session is gone or ended is dead. `queued` is true whenever
+-- the name may have entries (set with every insert, cleared by `settle`
+-- when it finds none): a row holder is only taken while it is false.
 CREATE TABLE IF NOT EXISTS @pmeta (
     k VARCHAR(64) NOT NULL PRIMARY KEY,
     v VARCHAR(255) NOT NULL
@@ -57,6 +67,30 @@ CREATE TABLE IF NOT EXISTS @pnames (
     last_seq BIGINT NOT NULL,
     version BIGINT NOT NULL
 ) ENGINE=InnoDB
+;;
+DROP PROCEDURE IF EXISTS @padd_holder
+;;
+-- Tables of schema 7 and before keep no holder in a name's row.
+CREATE PROCEDURE @padd_holder()
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                    WHERE table_schema = DATABASE() AND table_name = '@pnames'
+                      AND column_name = 'queued') THEN
+        ALTER TABLE @pnames
+            ADD COLUMN h_seq BIGINT NULL,
+            ADD COLUMN h_session CHAR(32) CHARACTER SET ascii NULL,
+            ADD COLUMN h_kind SMALLINT NULL,
+            ADD COLUMN h_count INT NULL,
+            ADD COLUMN h_lim INT NULL,
+            ADD COLUMN h_value LONGBLOB NULL,
+            ADD COLUMN h_granted_ms BIGINT NULL,
+            ADD COLUMN queued BOOLEAN NOT NULL DEFAULT TRUE;
+    END IF;
+END
+;;
+CALL @padd_holder()
+;;
+DROP PROCEDURE @padd_holder
 ;;
 CREATE TABLE IF NOT EXISTS @pentries (
     name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -137,9 +171,34 @@ BEGIN
             SET v_changed = TRUE;
         END IF;
     END LOOP;
-    IF v_changed THEN
-        UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+    -- No live entry left: a free name again, which a join may take in its row.
+    IF v_changed OR v_idx = 0 THEN
+        UPDATE @pnames SET version = version + IF(v_changed, 1, 0),
+                           queued = IF(v_idx = 0, FALSE, queued)
+         WHERE name = p_name;
     END IF;
+END
+;;
+DROP PROCEDURE IF EXISTS @pspill
+;;
+-- Moves the lone holder kept in the name's row into @pentries, where the
+-- rest of this file looks; a dead one (its session gone) just goes. The
+-- caller holds the name's lock. (The session's row is share-locked, as the
+-- entry's foreign key will: a session being deleted meanwhile is waited
+-- for, and then read as gone rather than failing the key.)
+CREATE PROCEDURE @pspill(IN p_name VARCHAR(255) CHARACTER SET utf8mb4)
+BEGIN
+    DECLARE v_moved INT DEFAULT 0;
+    INSERT INTO @pentries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+    SELECT n.name, n.h_seq, n.h_session, n.h_kind, n.h_count, n.h_lim, 1, n.h_value, n.h_granted_ms
+      FROM @pnames n JOIN @psessions s ON s.id = n.h_session
+     WHERE n.name = p_name
+      LOCK IN SHARE MODE;
+    SET v_moved = ROW_COUNT();
+    -- A dead holder that just goes is a change of the name.
+    UPDATE @pnames SET h_seq = NULL, h_session = NULL, h_value = NULL, queued = TRUE,
+                       version = version + IF(v_moved > 0, 0, 1)
+     WHERE name = p_name;
 END
 ;;
 DROP PROCEDURE IF EXISTS @plock_name
@@ -147,11 +206,16 @@ DROP PROCEDURE IF EXISTS @plock_name
 CREATE PROCEDURE @plock_name(IN p_name VARCHAR(255) CHARACTER SET utf8mb4)
 BEGIN
     DECLARE v_found INT DEFAULT 0;
-    SELECT COUNT(*) INTO v_found FROM @pnames WHERE name = p_name FOR UPDATE;
+    DECLARE v_holder CHAR(32) CHARACTER SET ascii DEFAULT NULL;
+    SELECT COUNT(*), MAX(h_session) INTO v_found, v_holder FROM @pnames WHERE name = p_name FOR UPDATE;
     IF v_found = 0 THEN
         INSERT IGNORE INTO @pnames (name, last_seq, version) VALUES (p_name, 0, 0);
-        SELECT COUNT(*) INTO v_found FROM @pnames WHERE name = p_name FOR UPDATE;
+        -- (Another join may have made the row, and taken the name in it,
+        -- while this waited for the INSERT.)
+        SELECT COUNT(*), MAX(h_session) INTO v_found, v_holder
+          FROM @pnames WHERE name = p_name FOR UPDATE;
     END IF;
+    IF v_holder IS NOT NULL THEN CALL @pspill(p_name); END IF;
 END
 ;;
 DROP PROCEDURE IF EXISTS @pjoin
@@ -176,6 +240,9 @@ proc: BEGIN
     DECLARE v_granted BOOLEAN;
     DECLARE v_seq BIGINT;
     DECLARE v_last BIGINT DEFAULT NULL;
+    DECLARE v_holder CHAR(32) CHARACTER SET ascii DEFAULT NULL;
+    DECLARE v_queued BOOLEAN DEFAULT TRUE;
+    DECLARE v_empty BOOLEAN DEFAULT FALSE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     -- Each read must see what the previous lock holder committed (not the
     -- snapshot REPEATABLE READ would keep from before the lock wait).
@@ -183,16 +250,28 @@ proc: BEGIN
     START TRANSACTION;
     -- The name's lock (as @plock_name, inline: every statement and call in
     -- a procedure costs MariaDB some 10-20 µs), which also reads the last
-    -- token given.
-    SELECT MAX(last_seq) INTO v_last FROM @pnames WHERE name = p_name FOR UPDATE;
+    -- token given, the row's holder and whether anyone may be queued.
+    SELECT MAX(last_seq), MAX(h_session), MAX(queued) INTO v_last, v_holder, v_queued
+      FROM @pnames WHERE name = p_name FOR UPDATE;
     IF v_last IS NULL THEN
         INSERT IGNORE INTO @pnames (name, last_seq, version) VALUES (p_name, 0, 0);
-        SELECT MAX(last_seq) INTO v_last FROM @pnames WHERE name = p_name FOR UPDATE;
+        -- (Another join may have made the row, and taken the name in it,
+        -- while this waited for the INSERT.)
+        SELECT MAX(last_seq), MAX(h_session), MAX(queued) INTO v_last, v_holder, v_queued
+          FROM @pnames WHERE name = p_name FOR UPDATE;
+    END IF;
+    IF v_holder IS NOT NULL THEN
+        CALL @pspill(p_name);
+        SET v_queued = TRUE;
     END IF;
     -- The clock and the session are read after the name's lock: the wait
-    -- for it may be long, and a session that ended in it gets nothing.
+    -- for it may be long, and a session that ended in it gets nothing. The
+    -- session's row is share-locked, as an entry's foreign key would be: a
+    -- grant kept in the name's row has no key, and `open` must not delete
+    -- the session under it.
     SET v_now = @pnow_ms();
-    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
+    SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0
+      LOCK IN SHARE MODE;
     IF v_alive = 0 THEN
         ROLLBACK;
         SELECT 'lost', NULL, NULL, NULL, NULL;
@@ -202,9 +281,12 @@ proc: BEGIN
     -- nothing to conflict with; it is granted at once.
     -- MIN over the key's prefix is answered from the index while the
     -- statement is planned: a third of what EXISTS costs MariaDB.
-    SELECT MIN(seq) INTO v_first FROM @pentries WHERE name = p_name;
+    -- (A name not queued has no entries: not even that read.)
+    IF v_queued THEN
+        SELECT MIN(seq) INTO v_first FROM @pentries WHERE name = p_name;
+    END IF;
     IF v_first IS NULL AND (p_kind <> 2 OR p_count <= p_lim) THEN
-        SET v_granted = TRUE;
+        SET v_granted = TRUE, v_empty = TRUE;
     ELSE
         CALL @psettle(p_name, FALSE);
         SELECT seq, kind, count, lim, granted_ms, holds
@@ -245,7 +327,7 @@ proc: BEGIN
         -- last entry is granted, all are.
         SELECT kind, granted_ms INTO v_tail_kind, v_tail_granted FROM @pentries
          WHERE name = p_name ORDER BY seq DESC LIMIT 1;
-        IF v_tail_kind IS NULL THEN SET v_granted = TRUE;
+        IF v_tail_kind IS NULL THEN SET v_granted = TRUE, v_empty = TRUE;
         ELSEIF v_tail_granted IS NULL THEN SET v_granted = FALSE;
         ELSEIF p_kind = 0 THEN SET v_granted = FALSE;
         ELSEIF p_kind = 1 THEN SET v_granted = (v_tail_kind = 1);
@@ -278,10 +360,18 @@ proc: BEGIN
     END IF;
     -- The name's row is locked since the first read: its last token stands.
     SET v_seq = v_last + 1;
-    UPDATE @pnames SET last_seq = v_seq, version = version + 1 WHERE name = p_name;
-    INSERT INTO @pentries (name, seq, session, kind, count, lim, holds, value, granted_ms)
-    VALUES (p_name, v_seq, p_secret, p_kind, p_count, p_lim, 1, p_value,
-            IF(v_granted, v_now, NULL));
+    IF v_empty THEN
+        -- Alone on the name: held in its row.
+        UPDATE @pnames SET last_seq = v_seq, version = version + 1, h_seq = v_seq,
+                           h_session = p_secret, h_kind = p_kind, h_count = p_count, h_lim = p_lim,
+                           h_value = p_value, h_granted_ms = v_now, queued = FALSE
+         WHERE name = p_name;
+    ELSE
+        UPDATE @pnames SET last_seq = v_seq, version = version + 1, queued = TRUE WHERE name = p_name;
+        INSERT INTO @pentries (name, seq, session, kind, count, lim, holds, value, granted_ms)
+        VALUES (p_name, v_seq, p_secret, p_kind, p_count, p_lim, 1, p_value,
+                IF(v_granted, v_now, NULL));
+    END IF;
     COMMIT;
     SELECT 'ok', v_seq, v_granted, 1, v_seq = 1;
 END
@@ -294,13 +384,32 @@ proc: BEGIN
     DECLARE v_alive INT DEFAULT 0;
     DECLARE v_holds INT DEFAULT NULL;
     DECLARE v_first BIGINT DEFAULT NULL;
+    DECLARE v_hseq BIGINT DEFAULT NULL;
+    DECLARE v_holder CHAR(32) CHARACTER SET ascii DEFAULT NULL;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     -- Each read must see what the previous lock holder committed (not the
     -- snapshot REPEATABLE READ would keep from before the lock wait).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
-    -- The name's lock, inline (a name without a row holds no entry).
-    SELECT COUNT(*) INTO v_found FROM @pnames WHERE name = p_name FOR UPDATE;
+    -- The name's lock, inline (a name without a row holds no entry), with
+    -- the holder kept in its row.
+    SELECT COUNT(*), MAX(h_seq), MAX(h_session) INTO v_found, v_hseq, v_holder
+      FROM @pnames WHERE name = p_name FOR UPDATE;
+    IF v_holder = p_secret AND v_hseq = p_seq THEN
+        -- A lone holder: nobody else is queued, nothing to settle.
+        SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
+        IF v_alive = 0 THEN
+            ROLLBACK;
+            SELECT 'lost', NULL;
+            LEAVE proc;
+        END IF;
+        UPDATE @pnames SET h_seq = NULL, h_session = NULL, h_value = NULL, version = version + 1
+         WHERE name = p_name;
+        COMMIT;
+        SELECT 'ok', 0;
+        LEAVE proc;
+    END IF;
+    IF v_holder IS NOT NULL THEN CALL @pspill(p_name); END IF;
     -- Read after the name's lock, like join's: a session that ended while
     -- this waited is reported lost, not released as if it had held. The
     -- entry and its session's life in one read; the rare miss tells which.
@@ -329,7 +438,7 @@ proc: BEGIN
     IF v_first IS NOT NULL THEN
         CALL @psettle(p_name, TRUE);
     ELSE
-        UPDATE @pnames SET version = version + 1 WHERE name = p_name;
+        UPDATE @pnames SET version = version + 1, queued = FALSE WHERE name = p_name;
     END IF;
     COMMIT;
     SELECT 'ok', 0;
@@ -358,7 +467,13 @@ proc: BEGIN
     IF v_alive = 0 THEN SELECT 'lost', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
     SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
      WHERE name = p_name AND seq = p_seq AND session = p_secret;
-    IF v_found = 0 THEN SELECT 'notheld', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
+    IF v_found = 0 THEN
+        -- Held in the name's row?
+        SELECT COUNT(*) INTO v_found FROM @pnames
+         WHERE name = p_name AND h_seq = p_seq AND h_session = p_secret;
+        SELECT IF(v_found > 0, 'granted', 'notheld'), NULL, NULL, NULL, NULL;
+        LEAVE proc;
+    END IF;
     IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
     SET SESSION group_concat_max_len = 16777216;
     -- Each read must see what the previous lock holder committed (not the
@@ -487,8 +602,10 @@ CREATE PROCEDURE @pclose(IN p_secret CHAR(32) CHARACTER SET ascii)
 BEGIN
     DECLARE v_done BOOLEAN DEFAULT FALSE;
     DECLARE v_name VARCHAR(255) CHARACTER SET utf8mb4;
+    -- Locking a name moves the session's row holder there into @pentries.
     DECLARE cur CURSOR FOR
-        SELECT DISTINCT name FROM @pentries WHERE session = p_secret ORDER BY name;
+        SELECT name FROM @pentries WHERE session = p_secret
+         UNION SELECT name FROM @pnames WHERE h_session = p_secret ORDER BY name;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     -- Each read must see what the previous lock holder committed (not the
@@ -570,7 +687,8 @@ proc: BEGIN
     -- The names locked before the session's row, as a JSON array.
     DECLARE v_locked LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
     DECLARE cur CURSOR FOR
-        SELECT DISTINCT name FROM @pentries WHERE session = v_id ORDER BY name;
+        SELECT name FROM @pentries WHERE session = v_id
+         UNION SELECT name FROM @pnames WHERE h_session = v_id ORDER BY name;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     -- Each read must see what the previous lock holder committed (not the
@@ -636,6 +754,7 @@ BEGIN
     DELETE FROM @psessions
      WHERE expires_ms < v_now - 60000
        AND NOT EXISTS (SELECT 1 FROM @pentries e WHERE e.session = @psessions.id)
+       AND NOT EXISTS (SELECT 1 FROM @pnames n WHERE n.h_session = @psessions.id)
      ORDER BY expires_ms LIMIT 16;
     INSERT INTO @psessions (id, tag, label, ttl_ms, expires_ms)
     VALUES (p_secret, p_tag, p_label, p_ttl_ms, v_now + p_ttl_ms);
