@@ -218,7 +218,83 @@ BEGIN
     IF v_holder IS NOT NULL THEN CALL @pspill(p_name); END IF;
 END
 ;;
+DROP PROCEDURE IF EXISTS @pleave
+;;
+CREATE PROCEDURE @pleave(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
+proc: BEGIN
+    DECLARE v_found INT DEFAULT 0;
+    DECLARE v_alive INT DEFAULT 0;
+    DECLARE v_holds INT DEFAULT NULL;
+    DECLARE v_first BIGINT DEFAULT NULL;
+    DECLARE v_hseq BIGINT DEFAULT NULL;
+    DECLARE v_holder CHAR(32) CHARACTER SET ascii DEFAULT NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- Each read must see what the previous lock holder committed (not the
+    -- snapshot REPEATABLE READ would keep from before the lock wait).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    -- The name's lock, inline (a name without a row holds no entry), with
+    -- the holder kept in its row.
+    SELECT COUNT(*), MAX(h_seq), MAX(h_session) INTO v_found, v_hseq, v_holder
+      FROM @pnames WHERE name = p_name FOR UPDATE;
+    IF v_holder = p_secret AND v_hseq = p_seq THEN
+        -- A lone holder: nobody else is queued, nothing to settle.
+        SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
+        IF v_alive = 0 THEN
+            ROLLBACK;
+            SELECT 'lost', NULL;
+            LEAVE proc;
+        END IF;
+        UPDATE @pnames SET h_seq = NULL, h_session = NULL, h_value = NULL, version = version + 1
+         WHERE name = p_name;
+        COMMIT;
+        SELECT 'ok', 0;
+        LEAVE proc;
+    END IF;
+    IF v_holder IS NOT NULL THEN CALL @pspill(p_name); END IF;
+    -- Read after the name's lock, like join's: a session that ended while
+    -- this waited is reported lost, not released as if it had held. The
+    -- entry and its session's life in one read; the rare miss tells which.
+    SELECT e.holds INTO v_holds FROM @pentries e JOIN @psessions s ON s.id = e.session
+     WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret AND s.expires_ms > 0;
+    IF v_holds IS NULL THEN
+        SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
+        IF v_alive = 0 THEN
+            ROLLBACK;
+            SELECT 'lost', NULL;
+            LEAVE proc;
+        END IF;
+        COMMIT;
+        SELECT 'notheld', NULL;
+        LEAVE proc;
+    END IF;
+    IF v_holds > 1 THEN
+        UPDATE @pentries SET holds = holds - 1 WHERE name = p_name AND seq = p_seq;
+        COMMIT;
+        SELECT 'ok', v_holds - 1;
+        LEAVE proc;
+    END IF;
+    DELETE FROM @pentries WHERE name = p_name AND seq = p_seq;
+    -- A lone holder's release leaves nothing to settle: the change alone.
+    SELECT MIN(seq) INTO v_first FROM @pentries WHERE name = p_name;
+    IF v_first IS NOT NULL THEN
+        CALL @psettle(p_name, TRUE);
+    ELSE
+        UPDATE @pnames SET version = version + 1, queued = FALSE WHERE name = p_name;
+    END IF;
+    COMMIT;
+    SELECT 'ok', 0;
+END
+;;
 DROP PROCEDURE IF EXISTS @pjoin
+;;
+-- (`leave` is replaced before `join`, so that no row holder is made while
+-- the old `leave` could be asked to release one.) Once the old `join` is
+-- gone (DROP waits for its running calls), the names it queued on while
+-- the new `settle` was already in place are marked queued again: the old
+-- `join` inserted entries without setting the flag.
+UPDATE @pnames n SET queued = TRUE
+ WHERE NOT queued AND EXISTS (SELECT 1 FROM @pentries e WHERE e.name = n.name)
 ;;
 CREATE PROCEDURE @pjoin(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
     IN p_kind SMALLINT, IN p_count INT, IN p_lim INT, IN p_value LONGBLOB, IN p_if_granted BOOLEAN)
@@ -376,74 +452,6 @@ proc: BEGIN
     SELECT 'ok', v_seq, v_granted, 1, v_seq = 1;
 END
 ;;
-DROP PROCEDURE IF EXISTS @pleave
-;;
-CREATE PROCEDURE @pleave(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4, IN p_seq BIGINT)
-proc: BEGIN
-    DECLARE v_found INT DEFAULT 0;
-    DECLARE v_alive INT DEFAULT 0;
-    DECLARE v_holds INT DEFAULT NULL;
-    DECLARE v_first BIGINT DEFAULT NULL;
-    DECLARE v_hseq BIGINT DEFAULT NULL;
-    DECLARE v_holder CHAR(32) CHARACTER SET ascii DEFAULT NULL;
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-    -- Each read must see what the previous lock holder committed (not the
-    -- snapshot REPEATABLE READ would keep from before the lock wait).
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-    START TRANSACTION;
-    -- The name's lock, inline (a name without a row holds no entry), with
-    -- the holder kept in its row.
-    SELECT COUNT(*), MAX(h_seq), MAX(h_session) INTO v_found, v_hseq, v_holder
-      FROM @pnames WHERE name = p_name FOR UPDATE;
-    IF v_holder = p_secret AND v_hseq = p_seq THEN
-        -- A lone holder: nobody else is queued, nothing to settle.
-        SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
-        IF v_alive = 0 THEN
-            ROLLBACK;
-            SELECT 'lost', NULL;
-            LEAVE proc;
-        END IF;
-        UPDATE @pnames SET h_seq = NULL, h_session = NULL, h_value = NULL, version = version + 1
-         WHERE name = p_name;
-        COMMIT;
-        SELECT 'ok', 0;
-        LEAVE proc;
-    END IF;
-    IF v_holder IS NOT NULL THEN CALL @pspill(p_name); END IF;
-    -- Read after the name's lock, like join's: a session that ended while
-    -- this waited is reported lost, not released as if it had held. The
-    -- entry and its session's life in one read; the rare miss tells which.
-    SELECT e.holds INTO v_holds FROM @pentries e JOIN @psessions s ON s.id = e.session
-     WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret AND s.expires_ms > 0;
-    IF v_holds IS NULL THEN
-        SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
-        IF v_alive = 0 THEN
-            ROLLBACK;
-            SELECT 'lost', NULL;
-            LEAVE proc;
-        END IF;
-        COMMIT;
-        SELECT 'notheld', NULL;
-        LEAVE proc;
-    END IF;
-    IF v_holds > 1 THEN
-        UPDATE @pentries SET holds = holds - 1 WHERE name = p_name AND seq = p_seq;
-        COMMIT;
-        SELECT 'ok', v_holds - 1;
-        LEAVE proc;
-    END IF;
-    DELETE FROM @pentries WHERE name = p_name AND seq = p_seq;
-    -- A lone holder's release leaves nothing to settle: the change alone.
-    SELECT MIN(seq) INTO v_first FROM @pentries WHERE name = p_name;
-    IF v_first IS NOT NULL THEN
-        CALL @psettle(p_name, TRUE);
-    ELSE
-        UPDATE @pnames SET version = version + 1, queued = FALSE WHERE name = p_name;
-    END IF;
-    COMMIT;
-    SELECT 'ok', 0;
-END
-;;
 DROP PROCEDURE IF EXISTS @plook
 ;;
 CREATE PROCEDURE @plook(IN p_secret CHAR(32) CHARACTER SET ascii, IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
@@ -465,15 +473,14 @@ proc: BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
     IF v_alive = 0 THEN SELECT 'lost', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
+    -- Held in the name's row? (Read first: a row holder may move into
+    -- @pentries meanwhile, never the other way.)
+    SELECT COUNT(*) INTO v_found FROM @pnames
+     WHERE name = p_name AND h_seq = p_seq AND h_session = p_secret;
+    IF v_found > 0 THEN SELECT 'granted', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
     SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
      WHERE name = p_name AND seq = p_seq AND session = p_secret;
-    IF v_found = 0 THEN
-        -- Held in the name's row?
-        SELECT COUNT(*) INTO v_found FROM @pnames
-         WHERE name = p_name AND h_seq = p_seq AND h_session = p_secret;
-        SELECT IF(v_found > 0, 'granted', 'notheld'), NULL, NULL, NULL, NULL;
-        LEAVE proc;
-    END IF;
+    IF v_found = 0 THEN SELECT 'notheld', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
     IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
     SET SESSION group_concat_max_len = 16777216;
     -- Each read must see what the previous lock holder committed (not the

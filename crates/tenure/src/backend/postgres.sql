@@ -384,13 +384,13 @@ DECLARE
     confirm text := p_confirm;
 BEGIN
     IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
+    -- Held in the name's row? (Read first: a row holder may move into
+    -- @s.entries meanwhile, never the other way.)
+    PERFORM 1 FROM @s.names n WHERE n.name = p_name AND n.h_seq = p_seq AND n.h_session = p_secret;
+    IF FOUND THEN status := 'granted'; RETURN; END IF;
     SELECT e.granted_ms INTO stamped FROM @s.entries e
      WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
-    IF NOT FOUND THEN
-        PERFORM 1 FROM @s.names n WHERE n.name = p_name AND n.h_seq = p_seq AND n.h_session = p_secret;
-        status := CASE WHEN FOUND THEN 'granted' ELSE 'notheld' END;
-        RETURN;
-    END IF;
+    IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
     IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
     PERFORM @s.lock_name(p_name);
     -- Each turn ends something (an ended entry just ahead, or confirmed
