@@ -373,6 +373,19 @@ impl Listeners {
         }
     }
 
+    /// Whether a task of this process waits on a key that starts with
+    /// `prefix`: with [`grant_prefix`], whether the name has a waiter here
+    /// (so its holder is not alone).
+    pub(crate) fn any_with_prefix(&self, prefix: &str) -> bool {
+        self.registry()
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .next()
+            .is_some_and(|(k, _)| k.starts_with(prefix))
+    }
+
     /// Every key listened on now (to subscribe them all again).
     pub(crate) fn keys(&self) -> Vec<String> {
         self.registry().keys().cloned().collect()

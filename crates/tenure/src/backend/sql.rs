@@ -254,6 +254,13 @@ impl<D: SqlDriver> SqlStore<D> {
         self.round_trips.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether a task of this process waits for a grant on `name`: then
+    /// the one-statement fast paths cannot apply, and are not tried.
+    fn waited_for(&self, name: &Name) -> bool {
+        self.listeners
+            .any_with_prefix(&poll::grant_prefix(name.as_str()))
+    }
+
     /// The driver, for one call to the database (counted).
     fn counted(&self) -> &D {
         self.round_trips
@@ -408,8 +415,9 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Flag(request.mode == JoinMode::IfGranted),
         ];
         let mut confirmed = false;
-        // A semaphore request larger than its limit is the routine's to judge.
-        let fast = if self.driver.has_fast_paths() && count <= limit {
+        // A semaphore request larger than its limit is the routine's to
+        // judge; a name someone here waits for is not free.
+        let fast = if self.driver.has_fast_paths() && count <= limit && !self.waited_for(name) {
             self.counted().fast("join", &args).await?
         } else {
             None
@@ -457,7 +465,8 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Text(name.as_str()),
             Arg::Int(seq_arg(seq)?),
         ];
-        let fast = if self.driver.has_fast_paths() {
+        // With a waiter here, the holder was moved into the queue.
+        let fast = if self.driver.has_fast_paths() && !self.waited_for(name) {
             self.counted().fast("leave", &args).await?
         } else {
             None
