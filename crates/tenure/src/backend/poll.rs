@@ -344,11 +344,12 @@ impl Listeners {
     /// (SQLite's wake-up in this process after the commit, for the entries
     /// its settling granted): the grant is then in the store when the
     /// waiter hears of it, as a look would have found it. Tokens are never
-    /// reused for a name, so the key names one entry. Not Redis's pub/sub,
-    /// which ignores the database number (a store of another database with
-    /// the same prefix could announce the same name and token), nor
-    /// PostgreSQL's `NOTIFY`, which a transaction sends for an entry it
-    /// grants and may end again before it commits (`evict`).
+    /// reused for a name, so the key names one entry. Redis's pub/sub only
+    /// for a release's grant that carries the keyspace's own id (pub/sub
+    /// ignores the database number: a store of another database with the
+    /// same prefix could announce the same name and token, with its own
+    /// id); not PostgreSQL's `NOTIFY`, which a transaction sends for an
+    /// entry it grants and may end again before it commits (`evict`).
     pub(crate) fn granted(&self, key: &str) {
         if let Some((slot, _)) = self.registry().get(key) {
             slot.granted

@@ -57,6 +57,20 @@
 -- (only its waiter listens; a tab never occurs in a name, and the padding
 -- keeps a name's channels in queue order), PUBLISH P:ch:<name> on any
 -- change (observers).
+--   P:id                this keyspace's random id, set by the first client
+--                       (SET NX at 'layout'). A release's grant is
+--                       published as "<id>:<database number>" (the number
+--                       from the releasing client's URL: the id travels
+--                       with the data, into another database by a copy or
+--                       SWAPDB), and a waiter whose client read the same id
+--                       and uses the same database takes the grant without
+--                       looking again; any other message ('granted', or
+--                       another keyspace's: pub/sub ignores the database
+--                       number) only wakes it to look. Only a
+--                       release announces: nothing in a release can end the
+--                       entry it grants before the script ends, whereas
+--                       'evict', 'expire' and a waiter's confirming 'look'
+--                       grant and may then end what they granted.
 --
 -- KEYS[1] = P:sessions (routes the call); ARGV[1] = P; ARGV[2] = operation.
 --
@@ -247,6 +261,10 @@ local function walk(name, visit)
   end
 end
 
+-- What a grant's message says: set to this keyspace's id by a release (see
+-- P:id), else a bare wake-up.
+local announce_as = nil
+
 -- Grants what the rules grant from the head of the name's queue (the same
 -- rule as tenure::queue::grants), stamping and waking newly granted entries,
 -- and bumps the version if anything changed. Reads the granted entries and
@@ -272,7 +290,8 @@ local function settle_one(name, changed)
     if r.granted == '' then
       r.granted = fmt(now)
       redis.call('HSET', k('e', name), r.seq, record(r))
-      redis.call('PUBLISH', k('w', name) .. '\t' .. string.rep('0', 20 - #r.seq) .. r.seq, 'granted')
+      redis.call('PUBLISH', k('w', name) .. '\t' .. string.rep('0', 20 - #r.seq) .. r.seq,
+                 announce_as or 'granted')
       changed = true
     end
     return true
@@ -515,7 +534,7 @@ elseif op == 'join' then
   return {'ok', seq, granted and 1 or 0, 1, first}
 
 elseif op == 'leave' then
-  -- ARGV: secret, name, seq
+  -- ARGV: secret, name, seq, the client's database number
   local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
   if not alive(secret) then return {'lost'} end
   local mine = own(secret, name)
@@ -526,6 +545,8 @@ elseif op == 'leave' then
     return {'ok', mine.holds}
   end
   remove_entry(name, seq, secret)
+  local id = redis.call('GET', P .. ':id')
+  if id and ARGV[6] then announce_as = id .. ':' .. ARGV[6] end
   settle(name, true)
   return {'ok', 0}
 
@@ -646,23 +667,29 @@ elseif op == 'queue' then
   return out
 
 elseif op == 'layout' then
-  -- ARGV[3]: the layout this script writes. Called once per connection.
+  -- ARGV[3]: the layout this script writes; ARGV[4]: a random id, this
+  -- keyspace's if it has none yet. Called once per connection. Answers
+  -- the keyspace's id.
   local marker = P .. ':sessions'
   local kind = redis.call('TYPE', marker)['ok']
+  local found = kind == 'string' and redis.call('GET', marker) or '1'
   if kind == 'none' then
     redis.call('SET', marker, ARGV[3])
-    return {'ok'}
-  end
-  local found = kind == 'string' and redis.call('GET', marker) or '1'
-  if found == ARGV[3] then return {'ok'} end
-  -- Layout 3 differs only in judging expiry by TIME: upgraded in place
-  -- (its renewal counters start at 0; its clients refuse the prefix from
-  -- their next connection on).
-  if found == '3' and ARGV[3] == '4' then
+  elseif found == '3' and ARGV[3] == '4' then
+    -- Layout 3 differs only in judging expiry by TIME: upgraded in place
+    -- (its renewal counters start at 0; its clients refuse the prefix from
+    -- their next connection on).
     redis.call('SET', marker, '4')
-    return {'ok'}
+  elseif found ~= ARGV[3] then
+    return {'layout', found}
   end
-  return {'layout', found}
+  -- Read first: a replica that only reads, or a full server, still opens.
+  local id = redis.call('GET', P .. ':id')
+  if not id then
+    redis.call('SET', P .. ':id', ARGV[4])
+    id = ARGV[4]
+  end
+  return {'ok', id}
 
 elseif op == 'version' then
   return {'ok', redis.call('GET', k('c', ARGV[3])) or '0'}

@@ -70,6 +70,8 @@ struct Inner {
     script: redis::Script,
     prefix: String,
     sessions_key: String,
+    /// The database number the URL selects (in a release's grant message).
+    db: String,
     url: String,
     caps: Capabilities,
     /// Script calls made so far (see [`RedisStore::round_trips`]).
@@ -248,6 +250,11 @@ impl RedisStore {
     async fn open_with(url: &StoreUrl, connect: Duration, respond: Duration) -> Result<Self> {
         let parsed = parse_url(url)?;
         let client = client_for(url, &parsed)?;
+        let db = client
+            .get_connection_info()
+            .redis_settings()
+            .db()
+            .to_string();
         let prefix = parsed.prefix;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect))
@@ -265,6 +272,7 @@ impl RedisStore {
                 conn,
                 client,
                 script: redis::Script::new(SCRIPT),
+                db,
                 sessions_key: format!("{prefix}:sessions"),
                 prefix,
                 url: url.masked().to_string(),
@@ -274,8 +282,20 @@ impl RedisStore {
             }),
         };
         // Fail now, not at the first lock, if the server refuses us or the
-        // prefix holds another layout's keys.
-        store.call("layout", &[KEY_LAYOUT.as_bytes()]).await?;
+        // prefix holds another layout's keys. The answer is the keyspace's
+        // id, which a release's grant message carries.
+        let candidate = crate::store::random_hex(16)?;
+        let reply = store
+            .call("layout", &[KEY_LAYOUT.as_bytes(), candidate.as_bytes()])
+            .await?;
+        if let Some(Value::BulkString(id)) = reply.get(1) {
+            // The id travels with the data (a copy of the keys into another
+            // database, SWAPDB): a grant message names the database too.
+            let mut ours = id.clone();
+            ours.push(b':');
+            ours.extend_from_slice(store.inner.db.as_bytes());
+            let _ = store.inner.wakeups.keyspace.set(ours);
+        }
         Ok(store)
     }
 
@@ -373,6 +393,10 @@ struct Wakeups {
     generation: Arc<std::sync::atomic::AtomicU64>,
     /// When connecting last failed: tried again at most once a second.
     failed: poll::ReconnectGate,
+    /// The keyspace's id (the script's `P:id`), as read at open, and the
+    /// database's number (`id:db`): a grant message that carries it is the
+    /// grant itself.
+    keyspace: Arc<std::sync::OnceLock<Vec<u8>>>,
 }
 
 impl RedisStore {
@@ -448,13 +472,24 @@ impl RedisStore {
         }
         let generation = w.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let (listeners, up, current) = (w.listeners.clone(), w.up.clone(), w.generation.clone());
+        let keyspace = w.keyspace.clone();
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                // Only a wake-up: the waiter looks before it takes the
-                // grant. Pub/sub ignores the database number, so a message
-                // may come from another database's store with the same
-                // prefix, name and token (see `Listeners::granted`).
-                listeners.wake(msg.get_channel_name());
+                // A release's grant, published with this keyspace's id
+                // after nothing in its script could end it, is the grant:
+                // the waiter takes it without looking again. Anything else
+                // only wakes it to look: pub/sub ignores the database
+                // number, so a message may come from another database's
+                // store with the same prefix, name and token, whose id is
+                // another.
+                let ours = keyspace
+                    .get()
+                    .is_some_and(|id| !id.is_empty() && msg.get_payload_bytes() == id.as_slice());
+                if ours {
+                    listeners.granted(msg.get_channel_name());
+                } else {
+                    listeners.wake(msg.get_channel_name());
+                }
             }
             // The connection is gone: waiters look again and poll until a
             // new one is up.
@@ -692,6 +727,7 @@ impl Store for RedisStore {
                     session.secret().as_bytes(),
                     name.as_str().as_bytes(),
                     seq.to_string().as_bytes(),
+                    self.inner.db.as_bytes(),
                 ],
             )
             .await?;
