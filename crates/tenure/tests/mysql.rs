@@ -273,83 +273,31 @@ async fn open_collects_lapsed_sessions_that_hold_nothing() {
 }
 
 /// A name nobody else wants is held in its row: nothing goes into
-/// `entries`. A second comer moves the holder into the queue, and the
-/// handoff works as ever; once the queue is empty again, the next take is
-/// in the row again.
+/// `entries`; a second comer moves the holder into the queue.
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_holder_is_kept_in_its_names_row() {
     use mysql_async::prelude::Queryable;
-    use std::time::Duration;
     let Some(server) = shared() else { return };
     let url = format!("{}?prefix=lone_", server.url());
     let my = tenure::backend::mysql::MysqlStore::open(&url)
         .await
         .unwrap();
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(my.clone());
-    let conn = std::sync::Arc::new(tokio::sync::Mutex::new(raw_conn(server).await));
-    // (row holder's token, entries of the name)
-    let layout = || {
-        let conn = conn.clone();
-        async move {
-            let row: Option<(Option<i64>, i64)> = conn
-                .lock()
-                .await
-                .query_first(
-                    "SELECT (SELECT h_seq FROM lone_names WHERE name = 'n'),
-                            (SELECT COUNT(*) FROM lone_entries WHERE name = 'n')",
-                )
-                .await
-                .unwrap();
-            row.unwrap()
-        }
+    let conn = tokio::sync::Mutex::new(raw_conn(server).await);
+    let conn = &conn;
+    let layout = || async move {
+        let row: Option<(Option<i64>, i64)> = conn
+            .lock()
+            .await
+            .query_first(
+                "SELECT (SELECT h_seq FROM lone_names WHERE name = 'n'),
+                        (SELECT COUNT(*) FROM lone_entries WHERE name = 'n')",
+            )
+            .await
+            .unwrap();
+        row.unwrap()
     };
-    let s1 = Session::new(&store).await.unwrap();
-    let s2 = Session::new(&store).await.unwrap();
-    let before = my.round_trips();
-    let g1 = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
-    assert_eq!(
-        my.round_trips() - before,
-        1,
-        "a free name is taken in one call"
-    );
-    assert_eq!(layout().await, (Some(g1.token() as i64), 0));
-    let before = my.round_trips();
-    g1.release().await.unwrap();
-    assert_eq!(
-        my.round_trips() - before,
-        1,
-        "a lone holder is released in one call"
-    );
-    assert_eq!(layout().await, (None, 0));
-
-    let g1 = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
-    let m2 = Mutex::new(&s2, "n").unwrap();
-    let waiter = tokio::spawn(async move { m2.lock().await.map(|g| g.token()) });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while layout().await != (None, 2) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the holder never moved into the queue"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let first = g1.token();
-    drop(g1);
-    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the waiter was never granted")
-        .unwrap()
-        .unwrap();
-    assert!(second > first);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while layout().await != (None, 0) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the queue never emptied"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let g = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
-    assert_eq!(layout().await, (Some(g.token() as i64), 0));
+    tenure_testkit::conformance::check_lone_holder_layout(&store, "n", || my.round_trips(), layout)
+        .await;
 }

@@ -300,13 +300,11 @@ async fn server_clock_steps_neither_grant_twice_nor_delay_a_release() {
 }
 
 /// A name nobody else wants is held in its row: taking and releasing it is
-/// one statement each, and nothing goes into `entries`. A second comer
-/// moves the holder into the queue, and the handoff works as ever; once the
-/// queue is empty again, the next take is in the row again.
+/// one statement each, and nothing goes into `entries`; a second comer
+/// moves the holder into the queue.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_holder_is_kept_in_its_names_row() {
-    use std::time::Duration;
     let Some(server) = shared() else { return };
     let url = format!("{}?schema=lone", server.url());
     let pg = tenure::backend::postgres::PostgresStore::open(&url)
@@ -317,8 +315,8 @@ async fn a_lone_holder_is_kept_in_its_names_row() {
         .await
         .unwrap();
     tokio::spawn(conn);
-    // (row holder's token, entries of the name)
-    let layout = || async {
+    let db = &db;
+    let layout = || async move {
         let row = db
             .query_one(
                 "SELECT (SELECT h_seq FROM lone.names WHERE name = 'n'),
@@ -329,59 +327,8 @@ async fn a_lone_holder_is_kept_in_its_names_row() {
             .unwrap();
         (row.get::<_, Option<i64>>(0), row.get::<_, i64>(1))
     };
-    let s1 = Session::new(&store).await.unwrap();
-    let s2 = Session::new(&store).await.unwrap();
-    // The first take of a new name makes its row (the function's path).
-    let g = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
-    g.release().await.unwrap();
-    let before = pg.round_trips();
-    let g1 = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
-    assert_eq!(
-        pg.round_trips() - before,
-        1,
-        "a free name is taken in one call"
-    );
-    assert_eq!(layout().await, (Some(g1.token() as i64), 0));
-    let before = pg.round_trips();
-    g1.release().await.unwrap();
-    assert_eq!(
-        pg.round_trips() - before,
-        1,
-        "a lone holder is released in one call"
-    );
-    assert_eq!(layout().await, (None, 0));
-
-    let g1 = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
-    let m2 = Mutex::new(&s2, "n").unwrap();
-    let waiter = tokio::spawn(async move { m2.lock().await.map(|g| g.token()) });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while layout().await != (None, 2) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the holder never moved into the queue"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let first = g1.token();
-    drop(g1);
-    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the waiter was never granted")
-        .unwrap()
-        .unwrap();
-    assert!(second > first);
-    // The waiter's guard went with its task: the queue is empty, and the
-    // name free for a take in its row again.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while layout().await != (None, 0) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the queue never emptied"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let g = Mutex::new(&s1, "n").unwrap().lock().await.unwrap();
-    assert_eq!(layout().await, (Some(g.token() as i64), 0));
+    tenure_testkit::conformance::check_lone_holder_layout(&store, "n", || pg.round_trips(), layout)
+        .await;
 }
 
 /// The one-statement take never waits for the name's row: while someone

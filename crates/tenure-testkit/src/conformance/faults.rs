@@ -396,3 +396,68 @@ pub async fn check_server_clock_steps(store: &Arc<dyn Store>, step: impl Fn(i64)
     eprintln!("clock steps: no second holder; a crashed holder released after {took:?}");
     took
 }
+
+/// A store that keeps a lone holder in the name's row (PostgreSQL, MySQL):
+/// taking a free name and releasing it are one call each, and `layout`
+/// (the row holder's token, and how many entries the name has in the
+/// queue's table) shows the holder in the row; a second comer moves it into
+/// the queue, the handoff works as ever, and once the queue is empty again
+/// the next take is in the row again. `name` must be new to the store.
+pub async fn check_lone_holder_layout<F, Fut>(
+    store: &Arc<dyn Store>,
+    name: &str,
+    work: impl Fn() -> u64,
+    layout: F,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = (Option<i64>, i64)>,
+{
+    // Renewals come every 20 s: none while calls are counted.
+    let long = || Session::with_options(store, SessionOptions::new().ttl(Duration::from_secs(60)));
+    let (s1, s2) = (long().await.unwrap(), long().await.unwrap());
+    // The first take of a new name makes its row.
+    let g = Mutex::new(&s1, name).unwrap().lock().await.unwrap();
+    g.release().await.unwrap();
+    let before = work();
+    let g1 = Mutex::new(&s1, name).unwrap().lock().await.unwrap();
+    assert_eq!(work() - before, 1, "a free name is taken in one call");
+    assert_eq!(layout().await, (Some(g1.token() as i64), 0));
+    let before = work();
+    g1.release().await.unwrap();
+    assert_eq!(work() - before, 1, "a lone holder is released in one call");
+    assert_eq!(layout().await, (None, 0));
+
+    let g1 = Mutex::new(&s1, name).unwrap().lock().await.unwrap();
+    let m2 = Mutex::new(&s2, name).unwrap();
+    let waiter = tokio::spawn(async move { m2.lock().await.map(|g| g.token()) });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while layout().await != (None, 2) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the holder never moved into the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = g1.token();
+    drop(g1);
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap()
+        .unwrap();
+    assert!(second > first);
+    // The waiter's guard went with its task: the queue empties, and the
+    // name is free for a take in its row again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while layout().await != (None, 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue never emptied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let g = Mutex::new(&s1, name).unwrap().lock().await.unwrap();
+    assert_eq!(layout().await, (Some(g.token() as i64), 0));
+    g.release().await.unwrap();
+    let _ = tokio::join!(s1.close(), s2.close());
+}
