@@ -535,36 +535,19 @@ impl Postgres {
                 "SELECT e.seq, e.kind, e.count, e.lim, s.tag, s.label, e.value, e.granted_ms,
                         CASE WHEN s.expires_ms <= 0 THEN -1 ELSE greatest(s.expires_ms - {s}.now_ms(), 0) END, e.holds,
                         (SELECT version FROM {s}.names WHERE name = $1)
-                   FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
-                  WHERE e.name = $1
-                 UNION ALL
-                 SELECT n.h_seq, n.h_kind, n.h_count, n.h_lim, s.tag, s.label, n.h_value, n.h_granted_ms,
-                        CASE WHEN s.expires_ms <= 0 THEN -1 ELSE greatest(s.expires_ms - {s}.now_ms(), 0) END, 1,
-                        n.version
-                   FROM {s}.names n JOIN {s}.sessions s ON s.id = n.h_session
-                  WHERE n.name = $1
-                  ORDER BY 1"
+                   FROM {s}.all_entries e JOIN {s}.sessions s ON s.id = e.session
+                  WHERE e.name = $1 ORDER BY e.seq"
             ))
             .await?,
             refresh: prep(format!("SELECT {s}.refresh($1)")).await?,
             names: prep(format!(
-                "SELECT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
-                  WHERE s.expires_ms > 0 AND left(e.name, length($1)) = $1
-                 UNION
-                 SELECT n.name FROM {s}.names n JOIN {s}.sessions s ON s.id = n.h_session
-                  WHERE s.expires_ms > 0 AND left(n.name, length($1)) = $1 ORDER BY 1"
+                "SELECT DISTINCT e.name FROM {s}.all_entries e JOIN {s}.sessions s ON s.id = e.session
+                  WHERE s.expires_ms > 0 AND left(e.name, length($1)) = $1 ORDER BY 1"
             ))
             .await?,
-            names_of: prep(format!(
-                "SELECT name FROM {s}.entries WHERE session = $1
-                 UNION SELECT name FROM {s}.names WHERE h_session = $1"
-            ))
-            .await?,
+            names_of: prep(format!("SELECT DISTINCT name FROM {s}.all_entries WHERE session = $1")).await?,
             names_of_tag: prep(format!(
-                "SELECT e.name FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
-                  WHERE s.tag = $1 AND s.expires_ms > 0
-                 UNION
-                 SELECT n.name FROM {s}.names n JOIN {s}.sessions s ON s.id = n.h_session
+                "SELECT DISTINCT e.name FROM {s}.all_entries e JOIN {s}.sessions s ON s.id = e.session
                   WHERE s.tag = $1 AND s.expires_ms > 0"
             ))
             .await?,

@@ -20,7 +20,8 @@
 -- driver sends as a plain statement (postgres.rs: FAST_JOIN, FAST_LEAVE)
 -- before it calls a function. Everything else first moves that holder into
 -- @s.entries (`lock_name` does, as it locks the row: `spill`), so the rest
--- of this file knows only @s.entries. A row holder whose session is gone or
+-- of this file knows only @s.entries; readers that lock nothing read the
+-- view @s.all_entries, which has both. A row holder whose session is gone or
 -- ended is dead, as an entry of it would be. `queued` is true whenever the
 -- name may have entries (set with every insert, cleared by `settle` when it
 -- finds none): a row holder is only taken while it is false.
@@ -67,6 +68,13 @@ ALTER TABLE @s.names ADD COLUMN IF NOT EXISTS h_seq bigint,
     ADD COLUMN IF NOT EXISTS h_value bytea,
     ADD COLUMN IF NOT EXISTS h_granted_ms bigint,
     ADD COLUMN IF NOT EXISTS queued boolean NOT NULL DEFAULT true;
+-- Every entry, wherever it is kept: what readers that do not lock the name
+-- read (status, listings, lookups by session).
+CREATE OR REPLACE VIEW @s.all_entries AS
+    SELECT name, seq, session, kind, count, lim, holds, value, granted_ms FROM @s.entries
+    UNION ALL
+    SELECT name, h_seq, h_session, h_kind, h_count, h_lim, 1, h_value, h_granted_ms
+      FROM @s.names WHERE h_session IS NOT NULL;
 
 -- Fences and cells. A fence keeps its highest token in version; a cell
 -- keeps its version there even when it has no value (deleted, or its owner
@@ -146,21 +154,20 @@ END $$;
 -- entry's foreign key will: a session being deleted meanwhile is waited
 -- for, and then read as gone rather than failing the key.)
 CREATE OR REPLACE FUNCTION @s.spill(p_name text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    moved boolean;
 BEGIN
     INSERT INTO @s.entries (name, seq, session, kind, count, lim, holds, value, granted_ms)
     SELECT n.name, n.h_seq, n.h_session, n.h_kind, n.h_count, n.h_lim, 1, n.h_value, n.h_granted_ms
       FROM @s.names n JOIN @s.sessions s ON s.id = n.h_session
      WHERE n.name = p_name
        FOR KEY SHARE OF s;
-    IF FOUND THEN
-        UPDATE @s.names SET h_seq = NULL, h_session = NULL, h_value = NULL, queued = true
-         WHERE name = p_name;
-    ELSE
-        UPDATE @s.names SET h_seq = NULL, h_session = NULL, h_value = NULL, queued = true,
-               version = version + 1
-         WHERE name = p_name;
-        PERFORM pg_notify('@s_change', p_name);
-    END IF;
+    moved := FOUND;
+    -- A dead holder that just goes is a change of the name.
+    UPDATE @s.names SET h_seq = NULL, h_session = NULL, h_value = NULL, queued = true,
+           version = version + (NOT moved)::int
+     WHERE name = p_name;
+    IF NOT moved THEN PERFORM pg_notify('@s_change', p_name); END IF;
 END $$;
 
 -- Locks the name's row (made if missing), and moves a row holder into
@@ -469,16 +476,14 @@ BEGIN
     SELECT array_agg(id) INTO lapsed FROM (
         SELECT s.id FROM @s.sessions s
          WHERE s.expires_ms < now_ms - 60000
-           AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.session = s.id)
-           AND NOT EXISTS (SELECT 1 FROM @s.names n WHERE n.h_session = s.id)
+           AND NOT EXISTS (SELECT 1 FROM @s.all_entries e WHERE e.session = s.id)
          ORDER BY s.expires_ms LIMIT 16
            FOR UPDATE SKIP LOCKED) c;
     -- Checked again by a statement of its own (a newer snapshot): an entry
     -- that a join committed after the one above keeps its session.
     IF lapsed IS NOT NULL THEN
         DELETE FROM @s.sessions s WHERE s.id = ANY(lapsed)
-           AND NOT EXISTS (SELECT 1 FROM @s.entries e WHERE e.session = s.id)
-           AND NOT EXISTS (SELECT 1 FROM @s.names n WHERE n.h_session = s.id);
+           AND NOT EXISTS (SELECT 1 FROM @s.all_entries e WHERE e.session = s.id);
     END IF;
     INSERT INTO @s.sessions (id, tag, label, ttl_ms, expires_ms)
     VALUES (p_secret, p_tag, p_label, p_ttl_ms, now_ms + p_ttl_ms);
@@ -503,8 +508,7 @@ DECLARE
     n text;
 BEGIN
     -- Locking a name moves the session's row holder there into @s.entries.
-    FOR n IN SELECT name FROM @s.entries WHERE session = p_secret
-             UNION SELECT name FROM @s.names WHERE h_session = p_secret ORDER BY 1 LOOP
+    FOR n IN SELECT DISTINCT name FROM @s.all_entries WHERE session = p_secret ORDER BY name LOOP
         PERFORM @s.lock_name(n);
     END LOOP;
     FOR n IN SELECT DISTINCT name FROM @s.entries WHERE session = p_secret ORDER BY name LOOP
@@ -566,8 +570,7 @@ BEGIN
     -- The names' locks first, in name order, then the session's row: the
     -- order close takes them in, and evict and the watchers' confirmations.
     SELECT coalesce(array_agg(d.name ORDER BY d.name), '{}') INTO locked
-      FROM (SELECT name FROM @s.entries WHERE session = sid
-            UNION SELECT name FROM @s.names WHERE h_session = sid) d;
+      FROM (SELECT DISTINCT name FROM @s.all_entries WHERE session = sid) d;
     FOREACH n IN ARRAY locked LOOP
         PERFORM @s.lock_name(n);
     END LOOP;
