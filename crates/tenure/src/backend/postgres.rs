@@ -1,6 +1,7 @@
-//! `postgres://user:password@host:port/db[?schema=NAME]`: one PL/pgSQL
-//! function call per operation (one round trip, one transaction), expiry by
-//! the database's clock, waiters woken by LISTEN/NOTIFY.
+//! `postgres://user:password@host:port/db[?schema=NAME]`: one statement
+//! (taking a free name, releasing a lone holder) or one PL/pgSQL function
+//! call per operation (one round trip, one transaction), expiry confirmed by
+//! a watching client, waiters woken by LISTEN/NOTIFY.
 //!
 //! The tables and functions live in their own schema (default `tenure`),
 //! created on first use under an advisory lock, idempotently, and versioned
@@ -106,7 +107,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); the database's clock_timestamp() only hints",
-            "acquire: 1 (a function call), release: 1, renew: 1",
+            "acquire: 1 (one statement on a free name, else a function call; 2 when the statement finds the name taken by another process), release: 1 (likewise), renew: 1",
         )
     }
 }
