@@ -778,6 +778,32 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // BENCH_URL=<store URL> runs only tenure's rows against a server of
+    // one's own (one started with its profiling on: pg_stat_statements,
+    // performance_schema…), and prints them; no floor, no server CPU.
+    if let Ok(url) = std::env::var("BENCH_URL") {
+        let rows = rt.block_on(async {
+            let store = tenure::open(&url).await.unwrap();
+            // BENCH_URL_ROWS=contended: that row alone.
+            let mut rows = Vec::new();
+            if std::env::var("BENCH_URL_ROWS").as_deref() != Ok("contended") {
+                rows.push(uncontended(&store, cycles).await);
+            }
+            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
+            rows
+        });
+        for r in &rows {
+            println!(
+                "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1}",
+                r.label,
+                r.cycles(),
+                r.per_sec(),
+                r.percentile_us(0.50),
+                r.percentile_us(0.99)
+            );
+        }
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let sqlite_url = format!("sqlite://{}", dir.path().join("bench.db").display());
     let (rows, (acquire, release, renew)) = rt.block_on(async {
