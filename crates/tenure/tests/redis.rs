@@ -255,64 +255,20 @@ async fn another_databases_announcement_grants_nothing() {
 #[cfg(feature = "redis")]
 async fn forged_grant(server: &RedisServer, payload: String) {
     let store = tenure::open(&server.url()).await.unwrap();
-    let name = tenure_testkit::conformance::unique("forged");
-    let holder = tenure::Session::new(&store).await.unwrap();
-    let held = tenure::Mutex::new(&holder, &name)
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
-    let waiter = tenure::Session::new(&store).await.unwrap();
-    let (mutex, granted) = (
-        tenure::Mutex::new(&waiter, &name).unwrap(),
-        std::sync::Arc::new(tokio::sync::Notify::new()),
-    );
-    let task = {
-        let granted = granted.clone();
-        tokio::spawn(async move {
-            let guard = mutex.lock().await.unwrap();
-            granted.notify_one();
-            guard
-        })
-    };
-    let queue_name = tenure::Name::new(&name).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let seq = loop {
-        let queue = store.queue(&queue_name).await.unwrap();
-        if let Some(entry) = queue.entries.get(1) {
-            break entry.seq;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the waiter never queued"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    };
-    // Let the waiter reach its sleep, then forge its grant announcement.
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let receivers: i64 = redis::cmd("PUBLISH")
-        .arg(format!("{{tenure}}:w:{name}\t{seq:020}"))
-        .arg(payload)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(receivers, 1, "the waiter's channel is not the one forged");
-    let early =
-        tokio::time::timeout(std::time::Duration::from_millis(500), granted.notified()).await;
-    assert!(
-        early.is_err(),
-        "a forged message granted the lock while it was held"
-    );
-    let queue = store.queue(&queue_name).await.unwrap();
-    assert!(queue.entries[0].granted && !queue.entries[1].granted);
-    held.release().await.unwrap();
-    let guard = tokio::time::timeout(std::time::Duration::from_secs(10), task)
-        .await
-        .expect("the waiter was granted after the release")
-        .unwrap();
-    assert_eq!(guard.token(), seq);
-    guard.release().await.unwrap();
-    let _ = tokio::join!(holder.close(), waiter.close());
+    let url = server.url();
+    tenure_testkit::conformance::check_a_forged_wakeup_grants_nothing(
+        &store,
+        |name, seq| async move {
+            let client = redis::Client::open(url).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let receivers: i64 = redis::cmd("PUBLISH")
+                .arg(format!("{{tenure}}:w:{name}\t{seq:020}"))
+                .arg(payload)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(receivers, 1, "the waiter's channel is not the one forged");
+        },
+    )
+    .await;
 }

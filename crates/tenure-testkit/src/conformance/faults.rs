@@ -461,3 +461,60 @@ pub async fn check_lone_holder_layout<F, Fut>(
     g.release().await.unwrap();
     let _ = tokio::join!(s1.close(), s2.close());
 }
+
+/// A wake-up forged on a waiter's own channel while the lock is held
+/// (`forge(name, seq)` sends it, as another client of the server could)
+/// grants nothing: the waiter may look, but is granted only after the
+/// holder releases, with the token it queued with. For stores that take an
+/// announced grant without a look: only the announcement may do that.
+pub async fn check_a_forged_wakeup_grants_nothing<F, Fut>(store: &Arc<dyn Store>, forge: F)
+where
+    F: FnOnce(String, u64) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let name = unique("forged");
+    let holder = Session::new(store).await.unwrap();
+    let held = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let waiter = Session::new(store).await.unwrap();
+    let mutex = Mutex::new(&waiter, &name).unwrap();
+    let granted = Arc::new(tokio::sync::Notify::new());
+    let task = {
+        let granted = granted.clone();
+        tokio::spawn(async move {
+            let guard = mutex.lock().await.unwrap();
+            granted.notify_one();
+            guard
+        })
+    };
+    let queue_name = Name::new(&name).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let seq = loop {
+        let queue = store.queue(&queue_name).await.unwrap();
+        if let Some(entry) = queue.entries.get(1) {
+            break entry.seq;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // Let the waiter reach its sleep, then forge its wake-up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    forge(name.clone(), seq).await;
+    let early = tokio::time::timeout(Duration::from_millis(500), granted.notified()).await;
+    assert!(
+        early.is_err(),
+        "a forged wake-up granted the lock while it was held"
+    );
+    let queue = store.queue(&queue_name).await.unwrap();
+    assert!(queue.entries[0].granted && !queue.entries[1].granted);
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the waiter was granted after the release")
+        .unwrap();
+    assert_eq!(guard.token(), seq);
+    guard.release().await.unwrap();
+    let _ = tokio::join!(holder.close(), waiter.close());
+}

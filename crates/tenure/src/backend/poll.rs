@@ -281,6 +281,9 @@ struct Slot {
     notify: Notify,
     /// The store announced the grant of the entry of this [`grant_key`].
     granted: std::sync::atomic::AtomicBool,
+    /// What an announcement must carry to be taken
+    /// ([`Listeners::announced`]), set by the waiter.
+    proof: std::sync::OnceLock<String>,
 }
 
 /// The tasks of this process waiting on keys (an entry's grant, a name's
@@ -348,12 +351,27 @@ impl Listeners {
     /// for a release's grant that carries the keyspace's own id (pub/sub
     /// ignores the database number: a store of another database with the
     /// same prefix could announce the same name and token, with its own
-    /// id); not PostgreSQL's `NOTIFY`, which a transaction sends for an
-    /// entry it grants and may end again before it commits (`evict`).
+    /// id). PostgreSQL's `NOTIFY` only on the channel a release announces
+    /// on: another transaction may send a wake-up for an entry it grants
+    /// and end that entry again before it commits (`evict`).
     pub(crate) fn granted(&self, key: &str) {
         if let Some((slot, _)) = self.registry().get(key) {
             slot.granted
                 .store(true, std::sync::atomic::Ordering::Release);
+            slot.notify.notify_waiters();
+        }
+    }
+
+    /// [`Self::granted`] for an announcement that anyone who can reach the
+    /// channel could send (PostgreSQL's `NOTIFY` needs no privilege): taken
+    /// only with the proof its waiter expects ([`Listening::expect_proof`]),
+    /// which only the store could compute; anything else only wakes.
+    pub(crate) fn announced(&self, key: &str, proof: &str) {
+        if let Some((slot, _)) = self.registry().get(key) {
+            if slot.proof.get().is_some_and(|p| p == proof) {
+                slot.granted
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
             slot.notify.notify_waiters();
         }
     }
@@ -436,6 +454,13 @@ impl Listening {
     /// Whether the store announced this entry's grant ([`Listeners::granted`]).
     fn announced_granted(&self) -> bool {
         self.slot.granted.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The proof an announcement of this entry's grant must carry
+    /// ([`Listeners::announced`]). Every listener of a key waits for the
+    /// same entry, so the first proof set stands.
+    pub(crate) fn expect_proof(&self, proof: String) {
+        let _ = self.slot.proof.set(proof);
     }
 
     /// Runs `f` with the key when the key's last listener goes (to

@@ -1,7 +1,8 @@
 //! `postgres://user:password@host:port/db[?schema=NAME]`: one statement
 //! (taking a free name, releasing a lone holder) or one PL/pgSQL function
 //! call per operation (one round trip, one transaction), expiry confirmed by
-//! a watching client, waiters woken by LISTEN/NOTIFY.
+//! a watching client, waiters woken by LISTEN/NOTIFY (a release's grant is
+//! announced, and its waiter takes it without looking again).
 //!
 //! The tables and functions live in their own schema (default `tenure`),
 //! created on first use under an advisory lock, idempotently, and versioned
@@ -26,7 +27,7 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "8";
+const SCHEMA_VERSION: &str = "9";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
 /// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
@@ -35,8 +36,9 @@ const SCHEMA_VERSION: &str = "8";
 /// the fences' and cells' table and functions; 6 counts renewals and ends
 /// a session only when a watcher confirms it, never by the server's clock;
 /// 7 adds `evict_session`, ending one session by its tag; 8 keeps a lone
-/// holder in its name's row).
-const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6", "7"];
+/// holder in its name's row; 9 writes its helpers in PL/pgSQL, whose plans
+/// are kept, and announces a release's grants on `SCHEMA_grant`).
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6", "7", "8"];
 /// Takes a name nobody holds or waits for (`queued` false) for a live
 /// session: the lone holder goes into the name's row, with the next token.
 /// One statement; no row when that case does not apply, and the `join`
@@ -698,24 +700,40 @@ impl SqlDriver for Postgres {
         };
         let listeners = self.inner.listeners.clone();
         let wake = format!("{}_wake", self.inner.schema);
+        let grant = format!("{}_grant", self.inner.schema);
         tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            // Payload: name TAB token.
+            let key_of = |payload: &str| {
+                payload.rsplit_once('\t').and_then(|(name, seq)| {
+                    seq.parse::<u64>()
+                        .ok()
+                        .map(|seq| poll::grant_key(name, seq))
+                })
+            };
             while let Some(message) = messages.next().await {
                 match message {
                     Ok(AsyncMessage::Notification(n)) if n.channel() == wake => {
-                        // Payload: name TAB token.
-                        let parsed = n.payload().rsplit_once('\t').and_then(|(name, seq)| {
-                            seq.parse::<u64>()
-                                .ok()
-                                .map(|seq| poll::grant_key(name, seq))
-                        });
                         // Only a wake-up: the waiter looks before it takes the
                         // grant. A transaction may grant an entry and then
                         // end it (`evict` ends every holder its first settle
                         // finds, a waiter it just granted included), and the
                         // NOTIFY still goes out.
-                        if let Some(key) = parsed {
+                        if let Some(key) = key_of(n.payload()) {
                             listeners.wake(&key);
+                        }
+                    }
+                    Ok(AsyncMessage::Notification(n)) if n.channel() == grant => {
+                        // A release's grant, sent by a transaction that ends
+                        // nothing after it and delivered once it committed:
+                        // the grant itself, if it carries the proof only
+                        // the store could make (any role that can connect
+                        // may NOTIFY on any channel). Payload: name TAB
+                        // token TAB proof.
+                        if let Some((rest, proof)) = n.payload().rsplit_once('\t') {
+                            if let Some(key) = key_of(rest) {
+                                listeners.announced(&key, proof);
+                            }
                         }
                     }
                     Ok(AsyncMessage::Notification(n)) => {
@@ -733,7 +751,9 @@ impl SqlDriver for Postgres {
         });
         let s = &self.inner.schema;
         match client
-            .batch_execute(&format!("LISTEN {s}_wake; LISTEN {s}_change;"))
+            .batch_execute(&format!(
+                "LISTEN {s}_grant; LISTEN {s}_wake; LISTEN {s}_change;"
+            ))
             .await
         {
             // Kept here: the connection lives as long as its client.
@@ -748,6 +768,21 @@ impl SqlDriver for Postgres {
                 failed()
             }
         }
+    }
+
+    /// SHA-256 of the entry's session secret, a tab and its token, in hex,
+    /// as `settle` computes it: a role that can NOTIFY but cannot read the
+    /// sessions' secrets cannot make it, and a token is never reused, so a
+    /// proof heard once proves nothing more.
+    fn grant_proof(&self, secret: &str, seq: u64) -> Option<String> {
+        use sha2::Digest;
+        use std::fmt::Write;
+        let digest = sha2::Sha256::digest(format!("{secret}\t{seq}").as_bytes());
+        let mut hex = String::with_capacity(64);
+        for byte in digest.iter() {
+            let _ = write!(hex, "{byte:02x}");
+        }
+        Some(hex)
     }
 
     async fn fast(&self, routine: &'static str, args: &[Arg<'_>]) -> Result<Option<SqlRow>> {

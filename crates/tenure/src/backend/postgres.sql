@@ -1,4 +1,4 @@
--- tenure's PostgreSQL store, schema version 8 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock; 6 could not end one session by its tag; 7 kept every entry in @s.entries). "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 9 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock; 6 could not end one session by its tag; 7 kept every entry in @s.entries; 8 planned its SQL-language helpers again on every call, and announced no grant). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
 -- one transaction.
 --
@@ -97,8 +97,16 @@ DROP FUNCTION IF EXISTS @s.end_expired(text, bigint);
 -- anything changed. An entry of an ended session met on the way is
 -- dropped; entries further back are not read, so the cost follows the
 -- granted entries, not the waiters.
--- The caller holds the name's lock.
-CREATE OR REPLACE FUNCTION @s.settle(p_name text, p_changed boolean) RETURNS void
+-- The caller holds the name's lock. With p_announce (a release's settle,
+-- after which nothing in its transaction can end what it granted), each
+-- grant is also announced on @s_grant, with a proof (SHA-256 of the
+-- entry's session secret, a tab and its token: any role that can connect
+-- may NOTIFY), and a waiter that hears it takes the grant without looking
+-- again; every grant still goes out on @s_wake as before (a wake-up
+-- only), so clients of schema 8 still hear it.
+DROP FUNCTION IF EXISTS @s.settle(text, boolean);
+CREATE OR REPLACE FUNCTION @s.settle(p_name text, p_changed boolean,
+    p_announce boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     now_ms bigint := @s.now_ms();
@@ -134,6 +142,12 @@ BEGIN
         IF r.kind = 2 THEN permits := permits + r.count; END IF;
         IF r.granted_ms IS NULL THEN
             UPDATE @s.entries SET granted_ms = now_ms WHERE name = p_name AND seq = r.seq;
+            -- (The announcement first: the listener that hears it before
+            -- the wake-up takes the grant with no look.)
+            IF p_announce THEN
+                PERFORM pg_notify('@s_grant', p_name || E'\t' || r.seq || E'\t'
+                    || encode(sha256(convert_to(r.session || E'\t' || r.seq, 'UTF8')), 'hex'));
+            END IF;
             PERFORM pg_notify('@s_wake', p_name || E'\t' || r.seq);
             changed := true;
         END IF;
@@ -186,15 +200,22 @@ BEGIN
     IF holder IS NOT NULL THEN PERFORM @s.spill(p_name); END IF;
 END $$;
 
+-- The helpers below are PL/pgSQL, not SQL, though each is one query: a
+-- SQL-language function that PostgreSQL cannot inline (before version 18)
+-- is parsed and planned again on every call, which cost a waiter's look
+-- about half a millisecond; PL/pgSQL keeps its plans for the connection.
+
 -- Not ended (closed, evicted or confirmed expired).
-CREATE OR REPLACE FUNCTION @s.alive(p_secret text) RETURNS boolean LANGUAGE sql AS $$
-    SELECT EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > 0)
-$$;
+CREATE OR REPLACE FUNCTION @s.alive(p_secret text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > 0);
+END $$;
 
 -- Not lapsed by the database's clock either: the life of a bound cell.
-CREATE OR REPLACE FUNCTION @s.unlapsed(p_secret text) RETURNS boolean LANGUAGE sql AS $$
-    SELECT EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > @s.now_ms())
-$$;
+CREATE OR REPLACE FUNCTION @s.unlapsed(p_secret text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM @s.sessions WHERE id = p_secret AND expires_ms > @s.now_ms());
+END $$;
 
 -- What a watcher watches: the entries of p_name between p_after and
 -- p_before (both excluded), each as "seq:renewals:lapse" (any renewal
@@ -203,25 +224,32 @@ $$;
 -- clock (a hint of when to look); and whether all have lapsed.
 CREATE OR REPLACE FUNCTION @s.blockers_after(p_name text, p_after bigint, p_before bigint,
     OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT all_lapsed boolean)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms bigint := @s.now_ms();
+BEGIN
     SELECT coalesce(string_agg(e.seq || ':' || s.renewals || ':' || s.expires_ms, ','
                                ORDER BY e.seq), ''),
            coalesce(max(s.ttl_ms), 0),
-           greatest(coalesce(min(s.expires_ms), 0) - @s.now_ms(), 0),
-           coalesce(max(s.expires_ms) <= @s.now_ms(), false)
+           greatest(coalesce(min(s.expires_ms), 0) - now_ms, 0),
+           coalesce(max(s.expires_ms) <= now_ms, false)
+      INTO fingerprint, ttl_ms, until_ms, all_lapsed
       FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
-     WHERE e.name = p_name AND e.seq > p_after AND e.seq < p_before
-$$;
+     WHERE e.name = p_name AND e.seq > p_after AND e.seq < p_before;
+END $$;
 
 -- The same, for the entries before p_before (or only p_only).
 DROP FUNCTION IF EXISTS @s.blockers(text, bigint, bigint);
 CREATE FUNCTION @s.blockers(p_name text, p_before bigint, p_only bigint,
     OUT fingerprint text, OUT ttl_ms bigint, OUT until_ms bigint, OUT all_lapsed boolean)
-LANGUAGE sql AS $$
-    SELECT * FROM @s.blockers_after(p_name,
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT b.fingerprint, b.ttl_ms, b.until_ms, b.all_lapsed
+      INTO fingerprint, ttl_ms, until_ms, all_lapsed
+      FROM @s.blockers_after(p_name,
         coalesce(p_only - 1, -1),
-        CASE WHEN p_only IS NULL THEN p_before ELSE least(p_only + 1, p_before) END)
-$$;
+        CASE WHEN p_only IS NULL THEN p_before ELSE least(p_only + 1, p_before) END) b;
+END $$;
 
 -- Ends the sessions of p_name's entries before p_before that are still
 -- exactly as a watcher saw them for their TTL (p_confirm: "seq:renewals:
@@ -350,7 +378,7 @@ BEGIN
     IF FOUND THEN
         status := 'ok'; holds := 0;
         IF EXISTS (SELECT 1 FROM @s.entries e WHERE e.name = p_name) THEN
-            PERFORM @s.settle(p_name, true);
+            PERFORM @s.settle(p_name, true, true);
         ELSE
             UPDATE @s.names SET queued = false WHERE name = p_name;
             PERFORM pg_notify('@s_change', p_name);
@@ -367,7 +395,7 @@ BEGIN
     IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
     IF holds <= 0 THEN
         DELETE FROM @s.entries WHERE name = p_name AND seq = p_seq;
-        PERFORM @s.settle(p_name, true);
+        PERFORM @s.settle(p_name, true, true);
         holds := 0;
     END IF;
     status := 'ok';
@@ -387,23 +415,25 @@ LANGUAGE plpgsql AS $$
 DECLARE
     stamped bigint;
     ahead record;
+    has_ahead boolean;
     b record;
     confirm text := p_confirm;
+    locked boolean := false;
 BEGIN
     IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     -- Held in the name's row? (Read first: a row holder may move into
     -- @s.entries meanwhile, never the other way.)
     PERFORM 1 FROM @s.names n WHERE n.name = p_name AND n.h_seq = p_seq AND n.h_session = p_secret;
     IF FOUND THEN status := 'granted'; RETURN; END IF;
-    SELECT e.granted_ms INTO stamped FROM @s.entries e
-     WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
-    IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
-    IF stamped IS NOT NULL THEN status := 'granted'; RETURN; END IF;
-    PERFORM @s.lock_name(p_name);
-    -- Each turn ends something (an ended entry just ahead, or confirmed
-    -- blockers), so this ends.
+    -- The first turn reads without the name's lock, and the usual wait (a
+    -- live entry just ahead, nothing to confirm) ends there: every
+    -- committed change to the queue settled it, and a grant that commits
+    -- after these reads is notified to a waiter, which listens before it
+    -- looks. Anything else (an ended entry ahead, none ahead, blockers to
+    -- confirm) turns again under the lock. Each locked turn ends something
+    -- (an ended entry just ahead, or confirmed blockers), so this ends.
     LOOP
-        PERFORM @s.settle(p_name, false);
+        IF locked THEN PERFORM @s.settle(p_name, false); END IF;
         SELECT e.granted_ms INTO stamped FROM @s.entries e
          WHERE e.name = p_name AND e.seq = p_seq AND e.session = p_secret;
         IF NOT FOUND THEN status := 'notheld'; RETURN; END IF;
@@ -412,7 +442,13 @@ BEGIN
         SELECT e.seq, e.session, e.granted_ms, s.expires_ms INTO ahead
           FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq < p_seq ORDER BY e.seq DESC LIMIT 1;
-        IF NOT FOUND THEN
+        has_ahead := FOUND;
+        IF NOT locked AND (NOT has_ahead OR ahead.expires_ms <= 0 OR confirm IS NOT NULL) THEN
+            PERFORM @s.lock_name(p_name);
+            locked := true;
+            CONTINUE;
+        END IF;
+        IF NOT has_ahead THEN
             until_ms := 0; next := true; blockers := ''; ttl_ms := 0; RETURN;
         END IF;
         IF ahead.expires_ms <= 0 THEN

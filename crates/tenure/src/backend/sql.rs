@@ -189,6 +189,15 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
     /// in (to wake them after it is evicted).
     async fn names_of_tag(&self, tag: &str) -> Result<Vec<String>>;
 
+    /// What the server's announcement of the grant of `secret`'s entry
+    /// `seq` carries as its proof, for a driver whose announcements anyone
+    /// could send ([`poll::Listeners::announced`]); `None` for one that
+    /// announces no grant.
+    fn grant_proof(&self, secret: &str, seq: u64) -> Option<String> {
+        let _ = (secret, seq);
+        None
+    }
+
     /// Before a wait, and before each look: make sure the server's
     /// notifications arrive, where it sends any (PostgreSQL's `LISTEN`).
     /// Returns whether they do; if not, waiters poll.
@@ -487,6 +496,9 @@ impl<D: SqlDriver> Store for SqlStore<D> {
     async fn await_grant(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<()> {
         let (listening, _) = self.listeners.listen(poll::grant_key(name.as_str(), seq));
         let listening = listening.in_line(poll::grant_prefix(name.as_str()));
+        if let Some(proof) = self.driver.grant_proof(session.secret(), seq) {
+            listening.expect_proof(proof);
+        }
         let args = [
             Arg::Text(session.secret()),
             Arg::Text(name.as_str()),
