@@ -419,3 +419,14 @@ async fn a_take_that_found_the_name_locked_reads_its_session_after_the_wait() {
         .get(0);
     assert_eq!(holders, 0);
 }
+
+/// A semaphore waiter whose look finds a live entry just ahead still
+/// settles the name when another entry ahead belongs to an ended session.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_ended_elsewhere_is_passed_at_the_next_look() {
+    let Some(server) = shared() else { return };
+    let store = tenure::open(&server.url()).await.unwrap();
+    tenure_testkit::conformance::check_a_holder_ended_elsewhere_is_passed_at_the_next_look(&store)
+        .await;
+}

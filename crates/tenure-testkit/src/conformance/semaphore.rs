@@ -213,3 +213,73 @@ pub async fn check_semaphore(t: &Target) {
     c.close().await.unwrap();
     d.close().await.unwrap();
 }
+
+/// A semaphore's next in line waits for every granted entry ahead, not
+/// only the one just ahead: when a session that holds one of those ends by
+/// an eviction on another name (which settles that name alone), the waiter
+/// is granted at its next look, within a third of the TTL, not after
+/// watching the ended holder for a whole TTL. For stores whose looks skip
+/// settling while the entry just ahead is live (PostgreSQL, MySQL).
+pub async fn check_a_holder_ended_elsewhere_is_passed_at_the_next_look(store: &Arc<dyn Store>) {
+    let ttl = Duration::from_secs(3);
+    let spec = SessionSpec {
+        ttl,
+        label: "test".into(),
+    };
+    let (a, b, c) = (
+        store.open_session(&spec).await.unwrap(),
+        store.open_session(&spec).await.unwrap(),
+        store.open_session(&spec).await.unwrap(),
+    );
+    let (sem, other) = (
+        Name::new(unique("sem")).unwrap(),
+        Name::new(unique("other")).unwrap(),
+    );
+    let permit = EntryKind::Permits { count: 1, limit: 2 };
+    for key in [&a.key, &b.key] {
+        assert!(
+            join(store, key, &sem, permit)
+                .await
+                .unwrap()
+                .unwrap()
+                .granted
+        );
+    }
+    assert!(
+        join(store, &a.key, &other, EntryKind::Exclusive)
+            .await
+            .unwrap()
+            .unwrap()
+            .granted
+    );
+    let waiter = join(store, &c.key, &sem, permit).await.unwrap().unwrap();
+    assert!(!waiter.granted);
+    // B and C renew (B's lease is watched too), bounded: 10 s at most.
+    let renewing = {
+        let (store, b, c) = (store.clone(), b.key.clone(), c.key.clone());
+        tokio::spawn(async move {
+            for _ in 0..20 {
+                let _ = store.keep_alive(&b).await;
+                let _ = store.keep_alive(&c).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    let granted = {
+        let (store, key, sem) = (store.clone(), c.key.clone(), sem.clone());
+        tokio::spawn(async move { store.await_grant(&key, &sem, waiter.seq).await })
+    };
+    // The waiter reaches its watch, then A's session ends by the eviction.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(store.evict(&other).await.unwrap(), 1);
+    let within = ttl * 5 / 6;
+    tokio::time::timeout(within, granted)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter was not granted within {within:?} of the eviction"))
+        .unwrap()
+        .unwrap();
+    renewing.abort();
+    for key in [&b.key, &c.key] {
+        let _ = store.close_session(key).await;
+    }
+}

@@ -443,7 +443,12 @@ BEGIN
           FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq < p_seq ORDER BY e.seq DESC LIMIT 1;
         has_ahead := FOUND;
-        IF NOT locked AND (NOT has_ahead OR ahead.expires_ms <= 0 OR confirm IS NOT NULL) THEN
+        -- (The next in line waits for every entry ahead, all granted: an
+        -- ended one among them, a semaphore's say, needs settling too.)
+        IF NOT locked AND (NOT has_ahead OR ahead.expires_ms <= 0 OR confirm IS NOT NULL
+                OR (ahead.granted_ms IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+                                 WHERE e.name = p_name AND e.seq < p_seq AND s.expires_ms <= 0))) THEN
             PERFORM @s.lock_name(p_name);
             locked := true;
             CONTINUE;
