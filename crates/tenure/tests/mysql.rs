@@ -141,12 +141,28 @@ async fn a_join_that_waited_for_the_name_reads_its_session_after_the_wait() {
     assert_eq!(entries, Some(0));
 }
 
+/// A release answers with the entries it granted: a waiter of the same
+/// process takes its grant without a look (a handoff is one call).
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_here_costs_the_release_alone() {
+    let Some(server) = shared() else { return };
+    let my = tenure::backend::mysql::MysqlStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(my.clone());
+    tenure_testkit::conformance::check_a_handoff_here_costs_the_release_alone(&store, || {
+        my.round_trips()
+    })
+    .await;
+}
+
 /// 64 waiters on one mutex, in one process. MySQL cannot notify, so one of
 /// them polls — the next in line, at most every 100 ms — and the others wait
 /// for a local wake-up: about 10 calls a second in all, not 640. Each
-/// release and handoff costs at most 5 calls (the release, the granted
-/// waiter's look, the look of the waiter that takes over polling, a poll),
-/// however many wait.
+/// release and handoff costs at most 5 calls (the release, which says whom
+/// it granted, so that waiter does not look; the look of the waiter that
+/// takes over polling; polls), however many wait.
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_thundering_herd() {
@@ -299,5 +315,16 @@ async fn a_lone_holder_is_kept_in_its_names_row() {
         row.unwrap()
     };
     tenure_testkit::conformance::check_lone_holder_layout(&store, "n", || my.round_trips(), layout)
+        .await;
+}
+
+/// A semaphore waiter whose look finds a live entry just ahead still
+/// settles the name when another entry ahead belongs to an ended session.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_ended_elsewhere_is_passed_at_the_next_look() {
+    let Some(server) = shared() else { return };
+    let store = tenure::open(&server.url()).await.unwrap();
+    tenure_testkit::conformance::check_a_holder_ended_elsewhere_is_passed_at_the_next_look(&store)
         .await;
 }

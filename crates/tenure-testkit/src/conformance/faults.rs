@@ -518,3 +518,47 @@ where
     guard.release().await.unwrap();
     let _ = tokio::join!(holder.close(), waiter.close());
 }
+
+/// Five handoffs, each to a waiter of this process that has reached its
+/// sleep: the least of them costs one call of `work` (a count of calls to
+/// the store), the release, so the waiter took its grant from the release
+/// without a look of its own. (The least, as a store without notifications
+/// has the next in line poll, every 100 ms by then, which may fall in a
+/// handoff.)
+pub async fn check_a_handoff_here_costs_the_release_alone(
+    store: &Arc<dyn Store>,
+    work: impl Fn() -> u64,
+) {
+    let name = unique("handover");
+    // Renewals come every 20 s: none while calls are counted.
+    let long = || Session::with_options(store, SessionOptions::new().ttl(Duration::from_secs(60)));
+    let sessions = [long().await.unwrap(), long().await.unwrap()];
+    let mut guard = Mutex::new(&sessions[0], &name)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let mut least = u64::MAX;
+    for i in 1..=5 {
+        // The other session each time: the holder's own would re-enter.
+        let mutex = Mutex::new(&sessions[i % 2], &name).unwrap();
+        let waiter = tokio::spawn(async move { mutex.lock().await.unwrap() });
+        wait_queue_len(store, &name, 2).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (before, token) = (work(), guard.token());
+        guard.release().await.unwrap();
+        guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter was granted")
+            .unwrap();
+        assert!(guard.token() > token);
+        least = least.min(work() - before);
+    }
+    guard.release().await.unwrap();
+    let [a, b] = sessions;
+    let _ = tokio::join!(a.close(), b.close());
+    assert_eq!(
+        least, 1,
+        "every handoff cost more than the release: the waiter looked"
+    );
+}

@@ -1,8 +1,9 @@
--- tenure's MySQL/MariaDB store, schema version 8 (1 read the clock and the
+-- tenure's MySQL/MariaDB store, schema version 9 (1 read the clock and the
 -- session before the name's lock; 2 read every entry of a queue on each
 -- call; 3 had no fences or cells; 4 judged expiry by the server's clock; 5
 -- could not end one session by its tag; 6 ran more statements and nested
--- calls per join and release; 7 kept every entry in @pentries). "@p" is
+-- calls per join and release; 7 kept every entry in @pentries; 8 did not
+-- say what a release granted, and locked the name for every look). "@p" is
 -- the table prefix.
 -- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
 -- server's clock in milliseconds (replaced when loaded, so no stored
@@ -169,6 +170,12 @@ BEGIN
         IF v_granted IS NULL THEN
             UPDATE @pentries SET granted_ms = v_now WHERE name = p_name AND seq = v_seq;
             SET v_changed = TRUE;
+            -- What this call granted, for `leave` to answer with, while it
+            -- collects (a user variable of the connection: one call runs
+            -- on it at a time; NULL when nobody collects).
+            IF @tenure_granted IS NOT NULL THEN
+                SET @tenure_granted = CONCAT(@tenure_granted, ',', v_seq);
+            END IF;
         END IF;
     END LOOP;
     -- No live entry left: a free name again, which a join may take in its row.
@@ -228,7 +235,8 @@ proc: BEGIN
     DECLARE v_first BIGINT DEFAULT NULL;
     DECLARE v_hseq BIGINT DEFAULT NULL;
     DECLARE v_holder CHAR(32) CHARACTER SET ascii DEFAULT NULL;
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    DECLARE v_granted LONGTEXT DEFAULT NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN SET @tenure_granted = NULL; ROLLBACK; RESIGNAL; END;
     -- Each read must see what the previous lock holder committed (not the
     -- snapshot REPEATABLE READ would keep from before the lock wait).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
@@ -278,12 +286,17 @@ proc: BEGIN
     -- A lone holder's release leaves nothing to settle: the change alone.
     SELECT MIN(seq) INTO v_first FROM @pentries WHERE name = p_name;
     IF v_first IS NOT NULL THEN
+        SET @tenure_granted = '';
         CALL @psettle(p_name, TRUE);
+        SET v_granted = @tenure_granted, @tenure_granted = NULL;
     ELSE
         UPDATE @pnames SET version = version + 1, queued = FALSE WHERE name = p_name;
     END IF;
     COMMIT;
-    SELECT 'ok', 0;
+    -- The entries granted, committed and not ended since (nothing after
+    -- settle here ends one): the caller takes these grants for its waiters
+    -- in this process without their looks.
+    SELECT 'ok', 0, v_granted;
 END
 ;;
 DROP PROCEDURE IF EXISTS @pjoin
@@ -470,6 +483,7 @@ proc: BEGIN
     DECLARE v_agranted BIGINT;
     DECLARE v_aexpires BIGINT;
     DECLARE v_from BIGINT DEFAULT NULL;
+    DECLARE v_locked BOOLEAN DEFAULT FALSE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     SELECT COUNT(*) INTO v_alive FROM @psessions WHERE id = p_secret AND expires_ms > 0;
     IF v_alive = 0 THEN SELECT 'lost', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
@@ -483,24 +497,43 @@ proc: BEGIN
     IF v_found = 0 THEN SELECT 'notheld', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
     IF v_stamped IS NOT NULL THEN SELECT 'granted', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
     SET SESSION group_concat_max_len = 16777216;
-    -- Each read must see what the previous lock holder committed (not the
-    -- snapshot REPEATABLE READ would keep from before the lock wait).
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-    START TRANSACTION;
-    CALL @plock_name(p_name);
-    -- Each turn ends something (an ended entry just ahead, or confirmed
-    -- blockers), so this ends.
+    -- The first turn reads without the name's lock (each read its own
+    -- autocommit statement), and the usual wait (a live entry just ahead,
+    -- nothing to confirm) ends there: every committed change to the queue
+    -- settled it, and a grant that commits after these reads wakes the
+    -- waiter, which armed its wake-up before it looked (or its next poll
+    -- finds it). Anything else (an ended entry ahead, none ahead, blockers
+    -- to confirm) turns again under the lock. Each locked turn ends
+    -- something (an ended entry just ahead, or confirmed blockers), so
+    -- this ends.
     ahead: LOOP
-        CALL @psettle(p_name, FALSE);
-        SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
-         WHERE name = p_name AND seq = p_seq AND session = p_secret;
-        IF v_found = 0 THEN COMMIT; SELECT 'notheld', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
-        IF v_stamped IS NOT NULL THEN COMMIT; SELECT 'granted', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
+        IF v_locked THEN
+            CALL @psettle(p_name, FALSE);
+            SELECT COUNT(*), MAX(granted_ms) INTO v_found, v_stamped FROM @pentries
+             WHERE name = p_name AND seq = p_seq AND session = p_secret;
+            IF v_found = 0 THEN COMMIT; SELECT 'notheld', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
+            IF v_stamped IS NOT NULL THEN COMMIT; SELECT 'granted', NULL, NULL, NULL, NULL; LEAVE proc; END IF;
+        END IF;
         SET v_aseq = NULL;
         SELECT STRAIGHT_JOIN e.seq, e.granted_ms, s.expires_ms
           INTO v_aseq, v_agranted, v_aexpires
           FROM @pentries e JOIN @psessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq < p_seq ORDER BY e.seq DESC LIMIT 1;
+        -- (The next in line waits for every entry ahead, all granted: an
+        -- ended one among them, a semaphore's say, needs settling too.)
+        IF NOT v_locked AND (v_aseq IS NULL OR v_aexpires <= 0 OR v_confirm IS NOT NULL
+                OR (v_agranted IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM @pentries e JOIN @psessions s ON s.id = e.session
+                                 WHERE e.name = p_name AND e.seq < p_seq AND s.expires_ms <= 0))) THEN
+            -- Each read must see what the previous lock holder committed
+            -- (not the snapshot REPEATABLE READ would keep from before the
+            -- lock wait).
+            SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+            START TRANSACTION;
+            CALL @plock_name(p_name);
+            SET v_locked = TRUE;
+            ITERATE ahead;
+        END IF;
         IF v_aseq IS NULL THEN
             SET v_until = 0, v_next = TRUE, v_blockers = '', v_ttl = 0;
             LEAVE ahead;

@@ -345,7 +345,8 @@ impl Listeners {
     /// announcement made after the grant has committed, only to this store,
     /// and only of an entry still granted when the transaction ends
     /// (SQLite's wake-up in this process after the commit, for the entries
-    /// its settling granted): the grant is then in the store when the
+    /// its settling granted; MySQL's release, which answers with the
+    /// entries it granted): the grant is then in the store when the
     /// waiter hears of it, as a look would have found it. Tokens are never
     /// reused for a name, so the key names one entry. Redis's pub/sub only
     /// for a release's grant that carries the keyspace's own id (pub/sub

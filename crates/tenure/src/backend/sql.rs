@@ -103,6 +103,15 @@ impl SqlRow {
         }
     }
 
+    /// Text, or `None` for NULL or a column the answer does not have (one
+    /// an older schema's routine does not return).
+    pub fn opt_text(&self, i: usize) -> Result<Option<String>> {
+        match self.cells.get(i) {
+            None | Some(Cell::Null) => Ok(None),
+            Some(_) => self.text(i).map(Some),
+        }
+    }
+
     /// Bytes (NULL reads as none).
     pub fn bytes(&self, i: usize) -> Result<Vec<u8>> {
         match self.cell(i)? {
@@ -487,6 +496,17 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         self.status(&row, name)?;
         let holds = row.count(1)?;
         if holds == 0 {
+            // What the release granted, where the routine says (MySQL's):
+            // committed, and nothing after the release's settling ends it,
+            // so a waiter of this process takes it without a look.
+            if let Some(granted) = row.opt_text(2)? {
+                for seq in granted.split(',').filter(|s| !s.is_empty()) {
+                    let seq = seq.parse::<u64>().map_err(|e| {
+                        Error::backend(self.driver.backend(), format!("granted entry {seq:?}: {e}"))
+                    })?;
+                    self.listeners.granted(&poll::grant_key(name.as_str(), seq));
+                }
+            }
             // Whoever is next may be waiting in this process.
             self.wake_next(name.as_str());
         }
