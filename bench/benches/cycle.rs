@@ -1069,7 +1069,7 @@ fn main() {
                 let median = ratio_to_floor(r, floor);
                 if r.label.contains("non-fair") {
                     ratios.insert(format!("{backend} non-fair"), serde_json::json!(median));
-                } else if r.label.contains("tenure") {
+                } else if r.label.starts_with(&format!("{backend} tenure")) {
                     ratios.insert(backend.to_string(), serde_json::json!(median));
                 } else if r.label.contains("peer") {
                     peers.insert(r.label.clone(), serde_json::json!(median));
