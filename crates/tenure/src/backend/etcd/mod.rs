@@ -1373,7 +1373,17 @@ impl Store for EtcdStore {
             let exclusive = kind == EntryKind::Exclusive;
             let mut then = vec![
                 TxnOp::get(self.seen_key(name), None),
-                TxnOp::put(self.seen_key(name), "", None),
+                // Written once: a put every time was one more revision per
+                // join for etcd to write, index and compact.
+                TxnOp::txn(
+                    Txn::new()
+                        .when(vec![Compare::create_revision(
+                            self.seen_key(name),
+                            CompareOp::Equal,
+                            0,
+                        )])
+                        .and_then(vec![TxnOp::put(self.seen_key(name), "", None)]),
+                ),
                 TxnOp::put(
                     entry.clone(),
                     self.encode_entry(kind, &nonce, value),
