@@ -419,6 +419,8 @@ DECLARE
     b record;
     confirm text := p_confirm;
     locked boolean := false;
+    lo bigint;
+    hi bigint;
 BEGIN
     IF NOT @s.alive(p_secret) THEN status := 'lost'; RETURN; END IF;
     -- Held in the name's row? (Read first: a row holder may move into
@@ -480,11 +482,20 @@ BEGIN
                 (SELECT e.seq FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
                   WHERE e.name = p_name AND e.seq < p_seq AND s.expires_ms > @s.now_ms()
                   ORDER BY e.seq DESC LIMIT 1), 0), p_seq);
-        ELSE
-            SELECT * INTO b FROM @s.blockers(p_name, p_seq,
-                CASE WHEN next THEN NULL ELSE ahead.seq END);
+            until_ms := b.until_ms; blockers := b.fingerprint; ttl_ms := b.ttl_ms;
+            RETURN;
         END IF;
-        until_ms := b.until_ms; blockers := b.fingerprint; ttl_ms := b.ttl_ms;
+        -- The usual case, as blockers() would answer it, inline: two
+        -- nested function calls cost more than the query.
+        lo := CASE WHEN next THEN -1 ELSE ahead.seq - 1 END;
+        hi := CASE WHEN next THEN p_seq ELSE ahead.seq + 1 END;
+        SELECT coalesce(string_agg(e.seq || ':' || s.renewals || ':' || s.expires_ms, ','
+                                   ORDER BY e.seq), ''),
+               coalesce(max(s.ttl_ms), 0),
+               greatest(coalesce(min(s.expires_ms), 0) - @s.now_ms(), 0)
+          INTO blockers, ttl_ms, until_ms
+          FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq > lo AND e.seq < hi;
         RETURN;
     END LOOP;
 END $$;
