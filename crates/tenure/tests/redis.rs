@@ -272,3 +272,75 @@ async fn forged_grant(server: &RedisServer, payload: String) {
     )
     .await;
 }
+
+/// The script calls one server sees, by `INFO commandstats`.
+#[cfg(feature = "redis")]
+async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let calls = |command: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    calls("evalsha")
+}
+
+/// A queued waiter does not look at its entry once it listens: its join
+/// said what a look would, and one `HGET` confirms nothing was granted in
+/// between. So a handoff costs the server the join, the release and that
+/// `HGET`, not a third script call (counted by the server itself; its
+/// count of `HGET`s includes those inside scripts).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_does_not_look_before_its_grant() {
+    use std::time::Duration;
+    use tenure::{Mutex, Session, SessionOptions};
+    // A server of its own: the counts are the whole server's.
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let store = tenure::open(&server.url()).await.unwrap();
+    // Renewals every 20 s: none during the check.
+    let options = || SessionOptions::new().ttl(Duration::from_secs(60));
+    let holder = Session::with_options(&store, options()).await.unwrap();
+    let waiter = Session::with_options(&store, options()).await.unwrap();
+    let guard = Mutex::new(&holder, "n").unwrap().lock().await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let w = waiter.clone();
+    tokio::spawn(async move {
+        let _ = tx.send(Mutex::new(&w, "n").unwrap().lock().await);
+    });
+    // Time to join, subscribe and check (a few round trips on loopback).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        script_calls(&mut conn).await,
+        1,
+        "script calls while the waiter waits: its join alone"
+    );
+    guard.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("the waiter was granted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        script_calls(&mut conn).await,
+        2,
+        "script calls for a handoff: the join and the release, no look"
+    );
+    next.release().await.unwrap();
+    holder.close().await.unwrap();
+    waiter.close().await.unwrap();
+}

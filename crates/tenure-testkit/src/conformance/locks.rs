@@ -642,6 +642,65 @@ pub async fn check_dead_waiter_behind_a_waiter(t: &Target) {
     g.release().await.unwrap();
 }
 
+/// A waiter's wait starts after its join (it listens only then): a grant
+/// made in between is not missed, and a wait that starts while the holder
+/// still holds is not granted by it.
+pub async fn check_grant_before_the_wait(t: &Target) {
+    let spec = SessionSpec {
+        ttl: Duration::from_secs(30),
+        label: "test".into(),
+    };
+    let (a, b) = (
+        t.store.open_session(&spec).await.unwrap(),
+        t.store.open_session(&spec).await.unwrap(),
+    );
+    let n = Name::new(unique("between")).unwrap();
+    let held = t
+        .store
+        .join(&a.key, request(&n, EntryKind::Exclusive, b""))
+        .await;
+    let held = held.unwrap().unwrap();
+    assert!(held.granted);
+    // Granted between the join and the wait.
+    let w = t
+        .store
+        .join(&b.key, request(&n, EntryKind::Exclusive, b""))
+        .await;
+    let w = w.unwrap().unwrap();
+    assert!(!w.granted);
+    assert_eq!(t.store.leave(&a.key, &n, held.seq).await.unwrap(), 0);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        t.store.await_grant(&b.key, &n, w.seq),
+    )
+    .await
+    .expect("a grant made before the wait began was missed")
+    .unwrap();
+    // Held while the wait begins: not granted until the release.
+    let w2 = t
+        .store
+        .join(&a.key, request(&n, EntryKind::Exclusive, b""))
+        .await;
+    let w2 = w2.unwrap().unwrap();
+    assert!(!w2.granted);
+    let wait = t.store.await_grant(&a.key, &n, w2.seq);
+    tokio::pin!(wait);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut wait)
+            .await
+            .is_err(),
+        "granted while another held"
+    );
+    t.store.leave(&b.key, &n, w.seq).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .expect("the release did not grant the waiter")
+        .unwrap();
+    t.store.leave(&a.key, &n, w2.seq).await.unwrap();
+    t.store.close_session(&a.key).await.unwrap();
+    t.store.close_session(&b.key).await.unwrap();
+}
+
 /// A lock() future dropped while waiting leaves nothing behind.
 pub async fn check_cancelled_wait_leaves_queue(t: &Target) {
     let name = unique("cancel");

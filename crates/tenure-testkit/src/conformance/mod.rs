@@ -159,7 +159,7 @@ macro_rules! conformance_tests {
             check_unfair_mutex, check_unfair_crashed_holder_released, check_unfair_dead_holder_released, check_evicted_holder_is_told,
             check_evicted_session_is_told,
             check_waiter_session_expiry,
-            check_cancelled_wait_leaves_queue, check_dead_waiter_behind_a_waiter, check_fencing_monotonic,
+            check_grant_before_the_wait, check_cancelled_wait_leaves_queue, check_dead_waiter_behind_a_waiter, check_fencing_monotonic,
             check_election_failover, check_observe_order, check_proclaim_only_by_leader,
             check_elector_callbacks, check_shared_and_permits, check_bad_input,
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::store::{Entry, EntryKind, Name, Store};
 
 /// What a waiter learns from one look at its entry.
+#[derive(Debug, Clone)]
 pub(crate) enum Look {
     /// Granted.
     Granted,
@@ -66,6 +67,9 @@ where
     expire().await
 }
 
+/// [`until_granted`]'s `first` for a store without a stand-in first look.
+pub(crate) type NoStandIn = fn() -> std::future::Ready<Result<Option<Look>>>;
+
 /// Looks until granted, and between looks sleeps until one of:
 /// - `listening` is notified (a grant the store pushed, or a local change),
 /// - the expiry the look named (so a holder that dies silently is noticed),
@@ -78,6 +82,11 @@ where
 /// `listening` is armed before each look, so a wake-up that comes during
 /// the look is not lost. `pushed` is asked before each look (and may
 /// restore the notification path).
+///
+/// `first`, when given, stands in for the first look while notifications
+/// arrive: a store whose join already said what a look would (Redis's)
+/// only checks, once this waiter listens, that nothing was granted in
+/// between, and answers `None` to have the waiter look after all.
 ///
 /// When a look names a [`Watch`] (the store's clock is not trusted with
 /// expiry), expiry is judged by this client's monotonic clock instead: the
@@ -92,18 +101,21 @@ where
 /// interval), so a crashed holder is released within its TTL and one renew
 /// interval (and 1 % and 10 ms) of its last renewal; a waiter further back
 /// looks once per TTL of the entry ahead.
-pub(crate) async fn until_granted<F, Fut, H, HF>(
+pub(crate) async fn until_granted<F, Fut, H, HF, C, CF>(
     listening: &Listening,
     min: Duration,
     max: Duration,
     mut pushed: H,
     mut look: F,
+    mut first: Option<C>,
 ) -> Result<()>
 where
     F: FnMut(Option<String>) -> Fut,
     Fut: Future<Output = Result<Look>>,
     H: FnMut() -> HF,
     HF: Future<Output = bool>,
+    C: FnOnce() -> CF,
+    CF: Future<Output = Result<Option<Look>>>,
 {
     let mut backoff = min;
     // Each blocker as the store wrote it ("seq:renewals:lapse"), and when
@@ -129,7 +141,17 @@ where
             .map(|(blocker, _)| blocker.as_str())
             .collect();
         let confirm = (!due.is_empty()).then(|| due.join(","));
-        let (until, next, watch) = match look(confirm).await? {
+        // Only after `pushed` said notifications arrive (and so this
+        // waiter's are subscribed): a grant from then on is announced.
+        let stand_in = match first.take() {
+            Some(first) if pushed_now => first().await?,
+            _ => None,
+        };
+        let answer = match stand_in {
+            Some(answer) => answer,
+            None => look(confirm).await?,
+        };
+        let (until, next, watch) = match answer {
             Look::Granted => return Ok(()),
             Look::Wait { until, next, watch } => (until, next, watch),
         };

@@ -395,6 +395,40 @@ local function remove_entry(name, seq, secret)
   redis.call('SREM', k('se', secret), name)
 end
 
+-- What blocks the waiting entry `seq` of `name`, given what the settle
+-- just before saw: for the next in line the granted entries (and 1), for
+-- the others the entry just ahead (and 0), with the run of entries ahead
+-- that lapsed by Redis's clock back to the nearest live one, to be watched
+-- at once (crashed waiters would otherwise go one per TTL). NOBODY_AHEAD
+-- when the queue has no entry before it; nil when the entry ahead was found
+-- ended (removed: settle and ask again).
+local NOBODY_AHEAD = {}
+local function blocking(name, seq, seen)
+  if not seen.blocked or seen.blocked.seq == seq then return seen.granted, 1 end
+  local ahead = redis.call('ZREVRANGEBYSCORE', k('q', name), '(' .. seq, '-inf', 'LIMIT', 0, 1)
+  if #ahead == 0 then return NOBODY_AHEAD, 1 end
+  local r = entry(name, ahead[1])
+  if not r then return nil, 0 end
+  local list = {r}
+  if r.exp <= now then
+    local before = '(' .. ahead[1]
+    local live = false
+    while not live do
+      local batch = redis.call('ZREVRANGEBYSCORE', k('q', name), before, '-inf', 'LIMIT', 0, 8)
+      if #batch == 0 then break end
+      for _, other in ipairs(batch) do
+        before = '(' .. other
+        local e = entry(name, other)
+        if e then
+          if e.exp > now then live = true break end
+          list[#list + 1] = e
+        end
+      end
+    end
+  end
+  return list, 0
+end
+
 if op == 'open' then
   -- ARGV: secret, tag, ttl_ms, label
   collect()
@@ -531,7 +565,19 @@ elseif op == 'join' then
   redis.call('SADD', k('se', secret), name)
   -- The new seq is also the name's new version.
   redis.call('PUBLISH', k('ch', name), 'changed')
-  return {'ok', seq, granted and 1 or 0, 1, first}
+  if granted or mode ~= 'wait' or proposed then return {'ok', seq, granted and 1 or 0, 1, first} end
+  -- Queued: also what a first look would say (as 'look' answers 'wait'),
+  -- so that the waiter need not look once it listens. `seen` is the queue
+  -- before this entry, which is last. Not when the walk ahead found an
+  -- ended entry: then the queue is settled again and the waiter looks.
+  local list, next = blocking(name, seq, seen)
+  if list == NOBODY_AHEAD then return {'ok', seq, 0, 1, first, '0', 1, '', '0'} end
+  if list and #pending == 0 then
+    local fp, ttl, soonest = watch(list)
+    return {'ok', seq, 0, 1, first, fmt(math.max((soonest or now) - now, 0)), next, fp, fmt(ttl)}
+  end
+  settle_pending(name)
+  return {'ok', seq, 0, 1, first}
 
 elseif op == 'leave' then
   -- ARGV: secret, name, seq, the client's database number
@@ -570,36 +616,8 @@ elseif op == 'look' then
     mine = own(secret, name)
     if not mine or mine.seq ~= seq then return {'notheld'} end
     if mine.granted ~= '' then return {'granted'} end
-    local list, next = nil, 0
-    if not seen.blocked or seen.blocked.seq == seq then
-      list, next = seen.granted, 1
-    else
-      local ahead = redis.call('ZREVRANGEBYSCORE', k('q', name), '(' .. seq, '-inf', 'LIMIT', 0, 1)
-      if #ahead == 0 then return {'wait', '0', 1, '', '0'} end
-      local r = entry(name, ahead[1])
-      if r then
-        list = {r}
-        if r.exp <= now then
-          -- The entry just ahead lapsed by Redis's clock: watch the whole
-          -- run of lapsed entries ahead, back to the nearest live one, at
-          -- once (crashed waiters would otherwise go one per TTL).
-          local before = '(' .. ahead[1]
-          local live = false
-          while not live do
-            local batch = redis.call('ZREVRANGEBYSCORE', k('q', name), before, '-inf', 'LIMIT', 0, 8)
-            if #batch == 0 then break end
-            for _, other in ipairs(batch) do
-              before = '(' .. other
-              local e = entry(name, other)
-              if e then
-                if e.exp > now then live = true break end
-                list[#list + 1] = e
-              end
-            end
-          end
-        end
-      end
-    end
+    local list, next = blocking(name, seq, seen)
+    if list == NOBODY_AHEAD then return {'wait', '0', 1, '', '0'} end
     if list then
       local ended = 0
       if expire ~= '' then ended = end_confirmed(list, expire) end

@@ -397,6 +397,31 @@ struct Wakeups {
     /// database's number (`id:db`): a grant message that carries it is the
     /// grant itself.
     keyspace: Arc<std::sync::OnceLock<Vec<u8>>>,
+    /// What the joins of queued entries said a first look would, by
+    /// [`poll::grant_key`], until their waiters take it (or leave).
+    joined: std::sync::Mutex<std::collections::HashMap<String, Look>>,
+}
+
+/// At most this many joins' answers are kept for their waiters; beyond, a
+/// waiter looks as before.
+const JOINED_KEPT: usize = 4096;
+
+impl Wakeups {
+    fn joined_map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Look>> {
+        self.joined.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn joined_waiting(&self, name: &Name, seq: u64, wait: Look) {
+        let mut joined = self.joined_map();
+        if joined.len() < JOINED_KEPT {
+            joined.insert(poll::grant_key(name.as_str(), seq), wait);
+        }
+    }
+
+    fn take_joined(&self, name: &Name, seq: u64) -> Option<Look> {
+        self.joined_map()
+            .remove(&poll::grant_key(name.as_str(), seq))
+    }
 }
 
 impl RedisStore {
@@ -643,13 +668,45 @@ impl RedisStore {
             )),
             "behind" => Ok(NodeJoin::Behind(unsigned(field(1)?)?)),
             "ahead" => Ok(NodeJoin::Ahead(unsigned(field(1)?)?)),
-            _ => Ok(NodeJoin::Placed(Joined {
-                seq: unsigned(field(1)?)?,
-                granted: number(field(2)?)? == 1,
-                holds: u32::try_from(number(field(3)?)?).map_err(|_| bad_reply("holds"))?,
-                first: number(field(4)?)? == 1,
-            })),
+            _ => {
+                let joined = Joined {
+                    seq: unsigned(field(1)?)?,
+                    granted: number(field(2)?)? == 1,
+                    holds: u32::try_from(number(field(3)?)?).map_err(|_| bad_reply("holds"))?,
+                    first: number(field(4)?)? == 1,
+                };
+                // A queued entry's join also says what a first look would
+                // (not a Redlock node's: Redlock waits its own way).
+                if reply.len() > 5 && proposed.is_empty() {
+                    let wait = Look::Wait {
+                        until: poll::next_expiry(Some(number(field(5)?)?)),
+                        next: number(field(6)?)? == 1,
+                        watch: watch_at(&reply, 7)?,
+                    };
+                    self.inner.wakeups.joined_waiting(name, joined.seq, wait);
+                }
+                Ok(NodeJoin::Placed(joined))
+            }
         }
+    }
+
+    /// Whether the entry `seq` of `name` is still queued and not granted,
+    /// read with one plain `HGET` of its record (the last field is when it
+    /// was granted, empty while it waits): the check behind a waiter's
+    /// first look skipped ([`Self::await_grant`]).
+    async fn still_queued(&self, name: &Name, seq: u64) -> Result<bool> {
+        self.inner
+            .round_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = format!("{}:e:{}", self.inner.prefix, name.as_str());
+        let mut conn = self.inner.conn.clone();
+        let record: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(&key)
+            .arg(seq.to_string())
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_err)?;
+        Ok(record.is_some_and(|r| r.ends_with(b"\t")))
     }
 
     /// Watches `name`'s entries named in `watch` (a queue where nobody was
@@ -720,6 +777,7 @@ impl Store for RedisStore {
     }
 
     async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        self.inner.wakeups.take_joined(name, seq);
         let reply = self
             .call_fast(
                 "leave",
@@ -748,6 +806,12 @@ impl Store for RedisStore {
             .listen(format!("{channels}{seq:020}"))
             .await
             .in_line(channels);
+        // The join said what a first look would: once this waiter is
+        // subscribed, only check that its entry was not granted before.
+        let joined = self.inner.wakeups.take_joined(name, seq);
+        let first = joined.map(|wait| {
+            move || async move { Ok(self.still_queued(name, seq).await?.then_some(wait)) }
+        });
         let seq = &seq.to_string();
         let pushed = || self.subscribe(None);
         poll::until_granted(
@@ -778,6 +842,7 @@ impl Store for RedisStore {
                     _ => Err(bad_reply(&format!("{reply:?}"))),
                 }
             },
+            first,
         )
         .await
     }

@@ -527,23 +527,30 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         let (min, max) = self.driver.poll_bounds();
         let pushed = || self.driver.listen();
         let args = &args;
-        poll::until_granted(&listening, min, max, pushed, |confirm| async move {
-            let mut args = args.to_vec();
-            args.push(confirm.as_deref().map_or(Arg::Null, Arg::Text));
-            let row = self.counted().call("look", &args).await?;
-            if confirm.is_some() {
-                // Confirmed blockers were ended: others may be next.
-                self.wake_next(name.as_str());
-            }
-            Ok(match self.status(&row, name)?.as_str() {
-                "granted" => Look::Granted,
-                _ => Look::Wait {
-                    until: poll::next_expiry(row.opt_int(1)?),
-                    next: row.flag(2)?,
-                    watch: self.watch_at(&row, 3)?,
-                },
-            })
-        })
+        poll::until_granted(
+            &listening,
+            min,
+            max,
+            pushed,
+            |confirm| async move {
+                let mut args = args.to_vec();
+                args.push(confirm.as_deref().map_or(Arg::Null, Arg::Text));
+                let row = self.counted().call("look", &args).await?;
+                if confirm.is_some() {
+                    // Confirmed blockers were ended: others may be next.
+                    self.wake_next(name.as_str());
+                }
+                Ok(match self.status(&row, name)?.as_str() {
+                    "granted" => Look::Granted,
+                    _ => Look::Wait {
+                        until: poll::next_expiry(row.opt_int(1)?),
+                        next: row.flag(2)?,
+                        watch: self.watch_at(&row, 3)?,
+                    },
+                })
+            },
+            None::<poll::NoStandIn>,
+        )
         .await
     }
 

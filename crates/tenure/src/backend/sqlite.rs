@@ -1190,32 +1190,39 @@ impl Store for SqliteStore {
         let listening = listening.in_line(poll::grant_prefix(name.as_str()));
         let pushed = || async { false };
         // The machine's boot clock judges expiry here: nothing to watch.
-        poll::until_granted(&listening, POLL_MIN, POLL_MAX, pushed, |_| async {
-            loop {
-                match self.look(session, name, seq).await? {
-                    Look::Granted => return Ok(poll::Look::Granted),
-                    Look::Waiting { until, next } => {
-                        return Ok(poll::Look::Wait {
-                            until,
-                            next,
-                            watch: None,
-                        })
-                    }
-                    // Granted by an expiry nobody has settled yet, or behind
-                    // an expired waiter: settle, look again.
-                    Look::NeedsSettle { dead_ahead } => {
-                        let name = name.clone();
-                        self.write(move |tx| {
-                            if let Some(session) = &dead_ahead {
-                                end_sessions(tx, std::slice::from_ref(session))?;
-                            }
-                            Ok(((), vec![name.clone()]))
-                        })
-                        .await?;
+        poll::until_granted(
+            &listening,
+            POLL_MIN,
+            POLL_MAX,
+            pushed,
+            |_| async {
+                loop {
+                    match self.look(session, name, seq).await? {
+                        Look::Granted => return Ok(poll::Look::Granted),
+                        Look::Waiting { until, next } => {
+                            return Ok(poll::Look::Wait {
+                                until,
+                                next,
+                                watch: None,
+                            })
+                        }
+                        // Granted by an expiry nobody has settled yet, or behind
+                        // an expired waiter: settle, look again.
+                        Look::NeedsSettle { dead_ahead } => {
+                            let name = name.clone();
+                            self.write(move |tx| {
+                                if let Some(session) = &dead_ahead {
+                                    end_sessions(tx, std::slice::from_ref(session))?;
+                                }
+                                Ok(((), vec![name.clone()]))
+                            })
+                            .await?;
+                        }
                     }
                 }
-            }
-        })
+            },
+            None::<poll::NoStandIn>,
+        )
         .await
     }
 
