@@ -430,3 +430,57 @@ async fn a_holder_ended_elsewhere_is_passed_at_the_next_look() {
     tenure_testkit::conformance::check_a_holder_ended_elsewhere_is_passed_at_the_next_look(&store)
         .await;
 }
+
+/// A queued waiter does not look at its entry once it listens: its join
+/// (schema 10) said what a look would, one plain read confirms nothing was
+/// granted in between, and the release's announcement is the grant. Here
+/// `look` itself fails, in a schema of its own: a waiter that called it
+/// would fail too.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_told_of_its_grant_never_looks() {
+    use std::time::Duration;
+    let Some(server) = shared() else { return };
+    let url = format!("{}?schema=no_look", server.url());
+    let store = tenure::open(&url).await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "CREATE OR REPLACE FUNCTION no_look.look(p_secret text, p_name text, p_seq bigint,
+                 p_confirm text, OUT status text, OUT until_ms bigint, OUT next boolean,
+                 OUT blockers text, OUT ttl_ms bigint)
+             LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'look was called'; END $$;",
+        )
+        .await
+        .unwrap();
+    let options = || tenure::SessionOptions::new().ttl(Duration::from_secs(60));
+    let holder = Session::with_options(&store, options()).await.unwrap();
+    let waiter = Session::with_options(&store, options()).await.unwrap();
+    let mut guard = Mutex::new(&holder, "n").unwrap().lock().await.unwrap();
+    // Three handoffs, the first to a waiter of a process with no LISTEN
+    // connection yet.
+    for round in 0..3 {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let w = if round % 2 == 0 {
+            waiter.clone()
+        } else {
+            holder.clone()
+        };
+        tokio::spawn(async move {
+            let _ = tx.send(Mutex::new(&w, "n").unwrap().lock().await);
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        guard.release().await.unwrap();
+        guard = tokio::time::timeout(Duration::from_secs(10), rx)
+            .await
+            .expect("the waiter was granted")
+            .unwrap()
+            .unwrap();
+    }
+    guard.release().await.unwrap();
+    holder.close().await.unwrap();
+    waiter.close().await.unwrap();
+}

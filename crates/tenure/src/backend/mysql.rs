@@ -288,6 +288,7 @@ impl MysqlStore {
             driver,
             caps: capabilities(),
             round_trips: Default::default(),
+            joined: Default::default(),
             listeners: Listeners::default(),
         })
     }

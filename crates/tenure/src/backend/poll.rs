@@ -142,9 +142,19 @@ where
             .collect();
         let confirm = (!due.is_empty()).then(|| due.join(","));
         // Only after `pushed` said notifications arrive (and so this
-        // waiter's are subscribed): a grant from then on is announced.
+        // waiter's are subscribed): a grant from then on is announced, and
+        // one before shows in the check. So the wake-ups until now (a
+        // notification connection just opened wakes every waiter, for what
+        // it missed) are the check's: listen afresh.
         let stand_in = match first.take() {
-            Some(first) if pushed_now => first().await?,
+            Some(first) if pushed_now => {
+                notified.set(listening.notify().notified());
+                notified.as_mut().enable();
+                if listening.announced_granted() {
+                    return Ok(());
+                }
+                first().await?
+            }
             _ => None,
         };
         let answer = match stand_in {

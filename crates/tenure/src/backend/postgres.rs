@@ -27,7 +27,7 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "postgres";
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
-const SCHEMA_VERSION: &str = "9";
+const SCHEMA_VERSION: &str = "10";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
 /// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
@@ -37,8 +37,9 @@ const SCHEMA_VERSION: &str = "9";
 /// a session only when a watcher confirms it, never by the server's clock;
 /// 7 adds `evict_session`, ending one session by its tag; 8 keeps a lone
 /// holder in its name's row; 9 writes its helpers in PL/pgSQL, whose plans
-/// are kept, and announces a release's grants on `SCHEMA_grant`).
-const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6", "7", "8"];
+/// are kept, and announces a release's grants on `SCHEMA_grant`; 10's
+/// join says what a queued waiter's first look would).
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6", "7", "8", "9"];
 /// Takes a name nobody holds or waits for (`queued` false) for a live
 /// session: the lone holder goes into the name's row, with the next token.
 /// One statement; no row when that case does not apply, and the `join`
@@ -153,6 +154,7 @@ struct Statements {
     leave: Statement,
     fast_join: Statement,
     fast_leave: Statement,
+    still_queued: Statement,
     look: Statement,
     set_value: Statement,
     version: Statement,
@@ -453,6 +455,7 @@ impl PostgresStore {
             driver,
             caps: capabilities(),
             round_trips: Default::default(),
+            joined: Default::default(),
             listeners,
         })
     }
@@ -531,6 +534,13 @@ impl Postgres {
             .await?,
             fast_leave: prep_typed(FAST_LEAVE.replace("@s", s), &[Type::TEXT, Type::TEXT, Type::INT8])
                 .await?,
+            // A plain read, not a function: whether a queued entry still
+            // waits (the check behind a waiter's first look skipped).
+            still_queued: prep_typed(
+                format!("SELECT 'ok'::text FROM {s}.entries WHERE session = $1 AND name = $2 AND seq = $3 AND granted_ms IS NULL"),
+                &[Type::TEXT, Type::TEXT, Type::INT8],
+            )
+            .await?,
             look: prep(format!("SELECT * FROM {s}.look($1, $2, $3, $4)")).await?,
             set_value: prep(format!("SELECT {s}.set_value($1, $2, $3, $4)")).await?,
             version: prep(format!("SELECT coalesce((SELECT version FROM {s}.names WHERE name = $1), 0)")).await?,
@@ -794,6 +804,7 @@ impl SqlDriver for Postgres {
                     .await?
             }
             "leave" => self.query(|s| Ok(&s.fast_leave), args).await?,
+            "still_queued" => self.query(|s| Ok(&s.still_queued), args).await?,
             _ => return Ok(None),
         };
         rows.first().map(to_row).transpose()

@@ -1,4 +1,4 @@
--- tenure's PostgreSQL store, schema version 9 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock; 6 could not end one session by its tag; 7 kept every entry in @s.entries; 8 planned its SQL-language helpers again on every call, and announced no grant). "@s" is the schema's name.
+-- tenure's PostgreSQL store, schema version 10 (1 had no fast paths; 2 read the clock before the name's lock; 3 read every entry of a queue on each call; 4 had no fences or cells; 5 judged expiry by the server's clock; 6 could not end one session by its tag; 7 kept every entry in @s.entries; 8 planned its SQL-language helpers again on every call, and announced no grant; 9's join did not say what a waiter's first look would). "@s" is the schema's name.
 -- Every operation is one call of one of these functions: one round trip,
 -- one transaction.
 --
@@ -273,13 +273,17 @@ DROP FUNCTION IF EXISTS @s.join(text, text, smallint, integer, integer, bytea, b
 CREATE FUNCTION @s.join(p_secret text, p_name text, p_kind smallint, p_count integer,
     p_lim integer, p_value bytea, p_if_granted boolean,
     OUT status text, OUT seq bigint, OUT granted boolean, OUT holds integer, OUT first boolean,
-    OUT blockers text, OUT ttl_ms bigint, OUT lapsed boolean)
+    OUT blockers text, OUT ttl_ms bigint, OUT lapsed boolean, OUT until_ms bigint, OUT next boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     mine @s.entries%ROWTYPE;
     r record;
     permits bigint := 0;
     empty boolean := false;
+    v_seq bigint;
+    lo bigint;
+    hi bigint;
+    ended boolean;
 BEGIN
     -- (A free name is taken by the driver's FAST_JOIN, one UPDATE of the
     -- name's row, before this is called.)
@@ -361,6 +365,33 @@ BEGIN
     END IF;
     first := seq = 1;
     PERFORM pg_notify('@s_change', p_name);
+    IF NOT granted THEN
+        -- Queued (last, behind a settled queue): also what the waiter's
+        -- first look would say in the usual case, a live entry just ahead
+        -- (as `look` answers it), so that it need not look once it listens
+        -- (blockers, ttl_ms, until_ms, next). Otherwise until_ms stays NULL
+        -- and the waiter looks.
+        v_seq := seq;
+        SELECT e.seq, e.granted_ms, s.expires_ms INTO r
+          FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq < v_seq ORDER BY e.seq DESC LIMIT 1;
+        IF FOUND AND r.expires_ms > 0
+           AND (r.granted_ms IS NOT NULL OR r.expires_ms > @s.now_ms()) THEN
+            next := r.granted_ms IS NOT NULL;
+            lo := CASE WHEN next THEN -1 ELSE r.seq - 1 END;
+            hi := CASE WHEN next THEN v_seq ELSE r.seq + 1 END;
+            SELECT coalesce(string_agg(e.seq || ':' || s.renewals || ':' || s.expires_ms, ','
+                                       ORDER BY e.seq), ''),
+                   coalesce(max(s.ttl_ms), 0),
+                   greatest(coalesce(min(s.expires_ms), 0) - @s.now_ms(), 0),
+                   coalesce(bool_or(s.expires_ms <= 0), false)
+              INTO blockers, ttl_ms, until_ms, ended
+              FROM @s.entries e JOIN @s.sessions s ON s.id = e.session
+             WHERE e.name = p_name AND e.seq > lo AND e.seq < hi;
+            -- (An ended entry among them is the look's to settle.)
+            IF ended THEN blockers := NULL; ttl_ms := NULL; until_ms := NULL; next := NULL; END IF;
+        END IF;
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION @s.leave(p_secret text, p_name text, p_seq bigint,

@@ -172,7 +172,9 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
     /// common case — taking a name nobody holds or waits for, releasing a
     /// lone holder — or `None` when that case does not apply, and
     /// [`SqlDriver::call`] decides. Called only when
-    /// [`SqlDriver::has_fast_paths`].
+    /// [`SqlDriver::has_fast_paths`]. Also "still_queued" (secret, name,
+    /// seq): a row when that entry waits, not granted, none otherwise; for
+    /// a driver whose `join` says what a waiter's first look would.
     async fn fast(&self, routine: &'static str, args: &[Arg<'_>]) -> Result<Option<SqlRow>> {
         let _ = (routine, args);
         Ok(None)
@@ -233,6 +235,34 @@ pub struct SqlStore<D> {
     pub(crate) listeners: Listeners,
     /// Calls made to the database (see [`SqlStore::round_trips`]).
     pub(crate) round_trips: Arc<std::sync::atomic::AtomicU64>,
+    /// What the joins of queued entries said a first look would, until
+    /// their waiters take it (or leave).
+    pub(crate) joined: JoinedLooks,
+}
+
+/// What joins said a waiter's first look would, by [`poll::grant_key`],
+/// kept for its waiter (at most [`JoinedLooks::KEPT`]; beyond, a waiter
+/// looks as before).
+#[derive(Clone, Default)]
+pub(crate) struct JoinedLooks(Arc<std::sync::Mutex<std::collections::HashMap<String, Look>>>);
+
+impl JoinedLooks {
+    const KEPT: usize = 4096;
+
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Look>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn keep(&self, name: &Name, seq: u64, wait: Look) {
+        let mut map = self.map();
+        if map.len() < Self::KEPT {
+            map.insert(poll::grant_key(name.as_str(), seq), wait);
+        }
+    }
+
+    pub(crate) fn take(&self, name: &Name, seq: u64) -> Option<Look> {
+        self.map().remove(&poll::grant_key(name.as_str(), seq))
+    }
 }
 
 impl<D: fmt::Debug> fmt::Debug for SqlStore<D> {
@@ -469,15 +499,29 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             },
         };
         self.changed(name.as_str());
-        Ok(Some(Joined {
+        let joined = Joined {
             seq: row.count(1)?,
             granted: row.flag(2)?,
             holds: row.count(3)?,
             first: row.flag(4)?,
-        }))
+        };
+        // A queued entry's join may also say what a first look would
+        // (PostgreSQL's, from schema 10: columns 8 and 9).
+        if !joined.granted && row.cells.len() > 9 {
+            if let Some(until) = row.opt_int(8)? {
+                let wait = Look::Wait {
+                    until: poll::next_expiry(Some(until)),
+                    next: row.flag(9)?,
+                    watch: self.watch_at(&row, 5)?,
+                };
+                self.joined.keep(name, joined.seq, wait);
+            }
+        }
+        Ok(Some(joined))
     }
 
     async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
+        self.joined.take(name, seq);
         let args = [
             Arg::Text(session.secret()),
             Arg::Text(name.as_str()),
@@ -527,6 +571,15 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         let (min, max) = self.driver.poll_bounds();
         let pushed = || self.driver.listen();
         let args = &args;
+        // The join said what a first look would: once this waiter listens
+        // (notifications arrive), only check that its entry was not granted
+        // before, with a plain read.
+        let first = self.joined.take(name, seq).map(|wait| {
+            move || async move {
+                let queued = self.counted().fast("still_queued", &args[..3]).await?;
+                Ok(queued.is_some().then_some(wait))
+            }
+        });
         poll::until_granted(
             &listening,
             min,
@@ -549,7 +602,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
                     },
                 })
             },
-            None::<poll::NoStandIn>,
+            first,
         )
         .await
     }
