@@ -442,37 +442,46 @@ async fn a_waiter_told_of_its_grant_never_looks() {
     use std::time::Duration;
     let Some(server) = shared() else { return };
     let url = format!("{}?schema=no_look", server.url());
-    let store = tenure::open(&url).await.unwrap();
+    let pg = tenure::backend::postgres::PostgresStore::open(&url)
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(pg.clone());
     let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
-    client
-        .batch_execute(
-            "CREATE OR REPLACE FUNCTION no_look.look(p_secret text, p_name text, p_seq bigint,
-                 p_confirm text, OUT status text, OUT until_ms bigint, OUT next boolean,
-                 OUT blockers text, OUT ttl_ms bigint)
-             LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'look was called'; END $$;",
-        )
-        .await
-        .unwrap();
     let options = || tenure::SessionOptions::new().ttl(Duration::from_secs(60));
     let holder = Session::with_options(&store, options()).await.unwrap();
     let waiter = Session::with_options(&store, options()).await.unwrap();
     let mut guard = Mutex::new(&holder, "n").unwrap().lock().await.unwrap();
-    // Three handoffs, the first to a waiter of a process with no LISTEN
-    // connection yet.
-    for round in 0..3 {
+    // Round 0 opens the process's LISTEN connection (on a slow machine,
+    // longer than a join's answer stays fresh, and its waiter would look);
+    // from round 1 on, `look` fails.
+    for round in 0..4 {
+        if round == 1 {
+            client
+                .batch_execute(
+                    "CREATE OR REPLACE FUNCTION no_look.look(p_secret text, p_name text, p_seq bigint,
+                         p_confirm text, OUT status text, OUT until_ms bigint, OUT next boolean,
+                         OUT blockers text, OUT ttl_ms bigint)
+                     LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'look was called'; END $$;",
+                )
+                .await
+                .unwrap();
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let w = if round % 2 == 0 {
             waiter.clone()
         } else {
             holder.clone()
         };
+        let since = pg.round_trips();
         tokio::spawn(async move {
             let _ = tx.send(Mutex::new(&w, "n").unwrap().lock().await);
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Joined and checked (a join and a read at least), then quiet: the
+        // release must come after the check, or the waiter would look.
+        tenure_testkit::conformance::wait_calls_settled(|| pg.round_trips(), since, 2).await;
         guard.release().await.unwrap();
         guard = tokio::time::timeout(Duration::from_secs(10), rx)
             .await

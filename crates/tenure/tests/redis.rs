@@ -304,7 +304,10 @@ async fn a_queued_waiter_does_not_look_before_its_grant() {
     let Some(server) = RedisServer::start_or_skip() else {
         return;
     };
-    let store = tenure::open(&server.url()).await.unwrap();
+    let redis = tenure::backend::redis::RedisStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(redis.clone());
     // Renewals every 20 s: none during the check.
     let options = || SessionOptions::new().ttl(Duration::from_secs(60));
     let holder = Session::with_options(&store, options()).await.unwrap();
@@ -319,11 +322,12 @@ async fn a_queued_waiter_does_not_look_before_its_grant() {
         .unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let w = waiter.clone();
+    let since = redis.round_trips();
     tokio::spawn(async move {
         let _ = tx.send(Mutex::new(&w, "n").unwrap().lock().await);
     });
-    // Time to join, subscribe and check (a few round trips on loopback).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Joined, subscribed and checked: a join and an HGET, then quiet.
+    tenure_testkit::conformance::wait_calls_settled(|| redis.round_trips(), since, 2).await;
     assert_eq!(
         script_calls(&mut conn).await,
         1,

@@ -147,6 +147,29 @@ pub(crate) async fn wait_queue_len(store: &Arc<dyn Store>, name: &str, len: usiz
     }
 }
 
+/// Waits (bounded, 10 s) until a store's call count (`calls`) has grown by
+/// at least `at_least` since `since` and then stayed put for 200 ms: a
+/// waiter that has made its calls and sleeps.
+pub async fn wait_calls_settled(calls: impl Fn() -> u64, since: u64, at_least: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = calls();
+    let mut still_since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = calls();
+        if now != last {
+            last = now;
+            still_since = Instant::now();
+        } else if now >= since + at_least && still_since.elapsed() >= Duration::from_millis(200) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "calls never settled: {now} (from {since}, at least {at_least} more)"
+        );
+    }
+}
+
 /// One `#[tokio::test]` per conformance check for a target, and with
 /// `server:` and `down:` the fault checks on a server of the test kit.
 #[macro_export]

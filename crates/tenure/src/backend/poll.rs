@@ -67,6 +67,66 @@ where
     expire().await
 }
 
+/// How old a join's answer may be, at most, when a waiter takes it for its
+/// first look (see [`JoinedLook::fresh`]).
+pub(crate) const JOINED_FRESH: Duration = Duration::from_secs(1);
+
+/// What the joins of queued entries said a waiter's first look would, by
+/// [`grant_key`], kept for the waiter ([`until_granted`]'s `first`): at most
+/// [`JoinedLooks::KEPT`]; one older than [`JOINED_FRESH`] is no use, and is
+/// dropped when the map is full.
+#[derive(Clone, Default)]
+pub(crate) struct JoinedLooks(std::sync::Arc<std::sync::Mutex<HashMap<String, (Instant, Look)>>>);
+
+impl JoinedLooks {
+    const KEPT: usize = 4096;
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Look)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps a join's answer for the waiter of `name`'s entry `seq`.
+    pub(crate) fn keep(&self, name: &Name, seq: u64, wait: Look) {
+        let mut map = self.map();
+        if map.len() >= Self::KEPT {
+            map.retain(|_, (at, _)| at.elapsed() <= JOINED_FRESH);
+        }
+        if map.len() < Self::KEPT {
+            map.insert(grant_key(name.as_str(), seq), (Instant::now(), wait));
+        }
+    }
+
+    /// Takes the answer kept for the waiter of `name`'s entry `seq`.
+    pub(crate) fn take(&self, name: &Name, seq: u64) -> Option<JoinedLook> {
+        self.map()
+            .remove(&grant_key(name.as_str(), seq))
+            .map(|(at, look)| JoinedLook { at, look })
+    }
+}
+
+/// One join's answer, taken by its waiter.
+pub(crate) struct JoinedLook {
+    at: Instant,
+    look: Look,
+}
+
+impl JoinedLook {
+    /// The answer, if it is still fresh enough to stand in for a look: a
+    /// blocker's renewal after the join read it goes unseen until the
+    /// waiter's next look, as one after any look's read does. The next in
+    /// line looks every renew interval (a third of the TTL) anyway; for the
+    /// others the gap is kept under a tenth of the blockers' TTL (and
+    /// [`JOINED_FRESH`]): a few round trips as a rule, more only when the
+    /// waiter had to open its notification connection first.
+    pub(crate) fn fresh(self) -> Option<Look> {
+        let limit = match &self.look {
+            Look::Wait { watch: Some(w), .. } => (w.ttl / 10).min(JOINED_FRESH),
+            _ => JOINED_FRESH,
+        };
+        (self.at.elapsed() <= limit).then_some(self.look)
+    }
+}
+
 /// [`until_granted`]'s `first` for a store without a stand-in first look.
 pub(crate) type NoStandIn = fn() -> std::future::Ready<Result<Option<Look>>>;
 
@@ -132,7 +192,7 @@ where
         if listening.announced_granted() {
             return Ok(());
         }
-        let pushed_now = pushed().await;
+        let mut pushed_now = pushed().await;
         // A TTL of 0 would be a store that lost a session's record: never
         // confirm by it.
         let due: Vec<&str> = watched
@@ -145,7 +205,9 @@ where
         // waiter's are subscribed): a grant from then on is announced, and
         // one before shows in the check. So the wake-ups until now (a
         // notification connection just opened wakes every waiter, for what
-        // it missed) are the check's: listen afresh.
+        // it missed) are the check's: listen afresh, and ask `pushed`
+        // again, in case the connection dropped in between (its wake-up
+        // went to the listener just replaced).
         let stand_in = match first.take() {
             Some(first) if pushed_now => {
                 notified.set(listening.notify().notified());
@@ -153,7 +215,12 @@ where
                 if listening.announced_granted() {
                     return Ok(());
                 }
-                first().await?
+                pushed_now = pushed().await;
+                if pushed_now {
+                    first().await?
+                } else {
+                    None
+                }
             }
             _ => None,
         };

@@ -535,9 +535,12 @@ impl Postgres {
             fast_leave: prep_typed(FAST_LEAVE.replace("@s", s), &[Type::TEXT, Type::TEXT, Type::INT8])
                 .await?,
             // A plain read, not a function: whether a queued entry still
-            // waits (the check behind a waiter's first look skipped).
+            // waits, for a live session (the check behind a waiter's first
+            // look skipped; otherwise the waiter looks, and learns why).
             still_queued: prep_typed(
-                format!("SELECT 'ok'::text FROM {s}.entries WHERE session = $1 AND name = $2 AND seq = $3 AND granted_ms IS NULL"),
+                format!("SELECT 'ok'::text FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session
+                          WHERE e.session = $1 AND e.name = $2 AND e.seq = $3 AND e.granted_ms IS NULL
+                            AND s.expires_ms > 0"),
                 &[Type::TEXT, Type::TEXT, Type::INT8],
             )
             .await?,

@@ -397,31 +397,8 @@ struct Wakeups {
     /// database's number (`id:db`): a grant message that carries it is the
     /// grant itself.
     keyspace: Arc<std::sync::OnceLock<Vec<u8>>>,
-    /// What the joins of queued entries said a first look would, by
-    /// [`poll::grant_key`], until their waiters take it (or leave).
-    joined: std::sync::Mutex<std::collections::HashMap<String, Look>>,
-}
-
-/// At most this many joins' answers are kept for their waiters; beyond, a
-/// waiter looks as before.
-const JOINED_KEPT: usize = 4096;
-
-impl Wakeups {
-    fn joined_map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Look>> {
-        self.joined.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn joined_waiting(&self, name: &Name, seq: u64, wait: Look) {
-        let mut joined = self.joined_map();
-        if joined.len() < JOINED_KEPT {
-            joined.insert(poll::grant_key(name.as_str(), seq), wait);
-        }
-    }
-
-    fn take_joined(&self, name: &Name, seq: u64) -> Option<Look> {
-        self.joined_map()
-            .remove(&poll::grant_key(name.as_str(), seq))
-    }
+    /// What the joins of queued entries said a first look would.
+    joined: poll::JoinedLooks,
 }
 
 impl RedisStore {
@@ -683,7 +660,7 @@ impl RedisStore {
                         next: number(field(6)?)? == 1,
                         watch: watch_at(&reply, 7)?,
                     };
-                    self.inner.wakeups.joined_waiting(name, joined.seq, wait);
+                    self.inner.wakeups.joined.keep(name, joined.seq, wait);
                 }
                 Ok(NodeJoin::Placed(joined))
             }
@@ -777,7 +754,7 @@ impl Store for RedisStore {
     }
 
     async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
-        self.inner.wakeups.take_joined(name, seq);
+        self.inner.wakeups.joined.take(name, seq);
         let reply = self
             .call_fast(
                 "leave",
@@ -808,9 +785,12 @@ impl Store for RedisStore {
             .in_line(channels);
         // The join said what a first look would: once this waiter is
         // subscribed, only check that its entry was not granted before.
-        let joined = self.inner.wakeups.take_joined(name, seq);
-        let first = joined.map(|wait| {
-            move || async move { Ok(self.still_queued(name, seq).await?.then_some(wait)) }
+        let joined = self.inner.wakeups.joined.take(name, seq);
+        let first = joined.map(|joined| {
+            move || async move {
+                let queued = self.still_queued(name, seq).await?;
+                Ok(queued.then(|| joined.fresh()).flatten())
+            }
         });
         let seq = &seq.to_string();
         let pushed = || self.subscribe(None);

@@ -237,32 +237,7 @@ pub struct SqlStore<D> {
     pub(crate) round_trips: Arc<std::sync::atomic::AtomicU64>,
     /// What the joins of queued entries said a first look would, until
     /// their waiters take it (or leave).
-    pub(crate) joined: JoinedLooks,
-}
-
-/// What joins said a waiter's first look would, by [`poll::grant_key`],
-/// kept for its waiter (at most [`JoinedLooks::KEPT`]; beyond, a waiter
-/// looks as before).
-#[derive(Clone, Default)]
-pub(crate) struct JoinedLooks(Arc<std::sync::Mutex<std::collections::HashMap<String, Look>>>);
-
-impl JoinedLooks {
-    const KEPT: usize = 4096;
-
-    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Look>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn keep(&self, name: &Name, seq: u64, wait: Look) {
-        let mut map = self.map();
-        if map.len() < Self::KEPT {
-            map.insert(poll::grant_key(name.as_str(), seq), wait);
-        }
-    }
-
-    pub(crate) fn take(&self, name: &Name, seq: u64) -> Option<Look> {
-        self.map().remove(&poll::grant_key(name.as_str(), seq))
-    }
+    pub(crate) joined: poll::JoinedLooks,
 }
 
 impl<D: fmt::Debug> fmt::Debug for SqlStore<D> {
@@ -574,10 +549,10 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         // The join said what a first look would: once this waiter listens
         // (notifications arrive), only check that its entry was not granted
         // before, with a plain read.
-        let first = self.joined.take(name, seq).map(|wait| {
+        let first = self.joined.take(name, seq).map(|joined| {
             move || async move {
                 let queued = self.counted().fast("still_queued", &args[..3]).await?;
-                Ok(queued.is_some().then_some(wait))
+                Ok(queued.and_then(|_| joined.fresh()))
             }
         });
         poll::until_granted(
