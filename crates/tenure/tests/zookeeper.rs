@@ -221,12 +221,11 @@ async fn cell_versions_are_not_reused_after_the_node_is_made_again() {
     assert!(v4 > v3, "{v4} after {v3}");
 }
 
-/// A handoff to the next in line lists nothing: the deletion of the node
-/// just ahead (the holder's, at the head) is the grant, and the first wait
-/// uses the join's own listing. Counted by the store's waiter listings, over
-/// five handoffs (each one listing, before).
+/// A queued waiter's first wait lists nothing: it watches the child its
+/// join's own listing named. Counted by the store's waiter listings: none
+/// while it waits, one after the wake-up (before: one more, first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handoff_to_the_next_in_line_lists_nothing() {
+async fn a_waiters_first_wait_uses_its_joins_listing() {
     use std::time::Duration;
     use tenure::{Mutex, Session, SessionOptions};
     let Some(server) = shared() else { return };
@@ -235,105 +234,35 @@ async fn a_handoff_to_the_next_in_line_lists_nothing() {
         .unwrap();
     let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(zk.clone());
     let options = || SessionOptions::new().ttl(Duration::from_secs(60));
-    let name = tenure_testkit::conformance::unique("handoff");
+    let name = tenure_testkit::conformance::unique("first-wait");
     let holder = Session::with_options(&store, options()).await.unwrap();
     let waiter = Session::with_options(&store, options()).await.unwrap();
-    let mut guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
     let before = zk.waiter_listings();
-    for round in 0..5 {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let w = if round % 2 == 0 {
-            waiter.clone()
-        } else {
-            holder.clone()
-        };
-        let n = name.clone();
-        tokio::spawn(async move {
-            let _ = tx.send(Mutex::new(&w, &n).unwrap().lock().await);
-        });
-        // Queued and watching (a bounded wait for the queue, then time to
-        // set its watches).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while store
-            .queue(&tenure::Name::new(name.clone()).unwrap())
-            .await
-            .unwrap()
-            .entries
-            .len()
-            < 2
-        {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the waiter never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        guard.release().await.unwrap();
-        guard = tokio::time::timeout(Duration::from_secs(10), rx)
-            .await
-            .expect("the waiter was granted")
-            .unwrap()
-            .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (w, n) = (waiter.clone(), name.clone());
+    tokio::spawn(async move {
+        let _ = tx.send(Mutex::new(&w, &n).unwrap().lock().await);
+    });
+    let queued = tenure::Name::new(name.clone()).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.queue(&queued).await.unwrap().entries.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let listed = zk.waiter_listings() - before;
-    // (One allowed for a waiter slower than the pause to set its watch.)
-    assert!(listed <= 1, "five handoffs listed the queue {listed} times");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(zk.waiter_listings() - before, 0, "listings while waiting");
     guard.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("the waiter was granted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(zk.waiter_listings() - before, 1, "listings for the handoff");
+    next.release().await.unwrap();
     holder.close().await.unwrap();
     waiter.close().await.unwrap();
-}
-
-/// A waiter evicted by another store (its node deleted) before the holder
-/// releases is not granted by that release: a handoff without a listing
-/// is taken only while the waiter's own node is known to be there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_evicted_waiter_is_not_granted_by_the_next_release() {
-    use std::time::Duration;
-    use tenure::store::{EntryKind, JoinMode, JoinRequest, SessionSpec};
-    let Some(server) = shared() else { return };
-    let admin = tenure::open(&server.url()).await.unwrap();
-    let other = tenure::open(&server.url()).await.unwrap();
-    let spec = SessionSpec {
-        ttl: Duration::from_secs(60),
-        label: "test".into(),
-    };
-    let name = tenure::Name::new(tenure_testkit::conformance::unique("evicted")).unwrap();
-    let request = |mode| JoinRequest {
-        name: &name,
-        kind: EntryKind::Exclusive,
-        value: b"",
-        mode,
-        likely_free: false,
-    };
-    let holder = admin.open_session(&spec).await.unwrap();
-    let waiter = other.open_session(&spec).await.unwrap();
-    let held = admin
-        .join(&holder.key, request(JoinMode::Wait))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(held.granted);
-    let queued = other
-        .join(&waiter.key, request(JoinMode::Wait))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(!queued.granted);
-    let wait = other.await_grant(&waiter.key, &name, queued.seq);
-    tokio::pin!(wait);
-    // Watching the holder's node (and its own).
-    assert!(tokio::time::timeout(Duration::from_millis(300), &mut wait)
-        .await
-        .is_err());
-    assert!(admin.evict_session(&waiter.tag).await.unwrap());
-    admin.leave(&holder.key, &name, held.seq).await.unwrap();
-    let outcome = tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .expect("the evicted waiter's wait ended");
-    assert!(
-        outcome.is_err(),
-        "an evicted waiter was granted: {outcome:?}"
-    );
-    admin.close_session(&holder.key).await.unwrap();
 }

@@ -217,9 +217,10 @@ struct Mine {
     kind: EntryKind,
     holds: u32,
     value: Vec<u8>,
-    /// The queue as the join listed it, for the first wait of a queued
-    /// entry (which then need not list it again).
-    listed: Option<Listing>,
+    /// The child whose deletion may grant this entry, as the join's
+    /// listing named it, for the entry's first wait (which then need not
+    /// list the queue again); `None` once taken, or to list first.
+    blocker: Option<String>,
 }
 
 store_debug!(ZkStore: url, base);
@@ -908,7 +909,7 @@ impl ZkStore {
     }
 
     /// How many times waiters of this store listed their queue's children
-    /// (a handoff to the next in line needs none: tested).
+    /// (a waiter's first wait needs none: tested).
     pub fn waiter_listings(&self) -> u64 {
         self.inner.waiter_listings.load(Ordering::Relaxed)
     }
@@ -1758,7 +1759,7 @@ impl Store for ZkStore {
                 name.clone(),
                 Mine {
                     holds,
-                    listed: None,
+                    blocker: None,
                     ..mine.clone()
                 },
             );
@@ -1917,12 +1918,14 @@ impl Store for ZkStore {
         entries.insert(
             name.clone(),
             Mine {
+                blocker: (!list.granted[i])
+                    .then(|| list.blocker(i).map(str::to_string))
+                    .flatten(),
                 child,
                 seq,
                 kind,
                 holds: 1,
                 value: value.to_vec(),
-                listed: (!list.granted[i]).then(|| list.clone()),
             },
         );
         Ok(Some(Joined {
@@ -1966,12 +1969,11 @@ impl Store for ZkStore {
     }
 
     async fn await_grant(&self, key: &SessionKey, name: &Name, seq: u64) -> Result<()> {
-        use futures_util::FutureExt;
         let session = self.session(key)?;
-        let (child, mut known) = {
+        let (child, mut joined_behind) = {
             let mut entries = session.entries.lock().await;
             match entries.get_mut(name) {
-                Some(m) if m.seq == seq => (m.child.clone(), m.listed.take()),
+                Some(m) if m.seq == seq => (m.child.clone(), m.blocker.take()),
                 _ => return Err(Error::NotHeld("this session holds no such entry")),
             }
         };
@@ -1979,63 +1981,58 @@ impl Store for ZkStore {
         loop {
             // Closed or ended by the store (no renewals) while waiting.
             self.session(key)?;
-            // The join's listing serves the first turn: the watch below is
-            // set against the node as it is now, whatever it was then.
-            let list = match known.take() {
-                Some(list) => list,
-                None => {
-                    self.inner.waiter_listings.fetch_add(1, Ordering::Relaxed);
-                    self.list(&session.client, name).await?
+            // The first turn watches the blocker the join's listing named,
+            // without listing again: the watch is set against its node as
+            // it is now (gone already: list, as after any wake-up), and
+            // nothing is ever queued ahead of an entry later.
+            if let Some(blocker) = joined_behind.take() {
+                let watched = call(
+                    session
+                        .client
+                        .check_and_watch_stat(&format!("{dir}/{blocker}")),
+                )
+                .await;
+                if let Ok((Some(_), watcher)) = watched {
+                    let event = watcher.changed().await;
+                    if event.event_type == zk::EventType::Session
+                        && event.session_state.is_terminated()
+                    {
+                        return Err(lost());
+                    }
+                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
                 }
-            };
+                continue;
+            }
+            self.inner.waiter_listings.fetch_add(1, Ordering::Relaxed);
+            let list = self.list(&session.client, name).await?;
             let Some(i) = list.position(&child) else {
                 return Err(Error::NotHeld("the entry is no longer in the queue"));
             };
             if list.granted[i] {
                 return Ok(());
             }
-            let blocker = list.blocker(i).map(str::to_string);
-            // Any change of the session's connection from here on (a
-            // reconnection replays watches in an order of its own).
-            let mut connection = session.client.state_watcher();
-            let mine = format!("{dir}/{child}");
-            let (own, watched) = match &blocker {
-                Some(blocker) => {
-                    // This entry's own node, watched too (sent ahead of
-                    // the blocker's watch on the same connection): its
-                    // deletion (an eviction) is then heard before the
-                    // blocker's.
-                    let own = session.client.check_and_watch_stat(&mine);
-                    let theirs = session
+            let watched = match list.blocker(i) {
+                Some(blocker) => call(
+                    session
                         .client
-                        .check_and_watch_stat(&format!("{dir}/{blocker}"));
-                    let (own, theirs) = futures_util::future::join(call(own), call(theirs)).await;
-                    let own = match own {
-                        Ok((Some(_), watcher)) => Some(Box::pin(watcher.changed())),
-                        // Gone already: the next listing says so.
-                        Ok((None, _)) => None,
-                        Err(e) if e.is_temporary() => None,
-                        Err(e) => return Err(e),
-                    };
-                    (own, theirs.map(|(stat, watcher)| stat.map(|_| watcher)))
-                }
+                        .check_and_watch_stat(&format!("{dir}/{blocker}")),
+                )
+                .await
+                .map(|(stat, watcher)| stat.map(|_| watcher)),
                 // Set against the children as they are now: if they
                 // changed since the listing, look again instead of waiting.
-                None => (
-                    None,
-                    call(session.client.list_and_watch_children(&dir))
-                        .await
-                        .map(|(children, watcher)| {
-                            let now = listing(children);
-                            let same = now.children.len() == list.children.len()
-                                && now
-                                    .children
-                                    .iter()
-                                    .zip(&list.children)
-                                    .all(|(a, b)| a.0 == b.0);
-                            same.then_some(watcher)
-                        }),
-                ),
+                None => call(session.client.list_and_watch_children(&dir))
+                    .await
+                    .map(|(children, watcher)| {
+                        let now = listing(children);
+                        let same = now.children.len() == list.children.len()
+                            && now
+                                .children
+                                .iter()
+                                .zip(&list.children)
+                                .all(|(a, b)| a.0 == b.0);
+                        same.then_some(watcher)
+                    }),
             };
             let event = match watched {
                 Ok(Some(watcher)) => watcher.changed().await,
@@ -2054,31 +2051,6 @@ impl Store for ZkStore {
                 return Err(lost());
             }
             self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
-            // The blocker's node was deleted. Nodes ahead of this one can
-            // only go, never come (sequence numbers grow), and a queue's
-            // grants only grow as entries ahead go: so if the listing
-            // without the blocker grants this entry, so does the queue now,
-            // and a handoff needs no listing. Only while this entry's own
-            // node is known to be there (its watch not fired: ZooKeeper
-            // tells a connection of changes in the order they happened)
-            // and the connection never changed meanwhile.
-            let untouched = own.is_some_and(|mut own| own.as_mut().now_or_never().is_none())
-                && connection.changed().now_or_never().is_none();
-            if let (zk::EventType::NodeDeleted, true, Some(blocker)) =
-                (event.event_type, untouched, &blocker)
-            {
-                let rest = listing(
-                    list.children
-                        .iter()
-                        .filter(|c| &c.0 != blocker)
-                        .map(|c| c.0.clone())
-                        .collect(),
-                );
-                if rest.position(&child).is_some_and(|j| rest.granted[j]) {
-                    self.session(key)?;
-                    return Ok(());
-                }
-            }
         }
     }
 
