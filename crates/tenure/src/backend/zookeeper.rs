@@ -621,12 +621,30 @@ fn listing(mut names: Vec<String>) -> Listing {
             Some((seq, tag.to_string(), c.clone(), kind))
         })
         .collect();
-    parsed.sort_by_key(|p| p.0);
+    // The suffix is the name node's signed 32-bit sequence counter, and
+    // name nodes are never deleted: past 2^31 creates it goes negative,
+    // past 2^32 it starts from 0 again. Read as unsigned it runs on past
+    // the first wrap, and the queue starts after the widest gap between
+    // its suffixes (a queue's live entries span far less than 2^31), so
+    // its order stays the order of creation across either wrap.
+    let key = |seq: i64| seq as i32 as u32;
+    parsed.sort_by_key(|p| key(p.0));
+    let keys: Vec<u32> = parsed.iter().map(|p| key(p.0)).collect();
+    parsed.rotate_left(queue_start(&keys));
     let kinds: Vec<EntryKind> = parsed.iter().map(|p| p.3).collect();
     Listing {
         granted: crate::queue::grants(&kinds),
         children: parsed.into_iter().map(|(_, t, c, k)| (c, t, k)).collect(),
     }
+}
+
+/// Where a queue starts among its sorted sequence numbers read modulo
+/// 2^32: after the widest gap from one to the next, around the circle.
+fn queue_start(sorted: &[u32]) -> usize {
+    let n = sorted.len();
+    (0..n)
+        .max_by_key(|&i| sorted[(i + 1) % n].wrapping_sub(sorted[i]))
+        .map_or(0, |i| (i + 1) % n)
 }
 
 impl Listing {
@@ -2486,6 +2504,30 @@ mod tests {
 
     fn parse(url: &str) -> Result<Parsed> {
         parse_url(&StoreUrl::parse(url, &URL)?)
+    }
+
+    /// A name's sequence counter wraps (signed 32 bits, never reset): the
+    /// queue keeps the order of creation across 2^31 and 2^32, and only
+    /// its first entry is granted.
+    #[test]
+    fn queue_order_survives_the_sequence_counters_wraps() {
+        let prefix = child_prefix("abc", EntryKind::Exclusive);
+        for created in [
+            ["2147483646", "2147483647", "-2147483648", "-2147483647"],
+            ["-000000002", "-000000001", "0000000000", "0000000001"],
+            ["0000000005", "0000000006", "0000000007", "0000000008"],
+        ] {
+            let mut shuffled: Vec<String> =
+                created.iter().map(|s| format!("{prefix}{s}")).collect();
+            shuffled.swap(0, 3);
+            shuffled.swap(1, 2);
+            let list = listing(shuffled);
+            let order: Vec<&str> = list.children.iter().map(|c| &c.0[prefix.len()..]).collect();
+            assert_eq!(order, created);
+            assert_eq!(list.granted, [true, false, false, false]);
+        }
+        assert_eq!(queue_start(&[]), 0);
+        assert_eq!(queue_start(&[7]), 0);
     }
 
     #[test]
