@@ -96,10 +96,14 @@ impl JoinedLooks {
         }
     }
 
-    /// Takes the answer kept for the waiter of `name`'s entry `seq`.
+    /// Takes the answer kept for the waiter of `name`'s entry `seq` (also
+    /// on every release: free while nothing is kept).
     pub(crate) fn take(&self, name: &Name, seq: u64) -> Option<JoinedLook> {
-        self.map()
-            .remove(&grant_key(name.as_str(), seq))
+        let mut map = self.map();
+        if map.is_empty() {
+            return None;
+        }
+        map.remove(&grant_key(name.as_str(), seq))
             .map(|(at, look)| JoinedLook { at, look })
     }
 }
@@ -118,17 +122,17 @@ impl JoinedLook {
     /// others the gap is kept under a tenth of the blockers' TTL (and
     /// [`JOINED_FRESH`]): a few round trips as a rule, more only when the
     /// waiter had to open its notification connection first.
-    pub(crate) fn fresh(self) -> Option<Look> {
+    fn is_fresh(&self) -> bool {
         let limit = match &self.look {
             Look::Wait { watch: Some(w), .. } => (w.ttl / 10).min(JOINED_FRESH),
             _ => JOINED_FRESH,
         };
-        (self.at.elapsed() <= limit).then_some(self.look)
+        self.at.elapsed() <= limit
     }
 }
 
 /// [`until_granted`]'s `first` for a store without a stand-in first look.
-pub(crate) type NoStandIn = fn() -> std::future::Ready<Result<Option<Look>>>;
+pub(crate) type NoStandIn = (JoinedLook, fn() -> std::future::Ready<Result<bool>>);
 
 /// Looks until granted, and between looks sleeps until one of:
 /// - `listening` is notified (a grant the store pushed, or a local change),
@@ -143,10 +147,11 @@ pub(crate) type NoStandIn = fn() -> std::future::Ready<Result<Option<Look>>>;
 /// the look is not lost. `pushed` is asked before each look (and may
 /// restore the notification path).
 ///
-/// `first`, when given, stands in for the first look while notifications
-/// arrive: a store whose join already said what a look would (Redis's)
-/// only checks, once this waiter listens, that nothing was granted in
-/// between, and answers `None` to have the waiter look after all.
+/// `first`, when given, is a join's answer ([`JoinedLooks`]) and a check
+/// that the entry still waits: while notifications arrive and the answer
+/// is fresh, the check (a plain read) stands in for the first look, so
+/// that a waiter need not look once it listens; it answers `false` (a
+/// grant came in between, or the entry is gone) to have the waiter look.
 ///
 /// When a look names a [`Watch`] (the store's clock is not trusted with
 /// expiry), expiry is judged by this client's monotonic clock instead: the
@@ -167,7 +172,7 @@ pub(crate) async fn until_granted<F, Fut, H, HF, C, CF>(
     max: Duration,
     mut pushed: H,
     mut look: F,
-    mut first: Option<C>,
+    mut first: Option<(JoinedLook, C)>,
 ) -> Result<()>
 where
     F: FnMut(Option<String>) -> Fut,
@@ -175,7 +180,7 @@ where
     H: FnMut() -> HF,
     HF: Future<Output = bool>,
     C: FnOnce() -> CF,
-    CF: Future<Output = Result<Option<Look>>>,
+    CF: Future<Output = Result<bool>>,
 {
     let mut backoff = min;
     // Each blocker as the store wrote it ("seq:renewals:lapse"), and when
@@ -209,18 +214,15 @@ where
         // again, in case the connection dropped in between (its wake-up
         // went to the listener just replaced).
         let stand_in = match first.take() {
-            Some(first) if pushed_now => {
+            Some((joined, still_queued)) if pushed_now && joined.is_fresh() => {
                 notified.set(listening.notify().notified());
                 notified.as_mut().enable();
                 if listening.announced_granted() {
                     return Ok(());
                 }
                 pushed_now = pushed().await;
-                if pushed_now {
-                    first().await?
-                } else {
-                    None
-                }
+                // (Fresh still once checked: the check took its time.)
+                (pushed_now && still_queued().await? && joined.is_fresh()).then_some(joined.look)
             }
             _ => None,
         };

@@ -785,13 +785,8 @@ impl Store for RedisStore {
             .in_line(channels);
         // The join said what a first look would: once this waiter is
         // subscribed, only check that its entry was not granted before.
-        let joined = self.inner.wakeups.joined.take(name, seq);
-        let first = joined.map(|joined| {
-            move || async move {
-                let queued = self.still_queued(name, seq).await?;
-                Ok(queued.then(|| joined.fresh()).flatten())
-            }
-        });
+        let first = (self.inner.wakeups.joined.take(name, seq))
+            .map(|joined| (joined, || self.still_queued(name, seq)));
         let seq = &seq.to_string();
         let pushed = || self.subscribe(None);
         poll::until_granted(

@@ -550,10 +550,11 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         // (notifications arrive), only check that its entry was not granted
         // before, with a plain read.
         let first = self.joined.take(name, seq).map(|joined| {
-            move || async move {
-                let queued = self.counted().fast("still_queued", &args[..3]).await?;
-                Ok(queued.and_then(|_| joined.fresh()))
-            }
+            let still_queued = || async move {
+                let row = self.counted().fast("still_queued", &args[..3]).await?;
+                Ok(row.is_some())
+            };
+            (joined, still_queued)
         });
         poll::until_granted(
             &listening,

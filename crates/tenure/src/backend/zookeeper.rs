@@ -607,7 +607,6 @@ fn contended(name: &Name) -> Error {
 }
 
 /// A name's children in queue order.
-#[derive(Debug, Clone)]
 struct Listing {
     children: Vec<(String, String, EntryKind)>, // (child, tag, kind)
     granted: Vec<bool>,
@@ -1996,61 +1995,50 @@ impl Store for ZkStore {
             }
         };
         let dir = self.name_path(name);
+        let (client, dir_ref) = (&session.client, &dir);
+        let watch_node = |blocker: String| async move {
+            call(client.check_and_watch_stat(&format!("{dir_ref}/{blocker}")))
+                .await
+                .map(|(stat, watcher)| stat.map(|_| watcher))
+        };
         loop {
             // Closed or ended by the store (no renewals) while waiting.
             self.session(key)?;
-            // The first turn watches the blocker the join's listing named,
-            // without listing again: the watch is set against its node as
-            // it is now (gone already: list, as after any wake-up), and
-            // nothing is ever queued ahead of an entry later.
-            if let Some(blocker) = joined_behind.take() {
-                let watched = call(
-                    session
-                        .client
-                        .check_and_watch_stat(&format!("{dir}/{blocker}")),
-                )
-                .await;
-                if let Ok((Some(_), watcher)) = watched {
-                    let event = watcher.changed().await;
-                    if event.event_type == zk::EventType::Session
-                        && event.session_state.is_terminated()
-                    {
-                        return Err(lost());
+            let watched = match joined_behind.take() {
+                // The first turn watches the blocker the join's listing
+                // named, without listing again: the watch is set against
+                // its node as it is now (gone already: list, as after any
+                // wake-up), and nothing is ever queued ahead of an entry
+                // later.
+                Some(blocker) => watch_node(blocker).await,
+                None => {
+                    self.inner.waiter_listings.fetch_add(1, Ordering::Relaxed);
+                    let list = self.list(&session.client, name).await?;
+                    let Some(i) = list.position(&child) else {
+                        return Err(Error::NotHeld("the entry is no longer in the queue"));
+                    };
+                    if list.granted[i] {
+                        return Ok(());
                     }
-                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                    match list.blocker(i) {
+                        Some(blocker) => watch_node(blocker.to_string()).await,
+                        // Set against the children as they are now: if they
+                        // changed since the listing, look again instead of
+                        // waiting.
+                        None => call(session.client.list_and_watch_children(&dir))
+                            .await
+                            .map(|(children, watcher)| {
+                                let now = listing(children);
+                                let same = now.children.len() == list.children.len()
+                                    && now
+                                        .children
+                                        .iter()
+                                        .zip(&list.children)
+                                        .all(|(a, b)| a.0 == b.0);
+                                same.then_some(watcher)
+                            }),
+                    }
                 }
-                continue;
-            }
-            self.inner.waiter_listings.fetch_add(1, Ordering::Relaxed);
-            let list = self.list(&session.client, name).await?;
-            let Some(i) = list.position(&child) else {
-                return Err(Error::NotHeld("the entry is no longer in the queue"));
-            };
-            if list.granted[i] {
-                return Ok(());
-            }
-            let watched = match list.blocker(i) {
-                Some(blocker) => call(
-                    session
-                        .client
-                        .check_and_watch_stat(&format!("{dir}/{blocker}")),
-                )
-                .await
-                .map(|(stat, watcher)| stat.map(|_| watcher)),
-                // Set against the children as they are now: if they
-                // changed since the listing, look again instead of waiting.
-                None => call(session.client.list_and_watch_children(&dir))
-                    .await
-                    .map(|(children, watcher)| {
-                        let now = listing(children);
-                        let same = now.children.len() == list.children.len()
-                            && now
-                                .children
-                                .iter()
-                                .zip(&list.children)
-                                .all(|(a, b)| a.0 == b.0);
-                        same.then_some(watcher)
-                    }),
             };
             let event = match watched {
                 Ok(Some(watcher)) => watcher.changed().await,
