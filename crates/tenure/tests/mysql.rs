@@ -141,6 +141,98 @@ async fn a_join_that_waited_for_the_name_reads_its_session_after_the_wait() {
     assert_eq!(entries, Some(0));
 }
 
+/// The take of a free name is one plain `UPDATE`, not the `CALL`: it too
+/// must not grant to a session that ends while it waits for the name's row.
+/// Here the session ends, by hand, in the transaction that holds the name's
+/// row, as an eviction or a watcher's confirmation would. The take reads the
+/// session with a shared lock, so the two may deadlock, and the server
+/// then rolls one back: either the ending went through, and the take reads
+/// "lost", or the ending was rolled back, and the take is granted to a
+/// session that is still live. Never a grant to an ended session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_take_that_waited_for_the_name_reads_its_session_after_the_wait() {
+    use mysql_async::prelude::Queryable;
+    use std::time::Duration;
+    let Some(server) = shared() else { return };
+    let url = format!("{}?prefix=fastlost_", server.url());
+    let store = tenure::open(&url).await.unwrap();
+    let s = tenure::Session::with_options(
+        &store,
+        tenure::SessionOptions::new().ttl(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
+    // The name's row exists (its first take made it), and is free.
+    Mutex::new(&s, "n")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut holder = raw_conn(server).await;
+    let secret: String = holder
+        .query_first("SELECT id FROM fastlost_sessions")
+        .await
+        .unwrap()
+        .unwrap();
+    holder
+        .query_drop("START TRANSACTION; SELECT 1 FROM fastlost_names WHERE name = 'n' FOR UPDATE;")
+        .await
+        .unwrap();
+    let m = Mutex::new(&s, "n").unwrap();
+    let take = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_secs(20), m.lock())
+            .await
+            .expect("the take never finished")
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !take.is_finished(),
+        "the take did not wait for the name's row"
+    );
+    let ended = holder
+        .exec_drop(
+            "UPDATE fastlost_sessions SET expires_ms = 0 WHERE id = ?",
+            (secret.clone(),),
+        )
+        .await;
+    let ended = match ended {
+        Ok(()) => {
+            holder.query_drop("COMMIT").await.unwrap();
+            true
+        }
+        Err(mysql_async::Error::Server(e)) if e.code == 1213 => false,
+        Err(e) => panic!("ending the session: {e}"),
+    };
+    // (The guard is kept while the row is read: a dropped one releases.)
+    let taken = take.await.unwrap();
+    let (held_by, live): (Option<String>, i64) = holder
+        .exec_first(
+            "SELECT (SELECT h_session FROM fastlost_names WHERE name = 'n'),
+                    (SELECT expires_ms > 0 FROM fastlost_sessions WHERE id = ?)",
+            (secret.clone(),),
+        )
+        .await
+        .map(|row: Option<(Option<String>, i64)>| row.unwrap())
+        .unwrap_or_else(|e| panic!("reading the name's row: {e}"));
+    if ended {
+        assert!(
+            matches!(taken, Err(Error::SessionLost(_))),
+            "a take granted to a session that ended while it waited: {:?}",
+            taken.map(|g| g.token())
+        );
+        assert_eq!(held_by, None, "the name is held by an ended session");
+        assert_eq!(live, 0);
+    } else {
+        // The ending lost the deadlock and was rolled back.
+        assert!(taken.is_ok(), "the session still lives: {:?}", taken.err());
+        assert_eq!(held_by.as_deref(), Some(secret.as_str()));
+        assert_eq!(live, 1);
+    }
+}
+
 /// A release answers with the entries it granted: a waiter of the same
 /// process takes its grant without a look (a handoff is one call).
 #[cfg(feature = "mysql")]
