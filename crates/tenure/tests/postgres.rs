@@ -341,6 +341,26 @@ async fn server_clock_steps_neither_grant_twice_nor_delay_a_release() {
     tenure_testkit::conformance::check_server_clock_steps(&store, |s| clock.step(s)).await;
 }
 
+/// Two processes on one name: the one-statement take and release are
+/// tried only where they may apply.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_paths_are_tried_only_where_they_may_apply() {
+    let Some(server) = shared() else { return };
+    let url = server.url();
+    let open = || tenure::backend::postgres::PostgresStore::open(&url);
+    let (a, b) = (open().await.unwrap(), open().await.unwrap());
+    let a: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(a);
+    let b_store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(b.clone());
+    tenure_testkit::conformance::check_fast_paths_tried_where_they_may_apply(
+        &a,
+        &b_store,
+        "fast-hints",
+        || b.round_trips(),
+    )
+    .await;
+}
+
 /// A name nobody else wants is held in its row: taking and releasing it is
 /// one statement each, and nothing goes into `entries`; a second comer
 /// moves the holder into the queue.

@@ -397,6 +397,77 @@ pub async fn check_server_clock_steps(store: &Arc<dyn Store>, step: impl Fn(i64)
     took
 }
 
+/// A store with one-statement takes and releases (PostgreSQL, MySQL) tries
+/// them only where they may apply, so two processes on one name pay no
+/// second round trip for the statement each time. `a` and `b` are two
+/// stores on the same database (two processes), `b_calls` counts `b`'s
+/// calls; `name` must be new to them.
+/// - `b`'s try-lock of a name `a` holds: the statement and the routine
+///   (2 calls) the first time, the routine alone (1) right after;
+/// - `b`'s take once `a` released, within the second: the routine (1);
+/// - a holder granted from the queue is released by the routine alone (1),
+///   as is one granted by the routine.
+pub async fn check_fast_paths_tried_where_they_may_apply(
+    a: &Arc<dyn Store>,
+    b: &Arc<dyn Store>,
+    name: &str,
+    b_calls: impl Fn() -> u64,
+) {
+    let long =
+        |store| Session::with_options(store, SessionOptions::new().ttl(Duration::from_secs(60)));
+    let (sa, sb) = (long(a).await.unwrap(), long(b).await.unwrap());
+    let held = Mutex::new(&sa, name).unwrap().lock().await.unwrap();
+    let mb = Mutex::new(&sb, name).unwrap();
+    let before = b_calls();
+    assert!(mb.try_lock().await.unwrap().is_none());
+    assert_eq!(
+        b_calls() - before,
+        2,
+        "the first try of a held name: the statement, the routine"
+    );
+    let before = b_calls();
+    assert!(mb.try_lock().await.unwrap().is_none());
+    assert_eq!(
+        b_calls() - before,
+        1,
+        "the next try goes to the routine at once"
+    );
+    held.release().await.unwrap();
+    let before = b_calls();
+    let g = mb.lock().await.unwrap();
+    assert_eq!(
+        b_calls() - before,
+        1,
+        "a take right after a miss goes to the routine"
+    );
+    let before = b_calls();
+    g.release().await.unwrap();
+    assert_eq!(
+        b_calls() - before,
+        1,
+        "a hold the routine granted is released by the routine"
+    );
+
+    // A grant from the queue: `b` waits behind `a`.
+    let held = Mutex::new(&sa, name).unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn(async move { mb.lock().await });
+    wait_queue_len(a, name, 2).await;
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap()
+        .unwrap();
+    let before = b_calls();
+    g.release().await.unwrap();
+    assert_eq!(
+        b_calls() - before,
+        1,
+        "a hold granted from the queue is released by the routine"
+    );
+    let _ = tokio::join!(sa.close(), sb.close());
+}
+
 /// A store that keeps a lone holder in the name's row (PostgreSQL, MySQL):
 /// taking a free name and releasing it are one call each, and `layout`
 /// (the row holder's token, and how many entries the name has in the

@@ -46,16 +46,28 @@ const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
 /// name never used, held, queued on, or a session ended), and the `CALL`
 /// decides. The token comes back in the answer's last-insert id
 /// (`LAST_INSERT_ID(expr)`), so no second read is needed; `h_seq` takes it
-/// from there, which holds whatever order the server assigns in
-/// (MariaDB's `SIMULTANEOUS_ASSIGNMENT`). The session's row is read with
-/// a shared lock (at any isolation level: the clause is explicit), held
-/// until the statement commits: an ending of the session (a close, an
-/// eviction, a confirmed expiry, all of which write that row) waits for
-/// this grant and then ends it, or commits first and is read here. A grant
-/// to a session ended while this waited for the name's row cannot happen.
-/// The name's row is read at its newest version once locked, as every
-/// `UPDATE` reads, so two of these never both take a name.
-/// Parameters: secret, kind, count, limit, value, name, secret.
+/// from there: the server evaluates the SET list left to right, and
+/// `LAST_INSERT_ID()` reads the value just set whether a later assignment
+/// sees the row's new values or its old ones (MariaDB's
+/// `SIMULTANEOUS_ASSIGNMENT`). The session's row is read with a shared
+/// lock (at any isolation level: the clause is explicit), held until the
+/// statement commits: an ending of the session (a close, an eviction, a
+/// confirmed expiry, a collection: all write that row) waits for this
+/// grant, or commits first and is read here. A grant to a session ended
+/// while this waited for the name's row cannot happen. (An ending that
+/// listed the session's names before this committed misses the new row
+/// holder, which is then dead: the next join of the name drops it, as it
+/// drops any holder of an ended session.) MariaDB takes that lock while
+/// it plans the statement, before the name's row: the reverse of the
+/// procedures' order, so a procedure that ends the session, or a renewal
+/// queued behind a join, can deadlock with this; the server rolls one
+/// back at once, a `CALL` is retried, this falls back to the `CALL`, a
+/// renewal is retried by the session. The name's row is read at its
+/// newest version once locked, as every `UPDATE` reads, so two of these
+/// never both take a name. It commits on its own (autocommit): every
+/// procedure ends the transaction it starts, so a pooled connection never
+/// has one open (see `parse_url`). Parameters: secret, kind, count, limit,
+/// value, name, secret.
 const FAST_JOIN: &str = "UPDATE @pnames
     SET last_seq = LAST_INSERT_ID(last_seq + 1), h_seq = LAST_INSERT_ID(), version = version + 1,
         h_session = ?, h_kind = ?, h_count = ?, h_lim = ?, h_value = ?, h_granted_ms = @pnow_ms()
@@ -98,7 +110,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); the server's SYSDATE(3) only hints",
-            "acquire: 1 (one statement on a free name, else a CALL; 2 when the statement finds the name taken by another process or never used), release: 1 (likewise), renew: 1",
+            "acquire: 1 (one statement on a free name, else a CALL; 2 when the statement finds the name never used, held or queued on, then for a second the CALL at once), release: 1 (one statement for a hold the statement took, else a CALL; 2 when another process's join moved that holder into the queue), renew: 1",
         )
     }
 }
@@ -178,6 +190,7 @@ fn parse_url(url: &StoreUrl) -> Result<(mysql_async::Opts, String)> {
     // times the CPU (1.77 against 0.71 ms, one bench run). What a
     // connection keeps between calls is harmless: every path of every
     // procedure ends the transaction it starts with COMMIT or ROLLBACK
+    // (which the one-statement take and release rely on to commit)
     // (the driver cannot see one opened inside a procedure, so that rule
     // is what keeps a pooled connection clean; a call cut off midway
     // drops its connection), and `group_concat_max_len`, raised by the
@@ -331,6 +344,7 @@ impl MysqlStore {
             caps: capabilities(),
             round_trips: Default::default(),
             joined: Default::default(),
+            fast_hints: Default::default(),
             listeners: Listeners::default(),
         })
     }
@@ -433,10 +447,28 @@ impl SqlDriver for Mysql {
             return Ok(None);
         }
         let cells = if routine == "join" {
-            let seq = conn
+            // The grant is committed: its token must reach the caller, or
+            // the name stays held by nobody's guard. Read back from the row
+            // if the answer lacks it (it cannot: a token is at least 1).
+            let seq = match conn
                 .last_insert_id()
                 .and_then(|seq| i64::try_from(seq).ok())
-                .ok_or_else(|| Error::backend(BACKEND, "a take without its token"))?;
+            {
+                Some(seq) => seq,
+                None => {
+                    let sql = format!(
+                        "SELECT h_seq FROM {}names WHERE name = ? AND h_session = ?",
+                        self.inner.prefix
+                    );
+                    let row: Option<Row> = conn
+                        .exec_first(sql, (to_value(&args[1]), to_value(&args[0])))
+                        .await
+                        .map_err(my_err)?;
+                    let row =
+                        row.ok_or_else(|| Error::backend(BACKEND, "a take without its token"))?;
+                    to_row(row)?.int(0)?
+                }
+            };
             // As `join` answers: status, seq, granted, holds, first.
             vec![
                 Cell::Text("ok".into()),

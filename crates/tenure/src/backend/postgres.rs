@@ -110,7 +110,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); the database's clock_timestamp() only hints",
-            "acquire: 1 (one statement on a free name, else a function call; 2 when the statement finds the name taken by another process), release: 1 (likewise), renew: 1",
+            "acquire: 1 (one statement on a free name, else a function call; 2 when the statement finds the name taken by another process, then for a second the function at once), release: 1 (one statement for a hold the statement took, else a function call; 2 when another process's join moved that holder into the queue), renew: 1",
         )
     }
 }
@@ -456,6 +456,7 @@ impl PostgresStore {
             caps: capabilities(),
             round_trips: Default::default(),
             joined: Default::default(),
+            fast_hints: Default::default(),
             listeners,
         })
     }

@@ -5,9 +5,10 @@
 //! once, over [`SqlDriver`]: decoding answers, the queue read that settles
 //! expired entries, waiting, wake-ups, and creating or upgrading the schema.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
@@ -238,6 +239,81 @@ pub struct SqlStore<D> {
     /// What the joins of queued entries said a first look would, until
     /// their waiters take it (or leave).
     pub(crate) joined: poll::JoinedLooks,
+    /// When the one-statement paths are worth a try (hints only).
+    pub(crate) fast_hints: FastHints,
+}
+
+/// When a one-statement take or release is worth trying: each try that does
+/// not apply costs a round trip before the routine's call. Only hints: a
+/// wrong one costs that round trip, or a routine's call where a statement
+/// would have done; never a different answer.
+#[derive(Clone, Default)]
+pub(crate) struct FastHints(Arc<std::sync::Mutex<FastHintsInner>>);
+
+#[derive(Default)]
+struct FastHintsInner {
+    /// Entries this store took in their name's row: only those can be
+    /// released by the statement (an entry granted from the queue is never
+    /// moved into the row).
+    row_held: HashSet<String>,
+    /// Names on which a one-statement take changed nothing, and when.
+    missed: HashMap<String, Instant>,
+}
+
+impl FastHints {
+    /// At most this many of each are kept; past it they are forgotten.
+    const KEPT: usize = 4096;
+    /// How long a name on which the statement missed goes to the routine
+    /// directly: a try-lock of a held name pays one round trip, not two,
+    /// and a take of it once free pays a routine's call.
+    const MISS_HELD: Duration = Duration::from_secs(1);
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, FastHintsInner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_worth_trying(&self, name: &Name) -> bool {
+        let mut inner = self.inner();
+        match inner.missed.get(name.as_str()) {
+            Some(at) if at.elapsed() < Self::MISS_HELD => false,
+            Some(_) => {
+                inner.missed.remove(name.as_str());
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// A one-statement take of `name` was tried: it took entry `seq` in
+    /// the row (`in_row`), or changed nothing.
+    fn took(&self, name: &Name, seq: u64, in_row: bool) {
+        let mut inner = self.inner();
+        if in_row {
+            if inner.row_held.len() >= Self::KEPT {
+                inner.row_held.clear();
+            }
+            inner.row_held.insert(poll::grant_key(name.as_str(), seq));
+        } else {
+            if inner.missed.len() >= Self::KEPT {
+                inner.missed.clear();
+            }
+            inner
+                .missed
+                .insert(name.as_str().to_owned(), Instant::now());
+        }
+    }
+
+    fn forget_miss(&self, name: &Name) {
+        self.inner().missed.remove(name.as_str());
+    }
+
+    /// Whether the release of `name`'s entry `seq` is worth a statement
+    /// (forgets the entry: a second release of a reentered hold goes to
+    /// the routine).
+    fn release_worth_trying(&self, name: &Name, seq: u64) -> bool {
+        let mut inner = self.inner();
+        !inner.row_held.is_empty() && inner.row_held.remove(&poll::grant_key(name.as_str(), seq))
+    }
 }
 
 impl<D: fmt::Debug> fmt::Debug for SqlStore<D> {
@@ -440,11 +516,22 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         let mut confirmed = false;
         // A semaphore request larger than its limit is the routine's to
         // judge; a name someone here waits for is not free.
-        let fast = if self.driver.has_fast_paths() && count <= limit && !self.waited_for(name) {
+        let tried = self.driver.has_fast_paths()
+            && count <= limit
+            && !self.waited_for(name)
+            && self.fast_hints.take_worth_trying(name);
+        let fast = if tried {
             self.counted().fast("join", &args).await?
         } else {
             None
         };
+        let fast_missed = fast.is_none();
+        if tried {
+            match &fast {
+                Some(row) => self.fast_hints.took(name, row.count(1)?, true),
+                None => self.fast_hints.took(name, 0, false),
+            }
+        }
         let row = match fast {
             Some(row) => row,
             None => loop {
@@ -480,6 +567,11 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             holds: row.count(3)?,
             first: row.flag(4)?,
         };
+        if tried && joined.granted && fast_missed {
+            // The name was free after all (never used, or just released):
+            // no reason to skip the statement next time.
+            self.fast_hints.forget_miss(name);
+        }
         // A queued entry's join may also say what a first look would
         // (PostgreSQL's, from schema 10: columns 8 and 9).
         if !joined.granted && row.cells.len() > 9 {
@@ -502,8 +594,10 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Text(name.as_str()),
             Arg::Int(seq_arg(seq)?),
         ];
-        // With a waiter here, the holder was moved into the queue.
-        let fast = if self.driver.has_fast_paths() && !self.waited_for(name) {
+        // With a waiter here, the holder was moved into the queue; an entry
+        // not taken in the row is never there.
+        let in_row = self.fast_hints.release_worth_trying(name, seq);
+        let fast = if in_row && self.driver.has_fast_paths() && !self.waited_for(name) {
             self.counted().fast("leave", &args).await?
         } else {
             None
