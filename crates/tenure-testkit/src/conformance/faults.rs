@@ -404,9 +404,8 @@ pub async fn check_server_clock_steps(store: &Arc<dyn Store>, step: impl Fn(i64)
 /// calls; `name` must be new to them.
 /// - `b`'s try-lock of a name `a` holds: the statement and the routine
 ///   (2 calls) the first time, the routine alone (1) right after;
-/// - `b`'s take once `a` released, within the second: the routine (1);
-/// - a holder granted from the queue is released by the routine alone (1),
-///   as is one granted by the routine.
+/// - `b`'s take once `a` released, and its release: 1 call each;
+/// - a holder granted from the queue is released by the routine alone (1).
 pub async fn check_fast_paths_tried_where_they_may_apply(
     a: &Arc<dyn Store>,
     b: &Arc<dyn Store>,

@@ -110,7 +110,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); the server's SYSDATE(3) only hints",
-            "acquire: 1 (one statement on a free name, else a CALL; 2 when the statement finds the name never used, held or queued on, then for a second the CALL at once), release: 1 (one statement for a hold the statement took, else a CALL; 2 when another process's join moved that holder into the queue), renew: 1",
+            "acquire: 1 (one statement on a free name, else a CALL; 2 when the statement finds the name never used, held or queued on, then for a second, or until an exclusive take of it is granted, the CALL at once), release: 1 (one statement for a hold this store knows to be in the row, else a CALL; 2 when another process's join moved that holder into the queue), renew: 1",
         )
     }
 }

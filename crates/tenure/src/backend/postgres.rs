@@ -110,7 +110,7 @@ pub fn capabilities() -> Capabilities {
         ..Capabilities::durable_store(
             BACKEND,
             "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); the database's clock_timestamp() only hints",
-            "acquire: 1 (one statement on a free name, else a function call; 2 when the statement finds the name taken by another process, then for a second the function at once), release: 1 (one statement for a hold the statement took, else a function call; 2 when another process's join moved that holder into the queue), renew: 1",
+            "acquire: 1 (one statement on a free name, else a function call; 2 when the statement finds the name never used, held, queued on or locked by another transaction, then for a second, or until an exclusive take of it is granted, the function at once), release: 1 (one statement for a hold this store knows to be in the row, else a function call; 2 when another process's join moved that holder into the queue), renew: 1",
         )
     }
 }

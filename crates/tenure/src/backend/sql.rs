@@ -246,15 +246,16 @@ pub struct SqlStore<D> {
 /// When a one-statement take or release is worth trying: each try that does
 /// not apply costs a round trip before the routine's call. Only hints: a
 /// wrong one costs that round trip, or a routine's call where a statement
-/// would have done; never a different answer.
+/// would have done; never a different answer. Kept per store (per
+/// [`crate::open`]), not shared between stores of one process.
 #[derive(Clone, Default)]
 pub(crate) struct FastHints(Arc<std::sync::Mutex<FastHintsInner>>);
 
 #[derive(Default)]
 struct FastHintsInner {
-    /// Entries this store took in their name's row: only those can be
-    /// released by the statement (an entry granted from the queue is never
-    /// moved into the row).
+    /// Entries this store holds, as far as it knows, in their name's row:
+    /// only those can be released by the statement (an entry granted from
+    /// the queue is never moved into the row).
     row_held: HashSet<String>,
     /// Names on which a one-statement take changed nothing, and when.
     missed: HashMap<String, Instant>,
@@ -284,35 +285,49 @@ impl FastHints {
         }
     }
 
-    /// A one-statement take of `name` was tried: it took entry `seq` in
-    /// the row (`in_row`), or changed nothing.
-    fn took(&self, name: &Name, seq: u64, in_row: bool) {
+    /// The one-statement take of `name` was tried and changed nothing.
+    fn missed(&self, name: &Name) {
         let mut inner = self.inner();
-        if in_row {
+        if inner.missed.len() >= Self::KEPT {
+            inner.missed.clear();
+        }
+        inner
+            .missed
+            .insert(name.as_str().to_owned(), Instant::now());
+    }
+
+    /// A join of `name` answered `joined`, by the statement (`by_statement`:
+    /// a hold in the name's row) or by the routine. An exclusive hold the
+    /// routine granted as the only hold is in the row too (the routine
+    /// keeps a lone holder there), and the name was free: no miss to
+    /// remember. (A shared or permit hold the routine granted may have
+    /// others beside it: not counted as in the row.) A routine's join
+    /// moves any row holder into the queue, so this store's other holds of
+    /// the name are no longer in the row.
+    fn joined(&self, name: &Name, kind: i16, joined: &Joined, by_statement: bool) {
+        let mut inner = self.inner();
+        if !by_statement && !inner.row_held.is_empty() {
+            let prefix = poll::grant_prefix(name.as_str());
+            inner.row_held.retain(|key| !key.starts_with(&prefix));
+        }
+        if by_statement || (kind == 0 && joined.granted && joined.holds == 1) {
+            inner.missed.remove(name.as_str());
             if inner.row_held.len() >= Self::KEPT {
                 inner.row_held.clear();
             }
-            inner.row_held.insert(poll::grant_key(name.as_str(), seq));
-        } else {
-            if inner.missed.len() >= Self::KEPT {
-                inner.missed.clear();
-            }
             inner
-                .missed
-                .insert(name.as_str().to_owned(), Instant::now());
+                .row_held
+                .insert(poll::grant_key(name.as_str(), joined.seq));
         }
-    }
-
-    fn forget_miss(&self, name: &Name) {
-        self.inner().missed.remove(name.as_str());
     }
 
     /// Whether the release of `name`'s entry `seq` is worth a statement
     /// (forgets the entry: a second release of a reentered hold goes to
     /// the routine).
     fn release_worth_trying(&self, name: &Name, seq: u64) -> bool {
-        let mut inner = self.inner();
-        !inner.row_held.is_empty() && inner.row_held.remove(&poll::grant_key(name.as_str(), seq))
+        self.inner()
+            .row_held
+            .remove(&poll::grant_key(name.as_str(), seq))
     }
 }
 
@@ -525,12 +540,9 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         } else {
             None
         };
-        let fast_missed = fast.is_none();
-        if tried {
-            match &fast {
-                Some(row) => self.fast_hints.took(name, row.count(1)?, true),
-                None => self.fast_hints.took(name, 0, false),
-            }
+        let by_statement = fast.is_some();
+        if tried && !by_statement {
+            self.fast_hints.missed(name);
         }
         let row = match fast {
             Some(row) => row,
@@ -567,10 +579,8 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             holds: row.count(3)?,
             first: row.flag(4)?,
         };
-        if tried && joined.granted && fast_missed {
-            // The name was free after all (never used, or just released):
-            // no reason to skip the statement next time.
-            self.fast_hints.forget_miss(name);
+        if self.driver.has_fast_paths() {
+            self.fast_hints.joined(name, k, &joined, by_statement);
         }
         // A queued entry's join may also say what a first look would
         // (PostgreSQL's, from schema 10: columns 8 and 9).
