@@ -447,28 +447,13 @@ impl SqlDriver for Mysql {
             return Ok(None);
         }
         let cells = if routine == "join" {
-            // The grant is committed: its token must reach the caller, or
-            // the name stays held by nobody's guard. Read back from the row
-            // if the answer lacks it (it cannot: a token is at least 1).
-            let seq = match conn
+            // One row changed, so `LAST_INSERT_ID(expr)` ran, and the
+            // answer carries its value (the driver reports only 0 as none,
+            // and a token is at least 1).
+            let seq = conn
                 .last_insert_id()
                 .and_then(|seq| i64::try_from(seq).ok())
-            {
-                Some(seq) => seq,
-                None => {
-                    let sql = format!(
-                        "SELECT h_seq FROM {}names WHERE name = ? AND h_session = ?",
-                        self.inner.prefix
-                    );
-                    let row: Option<Row> = conn
-                        .exec_first(sql, (to_value(&args[1]), to_value(&args[0])))
-                        .await
-                        .map_err(my_err)?;
-                    let row =
-                        row.ok_or_else(|| Error::backend(BACKEND, "a take without its token"))?;
-                    to_row(row)?.int(0)?
-                }
-            };
+                .ok_or_else(|| Error::backend(BACKEND, "a take's answer without its token"))?;
             // As `join` answers: status, seq, granted, holds, first.
             vec![
                 Cell::Text("ok".into()),

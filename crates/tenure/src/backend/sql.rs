@@ -604,8 +604,8 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             Arg::Text(name.as_str()),
             Arg::Int(seq_arg(seq)?),
         ];
-        // With a waiter here, the holder was moved into the queue; an entry
-        // not taken in the row is never there.
+        // With a waiter here, the holder was moved into the queue; a hold
+        // this store does not know to be in the row goes to the routine.
         let in_row = self.fast_hints.release_worth_trying(name, seq);
         let fast = if in_row && self.driver.has_fast_paths() && !self.waited_for(name) {
             self.counted().fast("leave", &args).await?
