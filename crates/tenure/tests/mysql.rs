@@ -452,6 +452,28 @@ async fn fast_paths_are_tried_only_where_they_may_apply() {
     .await;
 }
 
+/// A waiter makes no call it need not: a queued join says what its first
+/// look would, a grant announced before its waiter waits is kept for it,
+/// and only the first waiter of a name in a process polls, the next taking
+/// over without a look.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_make_no_call_they_need_not() {
+    use tenure_testkit::conformance as c;
+    let Some(server) = shared() else { return };
+    let my = tenure::backend::mysql::MysqlStore::open(&server.url())
+        .await
+        .unwrap();
+    let store: std::sync::Arc<dyn tenure::Store> = std::sync::Arc::new(my.clone());
+    let calls = || my.round_trips();
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        c::check_queued_join_answers_the_first_look(&store, "first-look", calls).await;
+        c::check_polling_handed_on_without_a_look(&store, "hand-over", calls).await;
+    })
+    .await
+    .expect("the checks took over a minute");
+}
+
 /// A name nobody else wants is held in its row: nothing goes into
 /// `entries`; a second comer moves the holder into the queue.
 #[cfg(feature = "mysql")]

@@ -467,6 +467,169 @@ pub async fn check_fast_paths_tried_where_they_may_apply(
     let _ = tokio::join!(sa.close(), sb.close());
 }
 
+/// Three sessions of `store` with a TTL of a minute, opened on the store
+/// itself: no renewals while calls are counted.
+async fn long_sessions(store: &Arc<dyn Store>) -> [OpenedSession; 3] {
+    let spec = SessionSpec {
+        ttl: Duration::from_secs(60),
+        label: "test".into(),
+    };
+    let mut opened = Vec::new();
+    for _ in 0..3 {
+        opened.push(store.open_session(&spec).await.unwrap());
+    }
+    opened.try_into().unwrap_or_else(|_| unreachable!())
+}
+
+/// A waiting exclusive join, answered.
+async fn join_exclusive(store: &Arc<dyn Store>, key: &SessionKey, name: &Name) -> Joined {
+    store
+        .join(key, request(name, EntryKind::Exclusive, b""))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// A store whose waiters poll when nothing is pushed (MySQL): only the first
+/// waiter of a name in a process polls, and when it is granted it hands
+/// polling on to the next, which polls from then on, first after the
+/// shortest interval (5 ms), instead of looking at once: nothing changed
+/// for it. A holder and two waiters of this process, the second behind the
+/// first (so not polling): from the holder's release, which grants the
+/// first, until a millisecond after the first has its grant, the store
+/// makes one call, the release; with a look at the hand-over, two. A poll
+/// of the first waiter can fall in between by chance (or a slow spell of
+/// the machine can delay the test past the second's first poll), so up to
+/// five rounds are tried, and one must show it. `calls` counts `store`'s
+/// calls; `name` must be new to it.
+pub async fn check_polling_handed_on_without_a_look(
+    store: &Arc<dyn Store>,
+    name: &str,
+    calls: impl Fn() -> u64,
+) {
+    let n = Name::new(name).unwrap();
+    let [h, w1, w2] = long_sessions(store).await;
+    let wait = |key: &SessionKey, seq: u64| {
+        let (store, key, n) = (store.clone(), key.clone(), n.clone());
+        tokio::spawn(async move { store.await_grant(&key, &n, seq).await })
+    };
+    let mut costs = Vec::new();
+    for _ in 0..5 {
+        let held = join_exclusive(store, &h.key, &n).await;
+        let (first, second) = (
+            join_exclusive(store, &w1.key, &n).await,
+            join_exclusive(store, &w2.key, &n).await,
+        );
+        assert!(held.granted && !first.granted && !second.granted);
+        let first_waits = wait(&w1.key, first.seq);
+        // Long enough for the first waiter's polls to back off to their
+        // longest interval.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let second_waits = wait(&w2.key, second.seq);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before = calls();
+        let start = Instant::now();
+        store.leave(&h.key, &n, held.seq).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), first_waits)
+            .await
+            .expect("the first waiter was never granted")
+            .unwrap()
+            .unwrap();
+        // The hand-over came as the first waiter returned: a look there
+        // would have been made by now, a poll would not.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        costs.push((calls() - before, start.elapsed()));
+        store.leave(&w1.key, &n, first.seq).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), second_waits)
+            .await
+            .expect("the second waiter was never granted")
+            .unwrap()
+            .unwrap();
+        store.leave(&w2.key, &n, second.seq).await.unwrap();
+        if costs.last().is_some_and(|(c, _)| *c == 1) {
+            break;
+        }
+    }
+    assert!(
+        costs.iter().all(|(c, _)| *c >= 1) && costs.iter().any(|(c, _)| *c == 1),
+        "calls from the release to a millisecond after the first waiter's grant, per round: {costs:?}"
+    );
+    eprintln!("polling handed on: calls, and time since the release, per round: {costs:?}");
+    for s in [h, w1, w2] {
+        store.close_session(&s.key).await.unwrap();
+    }
+}
+
+/// A store whose queued join says what its waiter's first look would, and
+/// whose releases announce their grants in this process (MySQL): a waiter
+/// does not look when it starts waiting, and a grant announced before its
+/// waiter waits is kept for it. `calls` counts `store`'s calls; `name` must
+/// be new to it.
+/// - the next in line starts waiting and makes no call before its first
+///   poll (5 ms), three times out of three (a look at once would be one
+///   call within a millisecond or so);
+/// - a holder and two waiters of this process, the releases made before
+///   the waiters wait: the waits cost nothing, the chain one call per
+///   release.
+pub async fn check_queued_join_answers_the_first_look(
+    store: &Arc<dyn Store>,
+    name: &str,
+    calls: impl Fn() -> u64,
+) {
+    let n = Name::new(name).unwrap();
+    let [h, w1, w2] = long_sessions(store).await;
+    for round in 0..3 {
+        let held = join_exclusive(store, &h.key, &n).await;
+        assert!(held.granted);
+        let queued = join_exclusive(store, &w1.key, &n).await;
+        assert!(!queued.granted);
+        let before = calls();
+        let start = Instant::now();
+        let (s, key, n1) = (store.clone(), w1.key.clone(), n.clone());
+        let waiter = tokio::spawn(async move { s.await_grant(&key, &n1, queued.seq).await });
+        while calls() == before {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the waiter never polled"
+            );
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        }
+        let first_call = start.elapsed();
+        assert!(
+            first_call >= Duration::from_millis(5),
+            "round {round}: the waiter called the store {first_call:?} after it started waiting"
+        );
+        store.leave(&h.key, &n, held.seq).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter was never granted")
+            .unwrap()
+            .unwrap();
+        store.leave(&w1.key, &n, queued.seq).await.unwrap();
+    }
+
+    let held = join_exclusive(store, &h.key, &n).await;
+    let (first, second) = (
+        join_exclusive(store, &w1.key, &n).await,
+        join_exclusive(store, &w2.key, &n).await,
+    );
+    assert!(!first.granted && !second.granted);
+    let before = calls();
+    store.leave(&h.key, &n, held.seq).await.unwrap();
+    store.await_grant(&w1.key, &n, first.seq).await.unwrap();
+    store.leave(&w1.key, &n, first.seq).await.unwrap();
+    store.await_grant(&w2.key, &n, second.seq).await.unwrap();
+    assert_eq!(
+        calls() - before,
+        2,
+        "two releases, each announcing its grant before the waiter waited"
+    );
+    store.leave(&w2.key, &n, second.seq).await.unwrap();
+    for s in [h, w1, w2] {
+        store.close_session(&s.key).await.unwrap();
+    }
+}
+
 /// A store that keeps a lone holder in the name's row (PostgreSQL, MySQL):
 /// taking a free name and releasing it are one call each, and `layout`
 /// (the row holder's token, and how many entries the name has in the

@@ -27,17 +27,18 @@ use crate::store::{Capabilities, Wake};
 
 const BACKEND: &str = "mysql";
 const SCHEMA_SQL: &str = include_str!("mysql.sql");
-const SCHEMA_VERSION: &str = "9";
+const SCHEMA_VERSION: &str = "10";
 /// Schema versions this build upgrades in place (the procedures are
 /// replaced; version 4 adds the fences' and cells' table, 5 a renewal
 /// counter, and ends a session only when a watcher confirms it, never by
 /// the server's clock; 6 adds `evict_session`, ending one session by its
 /// tag; 7 runs fewer statements per join and release; 8 keeps a lone
 /// holder in its name's row; 9 answers a release with the entries it
-/// granted, and a waiter's usual look takes no lock). The upgrade is
+/// granted, and a waiter's usual look takes no lock; 10 answers a queued
+/// join with what the waiter's first look would). The upgrade is
 /// one-way: a build of an older version then refuses
 /// the tables.
-const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6", "7", "8"];
+const UPGRADES_FROM: &[&str] = &["1", "2", "3", "4", "5", "6", "7", "8", "9"];
 const NOW_MS: &str = "CAST(ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)";
 /// Takes a name nobody holds or waits for (`queued` false) for a live
 /// session: the lone holder goes into the name's row, with the next token.

@@ -1,10 +1,10 @@
--- tenure's MySQL/MariaDB store, schema version 9 (1 read the clock and the
+-- tenure's MySQL/MariaDB store, schema version 10 (1 read the clock and the
 -- session before the name's lock; 2 read every entry of a queue on each
 -- call; 3 had no fences or cells; 4 judged expiry by the server's clock; 5
 -- could not end one session by its tag; 6 ran more statements and nested
 -- calls per join and release; 7 kept every entry in @pentries; 8 did not
--- say what a release granted, and locked the name for every look). "@p" is
--- the table prefix.
+-- say what a release granted, and locked the name for every look; 9's join
+-- did not say what a waiter's first look would). "@p" is the table prefix.
 -- Statements are separated by lines of ";;". "@pnow_ms()" stands for the
 -- server's clock in milliseconds (replaced when loaded, so no stored
 -- function needs SUPER under binary logging). Every operation is one CALL (one
@@ -334,6 +334,14 @@ proc: BEGIN
     DECLARE v_holder CHAR(32) CHARACTER SET ascii DEFAULT NULL;
     DECLARE v_queued BOOLEAN DEFAULT TRUE;
     DECLARE v_empty BOOLEAN DEFAULT FALSE;
+    DECLARE v_aseq BIGINT DEFAULT NULL;
+    DECLARE v_agranted BIGINT;
+    DECLARE v_aexpires BIGINT;
+    DECLARE v_blockers LONGTEXT DEFAULT NULL;
+    DECLARE v_ttl BIGINT DEFAULT NULL;
+    DECLARE v_until BIGINT DEFAULT NULL;
+    DECLARE v_next BOOLEAN DEFAULT NULL;
+    DECLARE v_ended BOOLEAN DEFAULT FALSE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     -- Each read must see what the previous lock holder committed (not the
     -- snapshot REPEATABLE READ would keep from before the lock wait).
@@ -464,7 +472,35 @@ proc: BEGIN
                 IF(v_granted, v_now, NULL));
     END IF;
     COMMIT;
-    SELECT 'ok', v_seq, v_granted, 1, v_seq = 1;
+    IF NOT v_granted THEN
+        -- Queued: also what the waiter's first look would say in the usual
+        -- case, a live entry just ahead, read as `look` reads it, after the
+        -- commit and without the name's lock (which the other joins and the
+        -- releases of the name wait for), so that the waiter need not look
+        -- (blockers, TTL, ms until they lapse, next in line). Otherwise
+        -- v_until stays NULL and the waiter looks.
+        SELECT STRAIGHT_JOIN e.seq, e.granted_ms, s.expires_ms INTO v_aseq, v_agranted, v_aexpires
+          FROM @pentries e JOIN @psessions s ON s.id = e.session
+         WHERE e.name = p_name AND e.seq < v_seq ORDER BY e.seq DESC LIMIT 1;
+        IF v_aseq IS NOT NULL AND v_aexpires > 0
+           AND (v_agranted IS NOT NULL OR v_aexpires > @pnow_ms()) THEN
+            SET v_next = v_agranted IS NOT NULL;
+            SET SESSION group_concat_max_len = 16777216;
+            SELECT STRAIGHT_JOIN
+                   COALESCE(GROUP_CONCAT(CONCAT(e.seq, ':', s.renewals, ':', s.expires_ms)
+                                         ORDER BY e.seq SEPARATOR ','), ''),
+                   COALESCE(MAX(s.ttl_ms), 0), GREATEST(COALESCE(MIN(s.expires_ms), 0) - @pnow_ms(), 0),
+                   COALESCE(MAX(s.expires_ms <= 0), FALSE)
+              INTO v_blockers, v_ttl, v_until, v_ended
+              FROM @pentries e JOIN @psessions s ON s.id = e.session
+             WHERE e.name = p_name AND e.seq < v_seq AND (v_next OR e.seq = v_aseq);
+            -- (An ended entry among them is the look's to settle.)
+            IF v_ended THEN
+                SET v_blockers = NULL, v_ttl = NULL, v_until = NULL, v_next = NULL;
+            END IF;
+        END IF;
+    END IF;
+    SELECT 'ok', v_seq, v_granted, 1, v_seq = 1, v_blockers, v_ttl, NULL, v_until, v_next;
 END
 ;;
 DROP PROCEDURE IF EXISTS @plook

@@ -104,7 +104,11 @@ impl JoinedLooks {
             return None;
         }
         map.remove(&grant_key(name.as_str(), seq))
-            .map(|(at, look)| JoinedLook { at, look })
+            .map(|(at, look)| JoinedLook {
+                at,
+                look,
+                without_push: false,
+            })
     }
 }
 
@@ -112,9 +116,25 @@ impl JoinedLooks {
 pub(crate) struct JoinedLook {
     at: Instant,
     look: Look,
+    without_push: bool,
 }
 
 impl JoinedLook {
+    /// Marks the answer as one to take for the first look without pushed
+    /// notifications and without a check, on a store that pushes nothing
+    /// (MySQL): a release of this process announces what it granted
+    /// ([`Listeners::granted`]), which keeps the announcement for a waiter
+    /// that listens late. Anything else is found by polling, as after a
+    /// look: a grant by another process, or one after a session ended here
+    /// (whose wake-up goes to the first waiter of the name in this process,
+    /// and is lost before it listens). Such a waiter is next in line, or
+    /// the first of its name here, or is handed polling on by the one
+    /// ahead, so it polls, from the shortest interval.
+    pub(crate) fn without_push(mut self) -> Self {
+        self.without_push = true;
+        self
+    }
+
     /// The answer, if it is still fresh enough to stand in for a look: a
     /// blocker's renewal after the join read it goes unseen until the
     /// waiter's next look, as one after any look's read does. The next in
@@ -192,6 +212,11 @@ where
         let notified = listening.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        // Armed with `notified`, so that a hand-over during the look is
+        // not lost either.
+        let handed_over = listening.hand_over().notified();
+        tokio::pin!(handed_over);
+        handed_over.as_mut().enable();
         // Announced with the grant itself: a look would only say so again
         // (one round trip more on every handoff).
         if listening.announced_granted() {
@@ -214,6 +239,9 @@ where
         // again, in case the connection dropped in between (its wake-up
         // went to the listener just replaced).
         let stand_in = match first.take() {
+            // (A grant announced before this waiter listened was kept for
+            // it, and shows above.)
+            Some((joined, _)) if joined.without_push && joined.is_fresh() => Some(joined.look),
             Some((joined, still_queued)) if pushed_now && joined.is_fresh() => {
                 notified.set(listening.notify().notified());
                 notified.as_mut().enable();
@@ -248,7 +276,7 @@ where
             }
             None => watched.clear(),
         }
-        let polls = !pushed_now && (next || listening.is_first());
+        let mut polls = !pushed_now && (next || listening.is_first());
         listening.set_pass_on(!pushed_now);
         // With a watch, the store's expiry is only a hint: look when the
         // first blocker is due, and (the next in line) every renew interval.
@@ -268,9 +296,36 @@ where
             // can): look again after the longest poll.
             (false, None) => max,
         };
-        tokio::select! {
-            () = &mut notified => backoff = min,
-            () = tokio::time::sleep(sleep) => backoff = (backoff * 2).min(max),
+        let wake_at = tokio::time::sleep(sleep);
+        tokio::pin!(wake_at);
+        loop {
+            tokio::select! {
+                () = &mut notified => {
+                    backoff = min;
+                    break;
+                }
+                () = &mut handed_over => {
+                    // The waiter that polled went (granted, most often;
+                    // on MySQL by a release of this process, which will
+                    // announce this one's grant too): poll from now on,
+                    // from the shortest interval, but not with a look at
+                    // once (one round trip per handoff, for nothing new).
+                    if !polls && !pushed_now {
+                        polls = true;
+                        backoff = min;
+                        let poll_at = Instant::now() + min;
+                        if poll_at < wake_at.deadline() {
+                            wake_at.as_mut().reset(poll_at);
+                        }
+                    }
+                    handed_over.set(listening.hand_over().notified());
+                    handed_over.as_mut().enable();
+                }
+                () = &mut wake_at => {
+                    backoff = (backoff * 2).min(max);
+                    break;
+                }
+            }
         }
     }
 }
@@ -380,6 +435,10 @@ type Registry = std::collections::BTreeMap<String, (std::sync::Arc<Slot>, usize)
 #[derive(Default)]
 struct Slot {
     notify: Notify,
+    /// The waiter ahead of this one in this process went, and hands polling
+    /// on ([`Listening`]'s drop): not a change, so no reason to look at
+    /// once, only to start polling.
+    hand_over: Notify,
     /// The store announced the grant of the entry of this [`grant_key`].
     granted: std::sync::atomic::AtomicBool,
     /// What an announcement must carry to be taken
@@ -390,7 +449,51 @@ struct Slot {
 /// The tasks of this process waiting on keys (an entry's grant, a name's
 /// changes), woken by key. One registry per store; cheap to clone.
 #[derive(Clone, Default)]
-pub(crate) struct Listeners(std::sync::Arc<std::sync::Mutex<Registry>>);
+pub(crate) struct Listeners(std::sync::Arc<std::sync::Mutex<Registry>>, Unheard);
+
+/// Grants announced ([`Listeners::granted`]) while nobody listened on their
+/// key, by when: a waiter whose join was answered may listen only after a
+/// release of this process granted it, and then takes the grant from here
+/// (see [`JoinedLook::without_push`]). At most [`Unheard::KEPT`]; one older
+/// than [`Unheard::KEPT_FOR`] is never taken (a join's answer that old is not
+/// taken for a look either, and a store that lost its data might give a
+/// token again), and is dropped when the map is full.
+#[derive(Clone, Default)]
+struct Unheard(std::sync::Arc<std::sync::Mutex<HashMap<String, Instant>>>);
+
+impl Unheard {
+    const KEPT: usize = 4096;
+    const KEPT_FOR: Duration = Duration::from_secs(2);
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn keep(&self, key: &str) {
+        let mut map = self.map();
+        if map.len() >= Self::KEPT {
+            map.retain(|_, at| at.elapsed() <= Self::KEPT_FOR);
+            // Still half full of fresh ones (most of them grants to other
+            // processes' waiters, which a release here announces too): start
+            // afresh rather than sweep on every grant. A mark lost costs its
+            // waiter a poll.
+            if map.len() >= Self::KEPT / 2 {
+                map.clear();
+            }
+        }
+        map.insert(key.to_string(), Instant::now());
+    }
+
+    /// Whether a grant of `key` was announced unheard within
+    /// [`Self::KEPT_FOR`] (and forgets it).
+    fn take(&self, key: &str) -> bool {
+        let mut map = self.map();
+        !map.is_empty()
+            && map
+                .remove(key)
+                .is_some_and(|at| at.elapsed() <= Self::KEPT_FOR)
+    }
+}
 
 /// The key a waiter for `name`'s entry `seq` listens on. Tokens are padded,
 /// so the key order within a name is the queue order.
@@ -417,9 +520,14 @@ impl Listeners {
     /// (a backend that subscribes per key subscribes then).
     pub(crate) fn listen(&self, key: String) -> (Listening, bool) {
         let mut registry = self.registry();
-        let slot = registry
-            .entry(key.clone())
-            .or_insert_with(|| (std::sync::Arc::new(Slot::default()), 0));
+        let slot = registry.entry(key.clone()).or_insert_with(|| {
+            let slot = Slot::default();
+            if self.1.take(&key) {
+                slot.granted
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            (std::sync::Arc::new(slot), 0)
+        });
         slot.1 += 1;
         let listening = Listening {
             listeners: self.clone(),
@@ -456,11 +564,18 @@ impl Listeners {
     /// id). PostgreSQL's `NOTIFY` only on the channel a release announces
     /// on: another transaction may send a wake-up for an entry it grants
     /// and end that entry again before it commits (`evict`).
+    /// With nobody listening on `key`, the announcement is kept a while
+    /// for a waiter that listens late ([`Unheard`]).
     pub(crate) fn granted(&self, key: &str) {
-        if let Some((slot, _)) = self.registry().get(key) {
-            slot.granted
-                .store(true, std::sync::atomic::Ordering::Release);
-            slot.notify.notify_waiters();
+        let registry = self.registry();
+        match registry.get(key) {
+            Some((slot, _)) => {
+                slot.granted
+                    .store(true, std::sync::atomic::Ordering::Release);
+                slot.notify.notify_waiters();
+            }
+            // (Under the registry's lock, so that no listener comes between.)
+            None => self.1.keep(key),
         }
     }
 
@@ -481,16 +596,28 @@ impl Listeners {
     /// Wakes the listeners of the first key (in key order) that starts with
     /// `prefix`: with [`grant_key`], the first waiter of a name in this process.
     pub(crate) fn wake_first(&self, prefix: &str) {
-        let registry = self.registry();
-        let first = registry
+        if let Some(slot) = self.first_slot(prefix) {
+            slot.notify.notify_waiters();
+        }
+    }
+
+    /// The slot of the first key (in key order) that starts with `prefix`.
+    fn first_slot(&self, prefix: &str) -> Option<std::sync::Arc<Slot>> {
+        self.registry()
             .range::<str, _>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
             ))
             .next()
-            .filter(|(k, _)| k.starts_with(prefix));
-        if let Some((_, (slot, _))) = first {
-            slot.notify.notify_waiters();
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, (slot, _))| slot.clone())
+    }
+
+    /// Hands polling on to the first waiter (in key order) on a key that
+    /// starts with `prefix`: it starts polling, without a look at once.
+    fn hand_over_first(&self, prefix: &str) {
+        if let Some(slot) = self.first_slot(prefix) {
+            slot.hand_over.notify_waiters();
         }
     }
 
@@ -553,6 +680,12 @@ impl Listening {
         &self.slot.notify
     }
 
+    /// Notified when this waiter becomes the one of its name in this
+    /// process that polls ([`Listeners::hand_over_first`]).
+    fn hand_over(&self) -> &Notify {
+        &self.slot.hand_over
+    }
+
     /// Whether the store announced this entry's grant ([`Listeners::granted`]).
     fn announced_granted(&self) -> bool {
         self.slot.granted.load(std::sync::atomic::Ordering::Acquire)
@@ -611,7 +744,7 @@ impl Drop for Listening {
         };
         if let Some(prefix) = &self.first_of {
             if self.pass_on.load(std::sync::atomic::Ordering::Relaxed) {
-                self.listeners.wake_first(prefix);
+                self.listeners.hand_over_first(prefix);
             }
         }
         if let (true, Some(f)) = (last, self.on_last.take()) {
@@ -716,5 +849,159 @@ pub(crate) fn blocker(kinds: &[EntryKind], i: usize) -> Option<usize> {
             .rposition(|k| *k != EntryKind::Shared)
             .or_else(|| i.checked_sub(1)),
         EntryKind::Exclusive => i.checked_sub(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Looks = std::sync::Arc<std::sync::Mutex<Vec<Duration>>>;
+
+    fn waiting(next: bool) -> Look {
+        Look::Wait {
+            until: None,
+            next,
+            watch: None,
+        }
+    }
+
+    fn still_queued() -> std::future::Ready<Result<bool>> {
+        std::future::ready(Ok(true))
+    }
+
+    /// Waits on `listening` with nothing pushed; each look is recorded (by
+    /// when, from `start`) and answers from `answers` in turn, then granted.
+    async fn wait(
+        listening: &Listening,
+        first: Option<NoStandIn>,
+        answers: Vec<Look>,
+        start: Instant,
+        looks: &Looks,
+    ) {
+        let answers = std::sync::Mutex::new(answers.into_iter());
+        until_granted(
+            listening,
+            Duration::from_millis(5),
+            Duration::from_millis(100),
+            || async { false },
+            |_| {
+                looks.lock().unwrap().push(start.elapsed());
+                let answer = answers.lock().unwrap().next().unwrap_or(Look::Granted);
+                async move { Ok(answer) }
+            },
+            first,
+        )
+        .await
+        .unwrap();
+    }
+
+    fn joined(without_push: bool) -> NoStandIn {
+        let look = JoinedLook {
+            at: Instant::now(),
+            look: waiting(true),
+            without_push: false,
+        };
+        let look = if without_push {
+            look.without_push()
+        } else {
+            look
+        };
+        (
+            look,
+            still_queued as fn() -> std::future::Ready<Result<bool>>,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_joins_answer_stands_in_for_the_first_look_where_grants_are_heard_here() {
+        for (without_push, first_look) in
+            [(true, Duration::from_millis(5)), (false, Duration::ZERO)]
+        {
+            let listeners = Listeners::default();
+            let (listening, _) = listeners.listen(grant_key("n", 7));
+            let looks = Looks::default();
+            let start = Instant::now();
+            wait(
+                &listening,
+                Some(joined(without_push)),
+                vec![],
+                start,
+                &looks,
+            )
+            .await;
+            // Without push, only a store that hears every grant here takes
+            // the answer: its waiter's first look is its first poll.
+            assert_eq!(
+                *looks.lock().unwrap(),
+                vec![first_look],
+                "without push: {without_push}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_announced_before_its_waiter_listens_is_kept_for_it() {
+        let listeners = Listeners::default();
+        listeners.granted(&grant_key("n", 7));
+        let looks = Looks::default();
+        let (other, _) = listeners.listen(grant_key("n", 8));
+        let (listening, _) = listeners.listen(grant_key("n", 7));
+        wait(
+            &listening,
+            Some(joined(true)),
+            vec![],
+            Instant::now(),
+            &looks,
+        )
+        .await;
+        assert!(looks.lock().unwrap().is_empty(), "looked: {looks:?}");
+        // Only for its own key, and only once.
+        assert!(!other.announced_granted());
+        drop(listening);
+        let (again, _) = listeners.listen(grant_key("n", 7));
+        assert!(!again.announced_granted());
+        // Nor once it is older than a join's answer may be.
+        listeners.granted(&grant_key("n", 9));
+        tokio::time::sleep(Unheard::KEPT_FOR + Duration::from_millis(1)).await;
+        let (late, _) = listeners.listen(grant_key("n", 9));
+        assert!(!late.announced_granted());
+    }
+
+    /// The looks of a waiter behind another of its name in this process,
+    /// not next, answered `waits` times "wait", when the one ahead goes at
+    /// `handed_over`.
+    async fn looks_when_handed_over(waits: usize, handed_over: Duration) -> Vec<Duration> {
+        let listeners = Listeners::default();
+        let prefix = grant_prefix("n");
+        let (ahead, _) = listeners.listen(grant_key("n", 7));
+        let ahead = ahead.in_line(prefix.clone());
+        let (behind, _) = listeners.listen(grant_key("n", 8));
+        let behind = behind.in_line(prefix);
+        let looks = Looks::default();
+        let start = Instant::now();
+        let waiter = wait(&behind, None, vec![waiting(false); waits], start, &looks);
+        let handing = async {
+            tokio::time::sleep(handed_over).await;
+            drop(ahead);
+        };
+        tokio::join!(waiter, handing);
+        let looks = looks.lock().unwrap().clone();
+        looks
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_handed_polling_on_polls_without_a_look_at_once() {
+        let ms = Duration::from_millis;
+        // Looked when it came, then not at the hand-over (10 ms) but at its
+        // first poll after it (10 + 5 ms), not the longest sleep (100 ms).
+        assert_eq!(looks_when_handed_over(1, ms(10)).await, vec![ms(0), ms(15)]);
+        // After long sleeps (not next, not first: a look after each longest
+        // sleep, 100 ms, the backoff doubling up to the longest meanwhile),
+        // handed polling on, it polls 5 ms later, then 10 ms after that.
+        assert_eq!(
+            looks_when_handed_over(6, ms(450)).await,
+            vec![ms(0), ms(100), ms(200), ms(300), ms(400), ms(455), ms(465)]
+        );
     }
 }

@@ -583,7 +583,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             self.fast_hints.joined(name, k, &joined, by_statement);
         }
         // A queued entry's join may also say what a first look would
-        // (PostgreSQL's, from schema 10: columns 8 and 9).
+        // (PostgreSQL's and MySQL's, from schema 10: columns 8 and 9).
         if !joined.granted && row.cells.len() > 9 {
             if let Some(until) = row.opt_int(8)? {
                 let wait = Look::Wait {
@@ -653,10 +653,20 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         // The join said what a first look would: once this waiter listens
         // (notifications arrive), only check that its entry was not granted
         // before, with a plain read.
+        // Where nothing is pushed (MySQL), a release of this process
+        // announces its grants, and the announcement is kept for a waiter
+        // that listens late; anything else is found by polling, as after a
+        // look: the answer stands in without a check.
         let first = self.joined.take(name, seq).map(|joined| {
-            let still_queued = || async move {
+            let heard_here = self.driver.wakes_by_hand();
+            let still_queued = move || async move {
                 let row = self.counted().fast("still_queued", &args[..3]).await?;
                 Ok(row.is_some())
+            };
+            let joined = if heard_here {
+                joined.without_push()
+            } else {
+                joined
             };
             (joined, still_queued)
         });
