@@ -500,7 +500,7 @@ async fn join_exclusive(store: &Arc<dyn Store>, key: &SessionKey, name: &Name) -
 /// makes one call, the release; with a look at the hand-over, two. A poll
 /// of the first waiter can fall in between by chance (or a slow spell of
 /// the machine can delay the test past the second's first poll), so up to
-/// five rounds are tried, and one must show it. `calls` counts `store`'s
+/// ten rounds are tried, and one must show it. `calls` counts `store`'s
 /// calls; `name` must be new to it.
 pub async fn check_polling_handed_on_without_a_look(
     store: &Arc<dyn Store>,
@@ -514,7 +514,7 @@ pub async fn check_polling_handed_on_without_a_look(
         tokio::spawn(async move { store.await_grant(&key, &n, seq).await })
     };
     let mut costs = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..10 {
         let held = join_exclusive(store, &h.key, &n).await;
         let (first, second) = (
             join_exclusive(store, &w1.key, &n).await,

@@ -472,13 +472,19 @@ proc: BEGIN
                 IF(v_granted, v_now, NULL));
     END IF;
     COMMIT;
+    -- Queued: also what the waiter's first look would say in the usual
+    -- case, a live entry just ahead, read as `look` reads it, after the
+    -- commit and without the name's lock (which the other joins and the
+    -- releases of the name wait for), so that the waiter need not look
+    -- (blockers, TTL, ms until they lapse, next in line). Otherwise v_until
+    -- stays NULL and the waiter looks. The entry is committed: a failed
+    -- read here must not fail the call (a caller would take the join for
+    -- undone, or run it again and count a second hold), so it only leaves
+    -- the answer out.
+    first_look: BEGIN
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+        SET v_blockers = NULL, v_ttl = NULL, v_until = NULL, v_next = NULL;
     IF NOT v_granted THEN
-        -- Queued: also what the waiter's first look would say in the usual
-        -- case, a live entry just ahead, read as `look` reads it, after the
-        -- commit and without the name's lock (which the other joins and the
-        -- releases of the name wait for), so that the waiter need not look
-        -- (blockers, TTL, ms until they lapse, next in line). Otherwise
-        -- v_until stays NULL and the waiter looks.
         SELECT STRAIGHT_JOIN e.seq, e.granted_ms, s.expires_ms INTO v_aseq, v_agranted, v_aexpires
           FROM @pentries e JOIN @psessions s ON s.id = e.session
          WHERE e.name = p_name AND e.seq < v_seq ORDER BY e.seq DESC LIMIT 1;
@@ -500,6 +506,7 @@ proc: BEGIN
             END IF;
         END IF;
     END IF;
+    END first_look;
     SELECT 'ok', v_seq, v_granted, 1, v_seq = 1, v_blockers, v_ttl, NULL, v_until, v_next;
 END
 ;;

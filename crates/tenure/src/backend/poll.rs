@@ -208,6 +208,10 @@ where
     // and the blockers' longest TTL.
     let mut watched: HashMap<String, Instant> = HashMap::new();
     let mut ttl = Duration::ZERO;
+    // Whether this waiter polled after its last look: one that starts to
+    // (handed polling on, or next in line now) polls from the shortest
+    // interval, whatever its sleeps doubled the backoff to meanwhile.
+    let mut polling = false;
     loop {
         let notified = listening.notify().notified();
         tokio::pin!(notified);
@@ -277,6 +281,9 @@ where
             None => watched.clear(),
         }
         let mut polls = !pushed_now && (next || listening.is_first());
+        if polls && !polling {
+            backoff = min;
+        }
         listening.set_pass_on(!pushed_now);
         // With a watch, the store's expiry is only a hint: look when the
         // first blocker is due, and (the next in line) every renew interval.
@@ -307,9 +314,9 @@ where
                 () = &mut handed_over => {
                     // The waiter that polled went (granted, most often;
                     // on MySQL by a release of this process, which will
-                    // announce this one's grant too): poll from now on,
-                    // from the shortest interval, but not with a look at
-                    // once (one round trip per handoff, for nothing new).
+                    // announce what it grants next in turn): poll from now
+                    // on, from the shortest interval, but not with a look
+                    // at once (one round trip per handoff, for nothing new).
                     if !polls && !pushed_now {
                         polls = true;
                         backoff = min;
@@ -327,6 +334,7 @@ where
                 }
             }
         }
+        polling = polls;
     }
 }
 
@@ -668,8 +676,8 @@ pub(crate) struct Listening {
     /// For a waiter on a [`grant_key`]: the name's prefix, so that only the
     /// first waiter of the name in this process polls, and hands that on.
     first_of: Option<String>,
-    /// Whether dropping this wakes the name's next waiter in this process
-    /// (so it takes over polling): unless its last look found the store's
+    /// Whether dropping this hands polling on to the name's next waiter in
+    /// this process ([`Listeners::hand_over_first`]): unless its last look found the store's
     /// notifications working.
     pass_on: std::sync::atomic::AtomicBool,
 }
@@ -988,6 +996,36 @@ mod tests {
         tokio::join!(waiter, handing);
         let looks = looks.lock().unwrap().clone();
         looks
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_comes_next_in_line_polls_from_the_shortest_interval() {
+        let listeners = Listeners::default();
+        let prefix = grant_prefix("n");
+        let (ahead, _) = listeners.listen(grant_key("n", 7));
+        let _ahead = ahead.in_line(prefix.clone());
+        let (behind, _) = listeners.listen(grant_key("n", 8));
+        let behind = behind.in_line(prefix);
+        let looks = Looks::default();
+        let mut answers = vec![waiting(false); 5];
+        answers.extend([waiting(true), waiting(true)]);
+        wait(&behind, None, answers, Instant::now(), &looks).await;
+        let ms = Duration::from_millis;
+        // Behind another, not polling: a look after each longest sleep.
+        // Next in line at its sixth look: polls 5 ms later, then 10.
+        assert_eq!(
+            *looks.lock().unwrap(),
+            vec![
+                ms(0),
+                ms(100),
+                ms(200),
+                ms(300),
+                ms(400),
+                ms(500),
+                ms(505),
+                ms(515)
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]
