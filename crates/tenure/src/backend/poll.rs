@@ -976,16 +976,20 @@ mod tests {
         assert!(!late.announced_granted());
     }
 
+    /// Two waiters of one name in this process, in line (ahead, behind).
+    fn two_in_line() -> (Listening, Listening) {
+        let listeners = Listeners::default();
+        let prefix = grant_prefix("n");
+        let (ahead, _) = listeners.listen(grant_key("n", 7));
+        let (behind, _) = listeners.listen(grant_key("n", 8));
+        (ahead.in_line(prefix.clone()), behind.in_line(prefix))
+    }
+
     /// The looks of a waiter behind another of its name in this process,
     /// not next, answered `waits` times "wait", when the one ahead goes at
     /// `handed_over`.
     async fn looks_when_handed_over(waits: usize, handed_over: Duration) -> Vec<Duration> {
-        let listeners = Listeners::default();
-        let prefix = grant_prefix("n");
-        let (ahead, _) = listeners.listen(grant_key("n", 7));
-        let ahead = ahead.in_line(prefix.clone());
-        let (behind, _) = listeners.listen(grant_key("n", 8));
-        let behind = behind.in_line(prefix);
+        let (ahead, behind) = two_in_line();
         let looks = Looks::default();
         let start = Instant::now();
         let waiter = wait(&behind, None, vec![waiting(false); waits], start, &looks);
@@ -1000,12 +1004,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_waiter_that_comes_next_in_line_polls_from_the_shortest_interval() {
-        let listeners = Listeners::default();
-        let prefix = grant_prefix("n");
-        let (ahead, _) = listeners.listen(grant_key("n", 7));
-        let _ahead = ahead.in_line(prefix.clone());
-        let (behind, _) = listeners.listen(grant_key("n", 8));
-        let behind = behind.in_line(prefix);
+        let (_ahead, behind) = two_in_line();
         let looks = Looks::default();
         let mut answers = vec![waiting(false); 5];
         answers.extend([waiting(true), waiting(true)]);
