@@ -5,7 +5,7 @@
 //! once, over [`SqlDriver`]: decoding answers, the queue read that settles
 //! expired entries, waiting, wake-ups, and creating or upgrading the schema.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
@@ -253,10 +253,12 @@ pub(crate) struct FastHints(Arc<std::sync::Mutex<FastHintsInner>>);
 
 #[derive(Default)]
 struct FastHintsInner {
-    /// Entries this store holds, as far as it knows, in their name's row:
-    /// only those can be released by the statement (an entry granted from
-    /// the queue is never moved into the row).
-    row_held: HashSet<String>,
+    /// Entries this store holds, as far as it knows, in their name's row,
+    /// by name (tokens): only those can be released by the statement (an
+    /// entry granted from the queue is never moved into the row). By name,
+    /// so that a routine's join forgets a name's holds without a walk over
+    /// every name held.
+    row_held: HashMap<String, Vec<u64>>,
     /// Names on which a one-statement take changed nothing, and when.
     missed: HashMap<String, Instant>,
 }
@@ -306,18 +308,18 @@ impl FastHints {
     /// the name are no longer in the row.
     fn joined(&self, name: &Name, kind: i16, joined: &Joined, by_statement: bool) {
         let mut inner = self.inner();
-        if !by_statement && !inner.row_held.is_empty() {
-            let prefix = poll::grant_prefix(name.as_str());
-            inner.row_held.retain(|key| !key.starts_with(&prefix));
+        if !by_statement {
+            inner.row_held.remove(name.as_str());
         }
         if by_statement || (kind == 0 && joined.granted && joined.holds == 1) {
             inner.missed.remove(name.as_str());
             if inner.row_held.len() >= Self::KEPT {
                 inner.row_held.clear();
             }
-            inner
-                .row_held
-                .insert(poll::grant_key(name.as_str(), joined.seq));
+            let seqs = inner.row_held.entry(name.as_str().to_owned()).or_default();
+            if !seqs.contains(&joined.seq) {
+                seqs.push(joined.seq);
+            }
         }
     }
 
@@ -325,9 +327,18 @@ impl FastHints {
     /// (forgets the entry: a second release of a reentered hold goes to
     /// the routine).
     fn release_worth_trying(&self, name: &Name, seq: u64) -> bool {
-        self.inner()
-            .row_held
-            .remove(&poll::grant_key(name.as_str(), seq))
+        let mut inner = self.inner();
+        let Some(seqs) = inner.row_held.get_mut(name.as_str()) else {
+            return false;
+        };
+        let held = seqs
+            .iter()
+            .position(|s| *s == seq)
+            .map(|i| seqs.swap_remove(i));
+        if seqs.is_empty() {
+            inner.row_held.remove(name.as_str());
+        }
+        held.is_some()
     }
 }
 
