@@ -456,35 +456,45 @@ struct Slot {
 
 /// The tasks of this process waiting on keys (an entry's grant, a name's
 /// changes), woken by key. One registry per store; cheap to clone.
-#[derive(Clone, Default)]
-pub(crate) struct Listeners(std::sync::Arc<std::sync::Mutex<Registry>>, Unheard);
+#[derive(Clone)]
+pub(crate) struct Listeners(std::sync::Arc<std::sync::Mutex<Registry>>, RecentKeys);
 
-/// Grants announced ([`Listeners::granted`]) while nobody listened on their
-/// key, by when: a waiter whose join was answered may listen only after a
-/// release of this process granted it, and then takes the grant from here
-/// (see [`JoinedLook::without_push`]). At most [`Unheard::KEPT`]; one older
-/// than [`Unheard::KEPT_FOR`] is never taken (a join's answer that old is not
-/// taken for a look either, and a store that lost its data might give a
-/// token again), and is dropped when the map is full.
-#[derive(Clone, Default)]
-struct Unheard(std::sync::Arc<std::sync::Mutex<HashMap<String, Instant>>>);
+impl Default for Listeners {
+    fn default() -> Self {
+        Self(Default::default(), RecentKeys::new(UNHEARD_FOR))
+    }
+}
 
-impl Unheard {
+/// Keys marked within the last `within`, at most [`RecentKeys::KEPT`]: a
+/// store of hints, where a key forgotten early costs a round trip, never a
+/// different answer. Cheap to clone (shared).
+#[derive(Clone)]
+pub(crate) struct RecentKeys {
+    marked: std::sync::Arc<std::sync::Mutex<HashMap<String, Instant>>>,
+    within: Duration,
+}
+
+impl RecentKeys {
     const KEPT: usize = 4096;
-    const KEPT_FOR: Duration = Duration::from_secs(2);
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn new(within: Duration) -> Self {
+        Self {
+            marked: Default::default(),
+            within,
+        }
     }
 
-    fn keep(&self, key: &str) {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.marked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks `key` now.
+    pub(crate) fn mark(&self, key: &str) {
         let mut map = self.map();
         if map.len() >= Self::KEPT {
-            map.retain(|_, at| at.elapsed() <= Self::KEPT_FOR);
-            // Still half full of fresh ones (most of them grants to other
-            // processes' waiters, which a release here announces too): start
-            // afresh rather than sweep on every grant. A mark lost costs its
-            // waiter a poll.
+            map.retain(|_, at| at.elapsed() <= self.within);
+            // Still half full of recent ones: start afresh rather than
+            // sweep on every mark.
             if map.len() >= Self::KEPT / 2 {
                 map.clear();
             }
@@ -492,16 +502,37 @@ impl Unheard {
         map.insert(key.to_string(), Instant::now());
     }
 
-    /// Whether a grant of `key` was announced unheard within
-    /// [`Self::KEPT_FOR`] (and forgets it).
-    fn take(&self, key: &str) -> bool {
+    /// Whether `key` was marked within `within` (a stale mark goes).
+    pub(crate) fn is_recent(&self, key: &str) -> bool {
+        let mut map = self.map();
+        match map.get(key) {
+            Some(at) if at.elapsed() <= self.within => true,
+            Some(_) => {
+                map.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `key` was marked within `within`; forgets it.
+    pub(crate) fn take(&self, key: &str) -> bool {
         let mut map = self.map();
         !map.is_empty()
             && map
                 .remove(key)
-                .is_some_and(|at| at.elapsed() <= Self::KEPT_FOR)
+                .is_some_and(|at| at.elapsed() <= self.within)
     }
 }
+
+/// How long a grant announced ([`Listeners::granted`]) while nobody
+/// listened on its key is kept (the registry's [`RecentKeys`]): a waiter
+/// whose join was answered may listen only after a release of this process
+/// granted it, and then takes the grant from there (see
+/// [`JoinedLook::without_push`]). One older is never taken (a join's answer
+/// that old is not taken for a look either, and a store that lost its data
+/// might give a token again).
+const UNHEARD_FOR: Duration = Duration::from_secs(2);
 
 /// The key a waiter for `name`'s entry `seq` listens on. Tokens are padded,
 /// so the key order within a name is the queue order.
@@ -573,7 +604,7 @@ impl Listeners {
     /// on: another transaction may send a wake-up for an entry it grants
     /// and end that entry again before it commits (`evict`).
     /// With nobody listening on `key`, the announcement is kept a while
-    /// for a waiter that listens late ([`Unheard`]).
+    /// for a waiter that listens late ([`UNHEARD_FOR`]).
     pub(crate) fn granted(&self, key: &str) {
         let registry = self.registry();
         match registry.get(key) {
@@ -583,7 +614,7 @@ impl Listeners {
                 slot.notify.notify_waiters();
             }
             // (Under the registry's lock, so that no listener comes between.)
-            None => self.1.keep(key),
+            None => self.1.mark(key),
         }
     }
 
@@ -971,7 +1002,7 @@ mod tests {
         assert!(!again.announced_granted());
         // Nor once it is older than a join's answer may be.
         listeners.granted(&grant_key("n", 9));
-        tokio::time::sleep(Unheard::KEPT_FOR + Duration::from_millis(1)).await;
+        tokio::time::sleep(UNHEARD_FOR + Duration::from_millis(1)).await;
         let (late, _) = listeners.listen(grant_key("n", 9));
         assert!(!late.announced_granted());
     }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
@@ -248,8 +248,21 @@ pub struct SqlStore<D> {
 /// wrong one costs that round trip, or a routine's call where a statement
 /// would have done; never a different answer. Kept per store (per
 /// [`crate::open`]), not shared between stores of one process.
-#[derive(Clone, Default)]
-pub(crate) struct FastHints(Arc<std::sync::Mutex<FastHintsInner>>);
+#[derive(Clone)]
+pub(crate) struct FastHints {
+    inner: Arc<std::sync::Mutex<FastHintsInner>>,
+    /// Names on which a one-statement take changed nothing, lately.
+    missed: poll::RecentKeys,
+}
+
+impl Default for FastHints {
+    fn default() -> Self {
+        Self {
+            inner: Default::default(),
+            missed: poll::RecentKeys::new(Self::MISS_HELD),
+        }
+    }
+}
 
 #[derive(Default)]
 struct FastHintsInner {
@@ -259,12 +272,10 @@ struct FastHintsInner {
     /// so that a routine's join forgets a name's holds without a walk over
     /// every name held.
     row_held: HashMap<String, Vec<u64>>,
-    /// Names on which a one-statement take changed nothing, and when.
-    missed: HashMap<String, Instant>,
 }
 
 impl FastHints {
-    /// At most this many of each are kept; past it they are forgotten.
+    /// At most this many names' holds are kept; past it they are forgotten.
     const KEPT: usize = 4096;
     /// How long a name on which the statement missed goes to the routine
     /// directly: a try-lock of a held name pays one round trip, not two,
@@ -272,30 +283,16 @@ impl FastHints {
     const MISS_HELD: Duration = Duration::from_secs(1);
 
     fn inner(&self) -> std::sync::MutexGuard<'_, FastHintsInner> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn take_worth_trying(&self, name: &Name) -> bool {
-        let mut inner = self.inner();
-        match inner.missed.get(name.as_str()) {
-            Some(at) if at.elapsed() < Self::MISS_HELD => false,
-            Some(_) => {
-                inner.missed.remove(name.as_str());
-                true
-            }
-            None => true,
-        }
+        !self.missed.is_recent(name.as_str())
     }
 
     /// The one-statement take of `name` was tried and changed nothing.
     fn missed(&self, name: &Name) {
-        let mut inner = self.inner();
-        if inner.missed.len() >= Self::KEPT {
-            inner.missed.clear();
-        }
-        inner
-            .missed
-            .insert(name.as_str().to_owned(), Instant::now());
+        self.missed.mark(name.as_str());
     }
 
     /// A join of `name` answered `joined`, by the statement (`by_statement`:
@@ -312,7 +309,7 @@ impl FastHints {
             inner.row_held.remove(name.as_str());
         }
         if by_statement || (kind == 0 && joined.granted && joined.holds == 1) {
-            inner.missed.remove(name.as_str());
+            self.missed.take(name.as_str());
             if inner.row_held.len() >= Self::KEPT {
                 inner.row_held.clear();
             }
