@@ -37,12 +37,16 @@
 //! past it. A size that runs into the queue-fill or the handoff limit skips
 //! the backend's larger sizes. A row already started runs to its own bounds.
 
+mod common;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure::{Mutex, Name, Session, SessionOptions, Store};
 use tokio::time::timeout;
+
+use common::{process_cpu_ns, server_cpu_ns};
 
 /// Every session's TTL (`QUEUE_TTL_S` overrides it: renewals of N sessions
 /// come N / (TTL / 3) times a second, a load of their own).
@@ -68,78 +72,6 @@ const HANDOFF_LIMIT: Duration = Duration::from_secs(30);
 const TEARDOWN_LIMIT: Duration = Duration::from_secs(60);
 /// Sessions opened (and closed) at once.
 const BATCH: usize = 32;
-
-/// The process's pid and parent pid and name from `/proc/PID/stat`.
-fn proc_stat(pid: u32) -> Option<(u32, String)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?.to_string();
-    let ppid = stat
-        .get(close + 2..)?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some((ppid, comm))
-}
-
-/// The CPU time (ns) run so far by every thread of a process.
-fn process_cpu_ns(pid: &str) -> u64 {
-    let mut sum = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-        sum += stat
-            .split_whitespace()
-            .next()
-            .and_then(|ns| ns.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    sum
-}
-
-/// CPU time (ns) run so far by the servers this bench started: processes
-/// named `comm` that descend from this process (so a neighbour's server of
-/// the same name on a shared machine is not counted). `None` without a
-/// server or off Linux.
-fn server_cpu_ns(comm: Option<&str>) -> Option<u64> {
-    let comm = comm?;
-    let me = std::process::id();
-    let mut parents = std::collections::HashMap::new();
-    let mut names = Vec::new();
-    for dir in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = dir.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        if let Some((ppid, name)) = proc_stat(pid) {
-            parents.insert(pid, ppid);
-            if name == comm {
-                names.push(pid);
-            }
-        }
-    }
-    let descends = |mut pid: u32| {
-        for _ in 0..64 {
-            match parents.get(&pid) {
-                Some(&ppid) if ppid == me => return true,
-                Some(&ppid) if ppid > 1 => pid = ppid,
-                _ => return false,
-            }
-        }
-        false
-    };
-    Some(
-        names
-            .into_iter()
-            .filter(|&pid| descends(pid))
-            .map(|pid| process_cpu_ns(&pid.to_string()))
-            .sum(),
-    )
-}
 
 /// A point to measure from: wall clock, the server's CPU and the client's.
 struct Mark {
