@@ -348,3 +348,85 @@ async fn a_queued_waiter_does_not_look_before_its_grant() {
     holder.close().await.unwrap();
     waiter.close().await.unwrap();
 }
+
+/// How many grant channels of the name `n` the server has subscribers on.
+#[cfg(feature = "redis")]
+async fn grant_channels(conn: &mut redis::aio::MultiplexedConnection) -> usize {
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("*:w:n\t*")
+        .query_async(conn)
+        .await
+        .unwrap();
+    channels.len()
+}
+
+/// A waiter's grant channel is used once: when its waiter goes, it is
+/// unsubscribed together with others, in one `UNSUBSCRIBE` for many (one
+/// each was a command per grant), and none stays subscribed.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_channels_are_unsubscribed_in_batches() {
+    use std::time::Duration;
+    use tenure::{Mutex, Session, SessionOptions};
+    const WAITERS: usize = 16;
+    // A server of its own: the counts are the whole server's.
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let store = tenure::open(&server.url()).await.unwrap();
+    let options = || SessionOptions::new().ttl(Duration::from_secs(60));
+    let holder = Session::with_options(&store, options()).await.unwrap();
+    let guard = Mutex::new(&holder, "n").unwrap().lock().await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let session = Session::with_options(&store, options()).await.unwrap();
+        waiters.push(tokio::spawn(async move {
+            let guard = Mutex::new(&session, "n").unwrap().lock().await.unwrap();
+            guard.release().await.unwrap();
+            session.close().await.unwrap();
+        }));
+    }
+    let queued = tokio::time::Instant::now() + Duration::from_secs(20);
+    while grant_channels(&mut conn).await < WAITERS {
+        assert!(tokio::time::Instant::now() < queued, "every waiter listens");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(20), waiter)
+            .await
+            .expect("every waiter is granted in turn")
+            .unwrap();
+    }
+    let quiet = tokio::time::Instant::now() + Duration::from_secs(5);
+    while grant_channels(&mut conn).await > 0 {
+        assert!(
+            tokio::time::Instant::now() < quiet,
+            "a grant channel stays subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let unsubscribes = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_unsubscribe:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse::<usize>().unwrap());
+    assert!(
+        (1..=WAITERS / 2).contains(&unsubscribes),
+        "{unsubscribes} UNSUBSCRIBE commands for {WAITERS} grant channels"
+    );
+    holder.close().await.unwrap();
+}

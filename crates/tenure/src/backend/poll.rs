@@ -673,6 +673,11 @@ impl Listeners {
             .is_some_and(|(k, _)| k.starts_with(prefix))
     }
 
+    /// Whether a task of this process listens on `key` now.
+    pub(crate) fn is_listened(&self, key: &str) -> bool {
+        self.registry().contains_key(key)
+    }
+
     /// Every key listened on now (to subscribe them all again).
     pub(crate) fn keys(&self) -> Vec<String> {
         self.registry().keys().cloned().collect()

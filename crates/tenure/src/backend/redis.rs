@@ -40,6 +40,12 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 const KEY_LAYOUT: &str = "4";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A channel nobody listens on any more is unsubscribed with others, in one
+/// `UNSUBSCRIBE`: when this many wait, or this long after the first of them.
+/// (A waiter's grant channel is used once, so one `UNSUBSCRIBE` each was a
+/// command per grant.)
+const UNSUBSCRIBE_BATCH: usize = 64;
+const UNSUBSCRIBE_AFTER: Duration = Duration::from_millis(200);
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_fragment();
@@ -399,6 +405,8 @@ struct Wakeups {
     keyspace: Arc<std::sync::OnceLock<Vec<u8>>>,
     /// What the joins of queued entries said a first look would.
     joined: poll::JoinedLooks,
+    /// Channels whose last listener went, to unsubscribe in one batch.
+    unheard: std::sync::Mutex<Vec<String>>,
 }
 
 impl RedisStore {
@@ -407,17 +415,56 @@ impl RedisStore {
     async fn listen(&self, channel: String) -> Listening {
         let (listening, first) = self.inner.wakeups.listeners.listen(channel.clone());
         let store = self.clone();
-        let listening = listening.on_last(move |channel| {
-            crate::task::spawn_detached(async move {
-                if let Some(sink) = store.inner.wakeups.sink.lock().await.as_mut() {
-                    let _ = sink.unsubscribe(&channel).await;
-                }
-            });
-        });
+        let listening = listening.on_last(move |channel| store.unsubscribe_later(channel));
         if first || !self.pubsub_up() {
             self.subscribe(Some(&channel)).await;
         }
         listening
+    }
+
+    /// Queues `channel` to be unsubscribed with others ([`UNSUBSCRIBE_BATCH`],
+    /// [`UNSUBSCRIBE_AFTER`]).
+    fn unsubscribe_later(&self, channel: String) {
+        let waiting = {
+            let mut unheard = self.unheard();
+            unheard.push(channel);
+            unheard.len()
+        };
+        if waiting >= UNSUBSCRIBE_BATCH {
+            let store = self.clone();
+            crate::task::spawn_detached(async move { store.unsubscribe_unheard().await });
+        } else if waiting == 1 {
+            // Not kept open for this: a store dropped meanwhile closes its
+            // connection, and its subscriptions with it.
+            let inner = Arc::downgrade(&self.inner);
+            crate::task::spawn_detached(async move {
+                tokio::time::sleep(UNSUBSCRIBE_AFTER).await;
+                if let Some(inner) = inner.upgrade() {
+                    RedisStore { inner }.unsubscribe_unheard().await;
+                }
+            });
+        }
+    }
+
+    fn unheard(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        let unheard = &self.inner.wakeups.unheard;
+        unheard.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Unsubscribes, in one command, the queued channels that still have no
+    /// listener. Under the connection's lock, as every subscribe is: a
+    /// channel listened on again before this reads the listeners is kept,
+    /// and one listened on after it is subscribed again after this.
+    async fn unsubscribe_unheard(&self) {
+        let w = &self.inner.wakeups;
+        let mut sink = w.sink.lock().await;
+        let channels: Vec<String> = std::mem::take(&mut *self.unheard())
+            .into_iter()
+            .filter(|channel| !w.listeners.is_listened(channel))
+            .collect();
+        if let (Some(sink), false) = (sink.as_mut(), channels.is_empty()) {
+            let _ = tokio::time::timeout(RESPONSE_TIMEOUT, sink.unsubscribe(&channels)).await;
+        }
     }
 
     fn pubsub_up(&self) -> bool {
