@@ -430,3 +430,50 @@ async fn grant_channels_are_unsubscribed_in_batches() {
     );
     holder.close().await.unwrap();
 }
+
+/// A channel listened on again before its batch is unsubscribed stays
+/// subscribed: an observer that stops, and another of the same name at
+/// once, hears the next change (unsubscribed, it would wait for its safety
+/// read, 30 s).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_listened_on_again_before_its_batch_goes_stays_subscribed() {
+    use std::time::Duration;
+    use tenure::{Mutex, Name, Session, SessionOptions, Store};
+    let Some(server) = shared() else { return };
+    let redis = tenure::backend::redis::RedisStore::open(&server.url())
+        .await
+        .unwrap();
+    let name = Name::new("observed-again").unwrap();
+    let version = redis.queue(&name).await.unwrap().version;
+    // An observer that stops: its channel waits to be unsubscribed.
+    let stopped = tokio::time::timeout(
+        Duration::from_millis(100),
+        redis.wait_changed(&name, version),
+    )
+    .await;
+    assert!(stopped.is_err(), "nothing changed yet");
+    let again = {
+        let (redis, name) = (redis.clone(), name.clone());
+        tokio::spawn(async move { redis.wait_changed(&name, version).await })
+    };
+    // The batch goes while the second observer listens.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(redis.clone());
+    let session = Session::with_options(&store, SessionOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&session, name.as_str())
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(5), again)
+        .await
+        .expect("the second observer heard the change")
+        .unwrap()
+        .unwrap();
+    assert!(seen > version);
+    guard.release().await.unwrap();
+    session.close().await.unwrap();
+}

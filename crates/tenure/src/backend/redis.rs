@@ -406,7 +406,7 @@ struct Wakeups {
     /// What the joins of queued entries said a first look would.
     joined: poll::JoinedLooks,
     /// Channels whose last listener went, to unsubscribe in one batch.
-    unheard: std::sync::Mutex<Vec<String>>,
+    unheard: std::sync::Mutex<Unheard>,
 }
 
 impl RedisStore {
@@ -422,23 +422,41 @@ impl RedisStore {
         listening
     }
 
-    /// Queues `channel` to be unsubscribed with others ([`UNSUBSCRIBE_BATCH`],
-    /// [`UNSUBSCRIBE_AFTER`]).
+    /// Queues `channel` to be unsubscribed with others: at once when
+    /// [`UNSUBSCRIBE_BATCH`] wait, else at most [`UNSUBSCRIBE_AFTER`] after
+    /// the first of them.
     fn unsubscribe_later(&self, channel: String) {
-        let waiting = {
-            let mut unheard = self.unheard();
-            unheard.push(channel);
-            unheard.len()
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to send it from: the next channel queued in one
+            // takes this one along.
+            self.unheard().channels.push(channel);
+            return;
         };
-        if waiting >= UNSUBSCRIBE_BATCH {
+        let (flush_now, arm) = {
+            let mut unheard = self.unheard();
+            unheard.channels.push(channel);
+            let flush_now = unheard.channels.len() >= UNSUBSCRIBE_BATCH && !unheard.flushing;
+            let arm = !flush_now && !unheard.timer;
+            unheard.flushing |= flush_now;
+            unheard.timer |= arm;
+            (flush_now, arm)
+        };
+        if flush_now {
             let store = self.clone();
-            crate::task::spawn_detached(async move { store.unsubscribe_unheard().await });
-        } else if waiting == 1 {
+            runtime.spawn(async move {
+                let _done = Disarm(Arc::downgrade(&store.inner), |u| u.flushing = false);
+                store.unsubscribe_unheard().await;
+            });
+        } else if arm {
             // Not kept open for this: a store dropped meanwhile closes its
             // connection, and its subscriptions with it.
             let inner = Arc::downgrade(&self.inner);
-            crate::task::spawn_detached(async move {
+            runtime.spawn(async move {
+                // Cleared when the wait ends, even if this task is dropped:
+                // a channel queued from then on arms a timer of its own.
+                let disarm = Disarm(inner.clone(), |u| u.timer = false);
                 tokio::time::sleep(UNSUBSCRIBE_AFTER).await;
+                drop(disarm);
                 if let Some(inner) = inner.upgrade() {
                     RedisStore { inner }.unsubscribe_unheard().await;
                 }
@@ -446,7 +464,7 @@ impl RedisStore {
         }
     }
 
-    fn unheard(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+    fn unheard(&self) -> std::sync::MutexGuard<'_, Unheard> {
         let unheard = &self.inner.wakeups.unheard;
         unheard.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -454,16 +472,28 @@ impl RedisStore {
     /// Unsubscribes, in one command, the queued channels that still have no
     /// listener. Under the connection's lock, as every subscribe is: a
     /// channel listened on again before this reads the listeners is kept,
-    /// and one listened on after it is subscribed again after this.
+    /// and one listened on after it is subscribed again after this. A
+    /// connection that does not answer is dropped, as when a subscribe
+    /// fails: its waiters look, and poll until a new one is up.
     async fn unsubscribe_unheard(&self) {
+        use std::sync::atomic::Ordering;
         let w = &self.inner.wakeups;
         let mut sink = w.sink.lock().await;
-        let channels: Vec<String> = std::mem::take(&mut *self.unheard())
+        let channels: Vec<String> = std::mem::take(&mut self.unheard().channels)
             .into_iter()
             .filter(|channel| !w.listeners.is_listened(channel))
             .collect();
-        if let (Some(sink), false) = (sink.as_mut(), channels.is_empty()) {
-            let _ = tokio::time::timeout(RESPONSE_TIMEOUT, sink.unsubscribe(&channels)).await;
+        let (Some(s), false) = (sink.as_mut(), channels.is_empty()) else {
+            return;
+        };
+        match tokio::time::timeout(RESPONSE_TIMEOUT, s.unsubscribe(&channels)).await {
+            Ok(Ok(())) => {}
+            failed => {
+                tracing::debug!(?failed, "unsubscribe failed; waiters poll");
+                w.up.store(false, Ordering::Release);
+                *sink = None;
+                w.listeners.wake_all();
+            }
         }
     }
 
@@ -552,6 +582,30 @@ impl RedisStore {
         // Whatever was published while no connection listened.
         w.listeners.wake_all();
         true
+    }
+}
+
+/// The channels whose last listener went, to unsubscribe in one command,
+/// and which task is due to send it.
+#[derive(Default)]
+struct Unheard {
+    channels: Vec<String>,
+    /// A task waits [`UNSUBSCRIBE_AFTER`] to send it.
+    timer: bool,
+    /// A task sends it now ([`UNSUBSCRIBE_BATCH`] waited).
+    flushing: bool,
+}
+
+/// Clears a flag of [`Unheard`] when dropped (also when its task is), if
+/// the store is still there.
+struct Disarm(std::sync::Weak<Inner>, fn(&mut Unheard));
+
+impl Drop for Disarm {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            let unheard = &inner.wakeups.unheard;
+            (self.1)(&mut unheard.lock().unwrap_or_else(|e| e.into_inner()));
+        }
     }
 }
 
