@@ -142,6 +142,9 @@ struct Inner {
     wakeups: AtomicU64,
     looks: AtomicU64,
     calls: AtomicU64,
+    /// What the joins of queued exclusive entries said a first look would,
+    /// by name and token, for their waiters ([`EtcdStore::keep_joined`]).
+    joined: std::sync::Mutex<HashMap<(String, i64), (std::time::Instant, Look)>>,
 }
 
 struct Keeper {
@@ -440,6 +443,7 @@ impl EtcdStore {
                 wakeups: AtomicU64::new(0),
                 looks: AtomicU64::new(0),
                 calls: AtomicU64::new(0),
+                joined: std::sync::Mutex::new(HashMap::new()),
             }),
         };
         // Fail now, not at the first lock, if the cluster does not answer.
@@ -932,6 +936,46 @@ struct Look {
 }
 
 impl EtcdStore {
+    /// At most this many joins' answers are kept; one older than
+    /// [`Self::JOINED_FOR`] is dropped when the map is full.
+    const JOINED_KEPT: usize = 4096;
+    const JOINED_FOR: Duration = Duration::from_secs(2);
+
+    fn joined(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, i64), (std::time::Instant, Look)>> {
+        self.inner.joined.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps a queued exclusive entry's join answer for its waiter's first
+    /// look ([`Self::await_grant`]): the entry just ahead and the join's
+    /// revision. A look read later would watch from a later revision; this
+    /// one watches from the join's, and so sees every change a later read
+    /// would, as an event.
+    fn keep_joined(&self, name: &Name, rev: i64, look: Look) {
+        let mut joined = self.joined();
+        if joined.len() >= Self::JOINED_KEPT {
+            joined.retain(|_, (at, _)| at.elapsed() <= Self::JOINED_FOR);
+        }
+        if joined.len() < Self::JOINED_KEPT {
+            joined.insert(
+                (name.as_str().to_string(), rev),
+                (std::time::Instant::now(), look),
+            );
+        }
+    }
+
+    /// Takes the join's answer kept for the entry of `name` created at `rev`.
+    fn take_joined(&self, name: &Name, rev: i64) -> Option<Look> {
+        let mut joined = self.joined();
+        if joined.is_empty() {
+            return None;
+        }
+        joined
+            .remove(&(name.as_str().to_string(), rev))
+            .map(|(_, look)| look)
+    }
+
     /// One look at the session's entry (`own`, created at `rev`). An
     /// exclusive entry reads only itself and the entry just ahead; the
     /// others read their queue.
@@ -1504,6 +1548,18 @@ impl Store for EtcdStore {
                     self.leave(session, name, seq).await?;
                     return Err(e);
                 }
+                let blocker = latest.iter().find(|kv| kv.key() != entry.as_slice());
+                if let (Some(blocker), JoinMode::Wait) = (blocker, mode) {
+                    // What the waiter's first look would read, as of this
+                    // join's revision: it watches from the next one, so it
+                    // misses nothing that comes after.
+                    let look = Look {
+                        wait: Some((blocker.key().to_vec(), false, revision_of(&resp) + 1)),
+                        exclusive: (self.inner.layout == Layout::Tenure)
+                            .then(|| (mine.value().to_vec(), mine.mod_revision())),
+                    };
+                    self.keep_joined(name, mine.create_revision(), look);
+                }
                 return Ok(Some(Joined {
                     seq,
                     granted: ahead.is_empty(),
@@ -1551,6 +1607,10 @@ impl Store for EtcdStore {
 
     async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
         let (lease, secret) = split_key(session)?;
+        // A waiter that gave up before it waited leaves its join's answer.
+        if let Ok(rev) = i64::try_from(seq) {
+            self.take_joined(name, rev);
+        }
         let entry = self.entry_key(name, lease);
         let holds_key = self.holds_key(name, lease);
         let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
@@ -1686,13 +1746,17 @@ impl Store for EtcdStore {
                     Err(e) => tracing::debug!(error = %e, "marking failed; looking again"),
                 }
             }
-            // The session's own deadline ends a wait that cannot reach etcd.
-            let look = match self.look(lease, name, &own, rev).await {
-                Err(e) if e.is_temporary() => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-                other => other?,
+            // The first turn takes what the join read, if it kept it. The
+            // session's own deadline ends a wait that cannot reach etcd.
+            let look = match self.take_joined(name, rev) {
+                Some(look) => look,
+                None => match self.look(lease, name, &own, rev).await {
+                    Err(e) if e.is_temporary() => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                    other => other?,
+                },
             };
             let (blocker, prefix, from) = match look.wait {
                 None => {
