@@ -453,12 +453,11 @@ async fn a_channel_listened_on_again_before_its_batch_goes_stays_subscribed() {
     )
     .await;
     assert!(stopped.is_err(), "nothing changed yet");
-    let again = {
-        let (redis, name) = (redis.clone(), name.clone());
-        tokio::spawn(async move { redis.wait_changed(&name, version).await })
-    };
-    // The batch goes while the second observer listens.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Polled here from now on, so it listens before the batch can go, and
+    // listens while the batch goes.
+    let mut again = std::pin::pin!(redis.wait_changed(&name, version));
+    let early = tokio::time::timeout(Duration::from_millis(800), &mut again).await;
+    assert!(early.is_err(), "nothing changed yet");
     let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(redis.clone());
     let session = Session::with_options(&store, SessionOptions::new().ttl(Duration::from_secs(30)))
         .await
@@ -471,7 +470,6 @@ async fn a_channel_listened_on_again_before_its_batch_goes_stays_subscribed() {
     let seen = tokio::time::timeout(Duration::from_secs(5), again)
         .await
         .expect("the second observer heard the change")
-        .unwrap()
         .unwrap();
     assert!(seen > version);
     guard.release().await.unwrap();

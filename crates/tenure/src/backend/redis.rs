@@ -407,6 +407,10 @@ struct Wakeups {
     joined: poll::JoinedLooks,
     /// Channels whose last listener went, to unsubscribe in one batch.
     unheard: std::sync::Mutex<Unheard>,
+    /// The task that reads the current connection's messages: stopped when
+    /// the connection is given up, which closes it (the driver runs while
+    /// the reader holds its stream).
+    reader: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl RedisStore {
@@ -441,21 +445,25 @@ impl RedisStore {
             unheard.timer |= arm;
             (flush_now, arm)
         };
+        // The tasks hold the store weakly: one dropped meanwhile closes its
+        // connection, and its subscriptions with it. Each clears its flag
+        // when done, or when dropped, run or not (a runtime shutting down
+        // drops what is spawned on it), so a channel queued later is sent.
+        let inner = Arc::downgrade(&self.inner);
         if flush_now {
-            let store = self.clone();
+            let done = Disarm(inner.clone(), |u| u.flushing = false);
             runtime.spawn(async move {
-                let _done = Disarm(Arc::downgrade(&store.inner), |u| u.flushing = false);
-                store.unsubscribe_unheard().await;
+                let _done = done;
+                if let Some(inner) = inner.upgrade() {
+                    RedisStore { inner }.unsubscribe_unheard().await;
+                }
             });
         } else if arm {
-            // Not kept open for this: a store dropped meanwhile closes its
-            // connection, and its subscriptions with it.
-            let inner = Arc::downgrade(&self.inner);
+            let disarm = Disarm(inner.clone(), |u| u.timer = false);
             runtime.spawn(async move {
-                // Cleared when the wait ends, even if this task is dropped:
-                // a channel queued from then on arms a timer of its own.
-                let disarm = Disarm(inner.clone(), |u| u.timer = false);
                 tokio::time::sleep(UNSUBSCRIBE_AFTER).await;
+                // Cleared before sending: a channel queued from now on arms
+                // a timer of its own.
                 drop(disarm);
                 if let Some(inner) = inner.upgrade() {
                     RedisStore { inner }.unsubscribe_unheard().await;
@@ -476,7 +484,6 @@ impl RedisStore {
     /// connection that does not answer is dropped, as when a subscribe
     /// fails: its waiters look, and poll until a new one is up.
     async fn unsubscribe_unheard(&self) {
-        use std::sync::atomic::Ordering;
         let w = &self.inner.wakeups;
         let mut sink = w.sink.lock().await;
         let channels: Vec<String> = std::mem::take(&mut self.unheard().channels)
@@ -490,11 +497,22 @@ impl RedisStore {
             Ok(Ok(())) => {}
             failed => {
                 tracing::debug!(?failed, "unsubscribe failed; waiters poll");
-                w.up.store(false, Ordering::Release);
-                *sink = None;
-                w.listeners.wake_all();
+                self.give_up_pubsub(&mut sink);
             }
         }
+    }
+
+    /// Closes the pub/sub connection that failed (its sink, held locked by
+    /// the caller, and its reader): every waiter looks again, and polls
+    /// until a new connection is up.
+    fn give_up_pubsub(&self, sink: &mut Option<redis::aio::PubSubSink>) {
+        let w = &self.inner.wakeups;
+        w.up.store(false, std::sync::atomic::Ordering::Release);
+        *sink = None;
+        if let Some(reader) = w.reader.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            reader.abort();
+        }
+        w.listeners.wake_all();
     }
 
     fn pubsub_up(&self) -> bool {
@@ -518,9 +536,7 @@ impl RedisStore {
                     Ok(Ok(())) => {}
                     failed => {
                         tracing::debug!(?failed, "subscribe failed; waiters poll");
-                        w.up.store(false, Ordering::Release);
-                        *sink = None;
-                        w.listeners.wake_all();
+                        self.give_up_pubsub(&mut sink);
                     }
                 }
             }
@@ -552,7 +568,7 @@ impl RedisStore {
         let generation = w.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let (listeners, up, current) = (w.listeners.clone(), w.up.clone(), w.generation.clone());
         let keyspace = w.keyspace.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
                 // A release's grant, published with this keyspace's id
                 // after nothing in its script could end it, is the grant:
@@ -577,6 +593,11 @@ impl RedisStore {
             }
             listeners.wake_all();
         });
+        let old_reader =
+            (w.reader.lock().unwrap_or_else(|e| e.into_inner())).replace(reader.abort_handle());
+        if let Some(old) = old_reader {
+            old.abort();
+        }
         *sink = Some(new_sink);
         w.up.store(true, Ordering::Release);
         // Whatever was published while no connection listened.
