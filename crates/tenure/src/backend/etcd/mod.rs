@@ -965,7 +965,10 @@ impl EtcdStore {
         }
     }
 
-    /// Takes the join's answer kept for the entry of `name` created at `rev`.
+    /// Takes the join's answer kept for the entry of `name` created at `rev`,
+    /// if it is younger than [`Self::JOINED_FOR`] (its waiter takes it at
+    /// once; an older one was left, and a cluster restored from a snapshot
+    /// may give its token again).
     fn take_joined(&self, name: &Name, rev: i64) -> Option<Look> {
         let mut joined = self.joined();
         if joined.is_empty() {
@@ -973,6 +976,7 @@ impl EtcdStore {
         }
         joined
             .remove(&(name.as_str().to_string(), rev))
+            .filter(|(at, _)| at.elapsed() <= Self::JOINED_FOR)
             .map(|(_, look)| look)
     }
 
