@@ -6,6 +6,8 @@
 //! to change the number of measured cycles, `BENCH_OUT` the JSON's path,
 //! `BENCH_ONLY=redis,postgres` to run only some server backends).
 
+mod common;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -45,17 +47,8 @@ fn server_cpu_ns() -> Option<u64> {
         if named.trim_end() != comm {
             continue;
         }
-        for task in std::fs::read_dir(path.join("task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-            sum += stat
-                .split_whitespace()
-                .next()
-                .and_then(|ns| ns.parse::<u64>().ok())
-                .unwrap_or(0);
+        if let Some(pid) = proc_dir.file_name().to_str() {
+            sum += common::process_cpu_ns(pid);
         }
     }
     Some(sum)
