@@ -72,38 +72,28 @@ where
 pub(crate) const JOINED_FRESH: Duration = Duration::from_secs(1);
 
 /// What the joins of queued entries said a waiter's first look would, by
-/// [`grant_key`], kept for the waiter ([`until_granted`]'s `first`): at most
-/// [`JoinedLooks::KEPT`]; one older than [`JOINED_FRESH`] is no use, and is
-/// dropped when the map is full.
-#[derive(Clone, Default)]
-pub(crate) struct JoinedLooks(std::sync::Arc<std::sync::Mutex<HashMap<String, (Instant, Look)>>>);
+/// [`grant_key`], kept for the waiter ([`until_granted`]'s `first`): one
+/// older than [`JOINED_FRESH`] is no use ([`RecentKeys`]).
+#[derive(Clone)]
+pub(crate) struct JoinedLooks(RecentKeys<Look>);
+
+impl Default for JoinedLooks {
+    fn default() -> Self {
+        Self(RecentKeys::new(JOINED_FRESH))
+    }
+}
 
 impl JoinedLooks {
-    const KEPT: usize = 4096;
-
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Look)>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Keeps a join's answer for the waiter of `name`'s entry `seq`.
     pub(crate) fn keep(&self, name: &Name, seq: u64, wait: Look) {
-        let mut map = self.map();
-        if map.len() >= Self::KEPT {
-            map.retain(|_, (at, _)| at.elapsed() <= JOINED_FRESH);
-        }
-        if map.len() < Self::KEPT {
-            map.insert(grant_key(name.as_str(), seq), (Instant::now(), wait));
-        }
+        self.0.keep(grant_key(name.as_str(), seq), wait);
     }
 
     /// Takes the answer kept for the waiter of `name`'s entry `seq` (also
     /// on every release: free while nothing is kept).
     pub(crate) fn take(&self, name: &Name, seq: u64) -> Option<JoinedLook> {
-        let mut map = self.map();
-        if map.is_empty() {
-            return None;
-        }
-        map.remove(&grant_key(name.as_str(), seq))
+        self.0
+            .take_kept(&grant_key(name.as_str(), seq))
             .map(|(at, look)| JoinedLook {
                 at,
                 look,
@@ -465,48 +455,57 @@ impl Default for Listeners {
     }
 }
 
-/// Keys marked within the last `within`, at most [`RecentKeys::KEPT`]: a
-/// store of hints, where a key forgotten early costs a round trip, never a
-/// different answer. Cheap to clone (shared).
-#[derive(Clone)]
-pub(crate) struct RecentKeys {
-    marked: std::sync::Arc<std::sync::Mutex<HashMap<String, Instant>>>,
+/// Keys kept within the last `within`, each with a value (none for a plain
+/// mark), at most [`RecentKeys::KEPT`]: a store of hints, where a key
+/// forgotten early costs a round trip, never a different answer. Cheap to
+/// clone (shared).
+pub(crate) struct RecentKeys<T = ()> {
+    kept: std::sync::Arc<std::sync::Mutex<HashMap<String, (Instant, T)>>>,
     within: Duration,
 }
 
-impl RecentKeys {
+impl<T> Clone for RecentKeys<T> {
+    fn clone(&self) -> Self {
+        Self {
+            kept: self.kept.clone(),
+            within: self.within,
+        }
+    }
+}
+
+impl<T> RecentKeys<T> {
     const KEPT: usize = 4096;
 
     pub(crate) fn new(within: Duration) -> Self {
         Self {
-            marked: Default::default(),
+            kept: Default::default(),
             within,
         }
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.marked.lock().unwrap_or_else(|e| e.into_inner())
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, T)>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Marks `key` now.
-    pub(crate) fn mark(&self, key: &str) {
+    /// Keeps `value` for `key`, from now.
+    pub(crate) fn keep(&self, key: String, value: T) {
         let mut map = self.map();
         if map.len() >= Self::KEPT {
-            map.retain(|_, at| at.elapsed() <= self.within);
+            map.retain(|_, (at, _)| at.elapsed() <= self.within);
             // Still half full of recent ones: start afresh rather than
-            // sweep on every mark.
+            // sweep on every keep.
             if map.len() >= Self::KEPT / 2 {
                 map.clear();
             }
         }
-        map.insert(key.to_string(), Instant::now());
+        map.insert(key, (Instant::now(), value));
     }
 
-    /// Whether `key` was marked within `within` (a stale mark goes).
+    /// Whether `key` was kept within `within` (a stale one goes).
     pub(crate) fn is_recent(&self, key: &str) -> bool {
         let mut map = self.map();
         match map.get(key) {
-            Some(at) if at.elapsed() <= self.within => true,
+            Some((at, _)) if at.elapsed() <= self.within => true,
             Some(_) => {
                 map.remove(key);
                 false
@@ -515,13 +514,27 @@ impl RecentKeys {
         }
     }
 
+    /// Takes what was kept for `key` within `within`, with when (and
+    /// forgets the key either way).
+    pub(crate) fn take_kept(&self, key: &str) -> Option<(Instant, T)> {
+        let mut map = self.map();
+        if map.is_empty() {
+            return None;
+        }
+        map.remove(key)
+            .filter(|(at, _)| at.elapsed() <= self.within)
+    }
+}
+
+impl RecentKeys {
+    /// Marks `key` now.
+    pub(crate) fn mark(&self, key: &str) {
+        self.keep(key.to_string(), ());
+    }
+
     /// Whether `key` was marked within `within`; forgets it.
     pub(crate) fn take(&self, key: &str) -> bool {
-        let mut map = self.map();
-        !map.is_empty()
-            && map
-                .remove(key)
-                .is_some_and(|at| at.elapsed() <= self.within)
+        self.take_kept(key).is_some()
     }
 }
 

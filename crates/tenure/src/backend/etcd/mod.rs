@@ -143,8 +143,8 @@ struct Inner {
     looks: AtomicU64,
     calls: AtomicU64,
     /// What the joins of queued exclusive entries said a first look would,
-    /// by name and token, for their waiters ([`EtcdStore::keep_joined`]).
-    joined: std::sync::Mutex<HashMap<(String, i64), (std::time::Instant, Look)>>,
+    /// by name and token, for their waiters ([`EtcdStore::JOINED_FOR`]).
+    joined: super::poll::RecentKeys<Look>,
 }
 
 struct Keeper {
@@ -443,7 +443,7 @@ impl EtcdStore {
                 wakeups: AtomicU64::new(0),
                 looks: AtomicU64::new(0),
                 calls: AtomicU64::new(0),
-                joined: std::sync::Mutex::new(HashMap::new()),
+                joined: super::poll::RecentKeys::new(EtcdStore::JOINED_FOR),
             }),
         };
         // Fail now, not at the first lock, if the cluster does not answer.
@@ -936,49 +936,14 @@ struct Look {
 }
 
 impl EtcdStore {
-    /// At most this many joins' answers are kept; one older than
-    /// [`Self::JOINED_FOR`] is dropped when the map is full.
-    const JOINED_KEPT: usize = 4096;
+    /// How long a queued exclusive entry's join answer is kept for its
+    /// waiter's first look ([`Self::await_grant`]): the entry just ahead and
+    /// the join's revision. A look read later would watch from a later
+    /// revision; this one watches from the join's, and so sees every change
+    /// a later read would, as an event. Its waiter takes it at once; one
+    /// older was left, and a cluster restored from a snapshot may give its
+    /// token again.
     const JOINED_FOR: Duration = Duration::from_secs(2);
-
-    fn joined(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, i64), (std::time::Instant, Look)>> {
-        self.inner.joined.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Keeps a queued exclusive entry's join answer for its waiter's first
-    /// look ([`Self::await_grant`]): the entry just ahead and the join's
-    /// revision. A look read later would watch from a later revision; this
-    /// one watches from the join's, and so sees every change a later read
-    /// would, as an event.
-    fn keep_joined(&self, name: &Name, rev: i64, look: Look) {
-        let mut joined = self.joined();
-        if joined.len() >= Self::JOINED_KEPT {
-            joined.retain(|_, (at, _)| at.elapsed() <= Self::JOINED_FOR);
-        }
-        if joined.len() < Self::JOINED_KEPT {
-            joined.insert(
-                (name.as_str().to_string(), rev),
-                (std::time::Instant::now(), look),
-            );
-        }
-    }
-
-    /// Takes the join's answer kept for the entry of `name` created at `rev`,
-    /// if it is younger than [`Self::JOINED_FOR`] (its waiter takes it at
-    /// once; an older one was left, and a cluster restored from a snapshot
-    /// may give its token again).
-    fn take_joined(&self, name: &Name, rev: i64) -> Option<Look> {
-        let mut joined = self.joined();
-        if joined.is_empty() {
-            return None;
-        }
-        joined
-            .remove(&(name.as_str().to_string(), rev))
-            .filter(|(at, _)| at.elapsed() <= Self::JOINED_FOR)
-            .map(|(_, look)| look)
-    }
 
     /// One look at the session's entry (`own`, created at `rev`). An
     /// exclusive entry reads only itself and the entry just ahead; the
@@ -1562,7 +1527,8 @@ impl Store for EtcdStore {
                         exclusive: (self.inner.layout == Layout::Tenure)
                             .then(|| (mine.value().to_vec(), mine.mod_revision())),
                     };
-                    self.keep_joined(name, mine.create_revision(), look);
+                    let key = super::poll::grant_key(name.as_str(), seq);
+                    self.inner.joined.keep(key, look);
                 }
                 return Ok(Some(Joined {
                     seq,
@@ -1612,9 +1578,7 @@ impl Store for EtcdStore {
     async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
         let (lease, secret) = split_key(session)?;
         // A waiter that gave up before it waited leaves its join's answer.
-        if let Ok(rev) = i64::try_from(seq) {
-            self.take_joined(name, rev);
-        }
+        (self.inner.joined).take_kept(&super::poll::grant_key(name.as_str(), seq));
         let entry = self.entry_key(name, lease);
         let holds_key = self.holds_key(name, lease);
         let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
@@ -1752,8 +1716,9 @@ impl Store for EtcdStore {
             }
             // The first turn takes what the join read, if it kept it. The
             // session's own deadline ends a wait that cannot reach etcd.
-            let look = match self.take_joined(name, rev) {
-                Some(look) => look,
+            let joined = (self.inner.joined).take_kept(&super::poll::grant_key(name.as_str(), seq));
+            let look = match joined {
+                Some((_, look)) => look,
                 None => match self.look(lease, name, &own, rev).await {
                     Err(e) if e.is_temporary() => {
                         tokio::time::sleep(Duration::from_millis(200)).await;
