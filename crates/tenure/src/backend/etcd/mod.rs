@@ -142,9 +142,6 @@ struct Inner {
     wakeups: AtomicU64,
     looks: AtomicU64,
     calls: AtomicU64,
-    /// What the joins of queued exclusive entries said a first look would,
-    /// by name and token, for their waiters ([`EtcdStore::JOINED_FOR`]).
-    joined: super::poll::RecentKeys<Look>,
 }
 
 struct Keeper {
@@ -443,7 +440,6 @@ impl EtcdStore {
                 wakeups: AtomicU64::new(0),
                 looks: AtomicU64::new(0),
                 calls: AtomicU64::new(0),
-                joined: super::poll::RecentKeys::new(EtcdStore::JOINED_FOR),
             }),
         };
         // Fail now, not at the first lock, if the cluster does not answer.
@@ -936,15 +932,6 @@ struct Look {
 }
 
 impl EtcdStore {
-    /// How long a queued exclusive entry's join answer is kept for its
-    /// waiter's first look ([`Self::await_grant`]): the entry just ahead and
-    /// the join's revision. A look read later would watch from a later
-    /// revision; this one watches from the join's, and so sees every change
-    /// a later read would, as an event. Its waiter takes it at once; one
-    /// older was left, and a cluster restored from a snapshot may give its
-    /// token again.
-    const JOINED_FOR: Duration = Duration::from_secs(2);
-
     /// One look at the session's entry (`own`, created at `rev`). An
     /// exclusive entry reads only itself and the entry just ahead; the
     /// others read their queue.
@@ -1517,19 +1504,6 @@ impl Store for EtcdStore {
                     self.leave(session, name, seq).await?;
                     return Err(e);
                 }
-                let blocker = latest.iter().find(|kv| kv.key() != entry.as_slice());
-                if let (Some(blocker), JoinMode::Wait) = (blocker, mode) {
-                    // What the waiter's first look would read, as of this
-                    // join's revision: it watches from the next one, so it
-                    // misses nothing that comes after.
-                    let look = Look {
-                        wait: Some((blocker.key().to_vec(), false, revision_of(&resp) + 1)),
-                        exclusive: (self.inner.layout == Layout::Tenure)
-                            .then(|| (mine.value().to_vec(), mine.mod_revision())),
-                    };
-                    let key = super::poll::grant_key(name.as_str(), seq);
-                    self.inner.joined.keep(key, look);
-                }
                 return Ok(Some(Joined {
                     seq,
                     granted: ahead.is_empty(),
@@ -1577,8 +1551,6 @@ impl Store for EtcdStore {
 
     async fn leave(&self, session: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
         let (lease, secret) = split_key(session)?;
-        // A waiter that gave up before it waited leaves its join's answer.
-        (self.inner.joined).take_kept(&super::poll::grant_key(name.as_str(), seq));
         let entry = self.entry_key(name, lease);
         let holds_key = self.holds_key(name, lease);
         let seq = i64::try_from(seq).map_err(|_| Error::NotHeld("no such entry"))?;
@@ -1714,18 +1686,13 @@ impl Store for EtcdStore {
                     Err(e) => tracing::debug!(error = %e, "marking failed; looking again"),
                 }
             }
-            // The first turn takes what the join read, if it kept it. The
-            // session's own deadline ends a wait that cannot reach etcd.
-            let joined = (self.inner.joined).take_kept(&super::poll::grant_key(name.as_str(), seq));
-            let look = match joined {
-                Some((_, look)) => look,
-                None => match self.look(lease, name, &own, rev).await {
-                    Err(e) if e.is_temporary() => {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                    other => other?,
-                },
+            // The session's own deadline ends a wait that cannot reach etcd.
+            let look = match self.look(lease, name, &own, rev).await {
+                Err(e) if e.is_temporary() => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                other => other?,
             };
             let (blocker, prefix, from) = match look.wait {
                 None => {
