@@ -260,3 +260,73 @@ async fn fence_never_goes_back_after_a_token_reached_one_node() {
     );
     assert_eq!(fence.admit(20).await.unwrap(), 20);
 }
+
+/// The commands a node ran since its counts were reset, by `INFO
+/// commandstats` (those inside scripts included), without the script calls
+/// themselves and this test's own `INFO`.
+async fn commands_in_scripts(server: &RedisServer) -> (u64, u64, String) {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (mut scripts, mut inside) = (0, 0);
+    for line in info.lines() {
+        let Some((command, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(":calls="))
+        else {
+            continue;
+        };
+        let calls: u64 = rest.split(',').next().unwrap().parse().unwrap();
+        match command {
+            "evalsha" | "eval" => scripts += calls,
+            c if c == "info" || c.starts_with("config") => {}
+            _ => inside += calls,
+        }
+    }
+    (scripts, inside, info)
+}
+
+/// A lock on a free name and its release take the script's fast paths on
+/// every node, as on Redis, although Redlock proposes the seq: two script
+/// calls a node, with the few commands of those paths inside (the general
+/// join walks the queue, reads the session's record and more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_name_takes_the_fast_paths_on_every_node() {
+    let Some(servers) = start(3) else { return };
+    let store = tenure::open(&url(&servers)).await.unwrap();
+    let a = session(&store, Duration::from_secs(60)).await;
+    let mutex = Mutex::new(&a, "fast").unwrap();
+    // The first lock seeds each node's counter for the name (the general
+    // path, which answers with the seeded counter; then the proposal again).
+    mutex.lock().await.unwrap().release().await.unwrap();
+    for server in &servers {
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let before = mutex.lock().await.unwrap();
+    let token = before.token();
+    before.release().await.unwrap();
+    let again = mutex.lock().await.unwrap();
+    assert!(again.token() > token, "tokens increase on the fast path");
+    again.release().await.unwrap();
+    for server in &servers {
+        let (scripts, inside, info) = commands_in_scripts(server).await;
+        assert_eq!(scripts, 4, "two joins and two releases: {info}");
+        // The fast join: TIME, EXISTS, GET ×2, DEL, SET, HSET, ZADD, SADD,
+        // PUBLISH; the fast release: GET, ZCARD, HMGET, DEL, SREM, INCR,
+        // PUBLISH. Twice each.
+        // (The general join adds the walk of the queue, a ZRANGEBYSCORE,
+        // and a look for the session's own entry, an HGET.)
+        assert_eq!(inside, 2 * (10 + 7), "commands in the scripts: {info}");
+    }
+    a.close().await.unwrap();
+}

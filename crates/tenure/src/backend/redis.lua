@@ -90,23 +90,44 @@ end
 if op ~= 'leave' then read_clock() end
 local SESS = P .. ':live'
 
-if op == 'join' and (ARGV[10] or '') == '' then
+-- Redlock's nodes take a proposed seq no more than this many µs past their
+-- own clock (see the general join).
+local AHEAD = 2000000
+
+if op == 'join' then
   -- Fast path: an empty queue grants at once (a semaphore entry if it fits).
   local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
   local ekey = P .. ':e:' .. name
+  local ckey = P .. ':c:' .. name
+  local seq, first = nil, 0
   if redis.call('EXISTS', ekey) == 0 and (kind ~= 'P' or tonumber(ARGV[6]) <= tonumber(ARGV[7])) then
-    if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
-    local ckey = P .. ':c:' .. name
-    local first = 0
-    -- Numbers go to redis.call and back in the reply as they are: Redis
-    -- writes them with 17 digits (Lua's own tostring keeps 14, too few for
-    -- a seq), which saves the string.format calls of the general path.
-    local seq = redis.call('INCR', ckey)
-    if seq == 1 then
-      first = 1
-      seq = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      redis.call('SET', ckey, seq)
+    local proposed = ARGV[10] or ''
+    if proposed == '' then
+      if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
+      -- Numbers go to redis.call and back in the reply as they are: Redis
+      -- writes them with 17 digits (Lua's own tostring keeps 14, too few for
+      -- a seq), which saves the string.format calls of the general path.
+      seq = redis.call('INCR', ckey)
+      if seq == 1 then
+        first = 1
+        seq = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        redis.call('SET', ckey, seq)
+      end
+    else
+      -- Redlock's proposal, taken here when it is above the node's counter
+      -- and within AHEAD of its clock; a missing counter, a seq behind or
+      -- ahead go the general way, which seeds the counter and says why.
+      local p = tonumber(proposed)
+      local current = tonumber(redis.call('GET', ckey) or '')
+      if p and current and p > current and p <= tonumber(t[1]) * 1000000 + tonumber(t[2]) + AHEAD then
+        if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
+        if redis.call('DEL', P .. ':cs:' .. name) == 1 then first = 1 end
+        seq = p
+        redis.call('SET', ckey, proposed)
+      end
     end
+  end
+  if seq then
     local rec = secret .. '\t' .. kind .. '\t' .. ARGV[6] .. '\t' .. ARGV[7] .. '\t1\t' .. now
     if ARGV[8] == '' then
       redis.call('HSET', ekey, seq, rec, 'o' .. secret, seq)
@@ -532,7 +553,6 @@ elseif op == 'join' then
     -- lost (restarted empty, after the delayed-restart wait) starts above
     -- every seq any node took before, whatever the proposing clients'
     -- clocks said (the argument is in the README).
-    local AHEAD = 2000000
     local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
     local current = tonumber(redis.call('GET', ckey) or '')
     if not current then
