@@ -1,4 +1,4 @@
-//! Where a lock cycle's cost goes on Redis and etcd: tenure's cycle beside
+//! Where a lock cycle's cost goes on Redis, etcd, PostgreSQL and MySQL: tenure's cycle beside
 //! its floor and beside lighter shapes of the same operations, sent by the
 //! raw client, in one run, interleaved (each turn runs every row once).
 //!
@@ -9,7 +9,8 @@
 //! without that part could reach, not a lock anyone should use.
 //!
 //!     cd bench && cargo bench --bench shapes
-//!     SHAPES_ONLY=redis|etcd, SHAPES_TURNS (10), SHAPES_CYCLES (per row and turn: 300),
+//!     SHAPES_ONLY=redis|etcd|postgres|mysql, SHAPES_TURNS (10), SHAPES_CYCLES (per row and turn: 300),
+//!     SHAPES_PG_PLAN=force_generic_plan|force_custom_plan (the raw PostgreSQL client's plan_cache_mode),
 //!     BENCH_OUT=path.json
 mod common;
 
@@ -514,6 +515,369 @@ async fn etcd_rows(out: &mut Vec<serde_json::Value>) {
     session.close().await.unwrap();
 }
 
+// PostgreSQL: tenure's take of a free name and release of a lone holder (one
+// `UPDATE` each, postgres.rs), and lighter statements on the same row of
+// tenure's own `names` table, with a session row of this bench's own.
+const PG_SCHEMA: &str = "tenure";
+const PG_SECRET: &str = "rawsecret";
+const PG_NAME: &str = "raw";
+
+struct PgCtx {
+    client: tokio_postgres::Client,
+    mutex: Mutex,
+    floor: (tokio_postgres::Statement, tokio_postgres::Statement),
+    /// Per row from 2: the take (secret, name, kind, count, limit, value;
+    /// answers the token second) and the release (secret, name, token).
+    shapes: Vec<(tokio_postgres::Statement, tokio_postgres::Statement)>,
+}
+
+async fn pg_cycle(c: &mut PgCtx, row: usize) {
+    match row {
+        0 => {
+            c.client
+                .execute(&c.floor.0, &[&"floor", &"me"])
+                .await
+                .unwrap();
+            c.client
+                .execute(&c.floor.1, &[&"floor", &"me"])
+                .await
+                .unwrap();
+        }
+        1 => c.mutex.lock().await.unwrap().release().await.unwrap(),
+        _ => {
+            let (take, release) = &c.shapes[row - 2];
+            let value: &[u8] = b"";
+            let taken = c
+                .client
+                .query_one(take, &[&PG_SECRET, &PG_NAME, &0i16, &0i32, &0i32, &value])
+                .await
+                .unwrap();
+            let token: i64 = taken.get(1);
+            let n = c
+                .client
+                .execute(release, &[&PG_SECRET, &PG_NAME, &token])
+                .await
+                .unwrap();
+            assert_eq!(n, 1, "row {row}: released");
+        }
+    }
+}
+
+/// `sql` with `from` replaced by `to`, which must be there.
+fn without(sql: &str, from: &str, to: &str) -> String {
+    assert!(sql.contains(from), "{from:?} is not in {sql}");
+    sql.replace(from, to)
+}
+
+async fn pg_rows(out: &mut Vec<serde_json::Value>) {
+    use tokio_postgres::types::Type;
+    let Some(server) = tenure_testkit::PostgresServer::start_or_skip() else {
+        eprintln!("PostgreSQL is not installed: no PostgreSQL rows");
+        return;
+    };
+    let url = server.url();
+    // Creates tenure's schema.
+    let store = tenure::open(&url).await.unwrap();
+    let session = Session::with_options(&store, SessionOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS floor_locks (name text PRIMARY KEY, owner text NOT NULL, expires timestamptz NOT NULL);
+             INSERT INTO {PG_SCHEMA}.sessions (id, tag, label, ttl_ms, expires_ms)
+                 VALUES ('{PG_SECRET}', 'raw', 'raw', 3600000, 9000000000000000);
+             INSERT INTO {PG_SCHEMA}.names (name, last_seq, version, queued) VALUES ('{PG_NAME}', 0, 0, false);"
+        ))
+        .await
+        .unwrap();
+    let floor = (
+        client
+            .prepare("INSERT INTO floor_locks VALUES ($1, $2, now() + interval '30 seconds')")
+            .await
+            .unwrap(),
+        client
+            .prepare("DELETE FROM floor_locks WHERE name = $1 AND owner = $2")
+            .await
+            .unwrap(),
+    );
+    if std::env::var("SHAPES_PG_PLAN").is_ok_and(|v| !v.is_empty()) {
+        let mode = std::env::var("SHAPES_PG_PLAN").unwrap();
+        client
+            .batch_execute(&format!("SET plan_cache_mode = {mode}"))
+            .await
+            .unwrap();
+    }
+    let (join, leave) = tenure::backend::postgres::fast_statements(PG_SCHEMA);
+    let notify = ", pg_notify('tenure_change', n.name)";
+    let (join_quiet, leave_quiet) = (without(&join, notify, ""), without(&leave, notify, ""));
+    let key_share = " FOR KEY SHARE SKIP LOCKED";
+    let for_update = "\n       FOR UPDATE SKIP LOCKED";
+    let join_unshared = without(&join_quiet, key_share, "");
+    let unlocked = (
+        without(&join_unshared, for_update, ""),
+        without(&leave_quiet, for_update, ""),
+    );
+    let live = format!(
+        "EXISTS (SELECT 1 FROM {PG_SCHEMA}.sessions s WHERE s.id = $1 AND s.expires_ms > 0)"
+    );
+    let holder = "h_kind = $3, h_count = $4, h_lim = $5, h_value = $6,
+               h_granted_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    let one_update = |session: &str| {
+        (
+            format!(
+                "UPDATE {PG_SCHEMA}.names n
+                    SET last_seq = n.last_seq + 1, version = n.version + 1, h_seq = n.last_seq + 1,
+                        h_session = $1, {holder}
+                  WHERE n.name = $2 AND n.h_session IS NULL AND NOT n.queued {session}
+                 RETURNING 'ok'::text, n.last_seq"
+            ),
+            format!(
+                "UPDATE {PG_SCHEMA}.names n
+                    SET version = n.version + 1, h_seq = NULL, h_session = NULL, h_value = NULL
+                  WHERE n.name = $2 AND n.h_seq = $3 AND n.h_session = $1 {session}"
+            ),
+        )
+    };
+    let minimal = (
+        format!(
+            "UPDATE {PG_SCHEMA}.names SET last_seq = last_seq + 1, h_seq = last_seq + 1, h_session = $1
+              WHERE name = $2 AND h_session IS NULL RETURNING 'ok'::text, last_seq"
+        ),
+        format!(
+            "UPDATE {PG_SCHEMA}.names SET h_seq = NULL, h_session = NULL
+              WHERE name = $2 AND h_seq = $3 AND h_session = $1"
+        ),
+    );
+    let take_types = [
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT2,
+        Type::INT4,
+        Type::INT4,
+        Type::BYTEA,
+    ];
+    let release_types = [Type::TEXT, Type::TEXT, Type::INT8];
+    let mut shapes = Vec::new();
+    for (take, release) in [
+        (join, leave),
+        (join_quiet, leave_quiet.clone()),
+        (join_unshared, leave_quiet),
+        unlocked,
+        one_update(&format!("AND {live}")),
+        one_update(""),
+        minimal,
+    ] {
+        shapes.push((
+            client.prepare_typed(&take, &take_types).await.unwrap(),
+            client
+                .prepare_typed(&release, &release_types)
+                .await
+                .unwrap(),
+        ));
+    }
+    let mut ctx = PgCtx {
+        client,
+        mutex: Mutex::new(&session, "bench").unwrap(),
+        floor,
+        shapes,
+    };
+    let labels = [
+        "floor: INSERT + DELETE",
+        "tenure fair mutex (the library)",
+        "tenure's take and release statements, raw client",
+        "  without the change notification (pg_notify)",
+        "  + without the session row's lock (FOR KEY SHARE SKIP LOCKED)",
+        "  + without the name row's lock (FOR UPDATE SKIP LOCKED): no lock taken ahead",
+        "  + without the CTEs: one UPDATE each, the session read in its WHERE",
+        "  + without the session read: the holder's columns and the token",
+        "token and holder only: UPDATE of 3 columns; release clears 2",
+    ];
+    let rows = interleave(&mut ctx, labels.len(), "postgres", |c, i| {
+        Box::pin(pg_cycle(c, i))
+    })
+    .await;
+    report("postgres", &labels, &rows, out);
+    session.close().await.unwrap();
+}
+
+// MySQL/MariaDB: the same, on tenure's `tenure_names` table.
+const MY_PREFIX: &str = "tenure_";
+const MY_SECRET: &str = "rawsecret00000000000000000000000";
+const MY_NAME: &str = "raw";
+
+struct MyCtx {
+    conn: mysql_async::Conn,
+    /// A pool set as tenure's is (no reset when a connection goes back).
+    pool: mysql_async::Pool,
+    mutex: Mutex,
+    /// Per row from 2: the take and the release, which parameters they
+    /// take, and whether each statement takes its connection from the pool
+    /// (as the library does) rather than using one held connection.
+    shapes: Vec<(String, String, MyParams, bool)>,
+}
+
+#[derive(Clone, Copy)]
+enum MyParams {
+    /// Take: secret, kind, count, limit, value, name, secret (the session
+    /// read's); release: name, token, secret, secret. The token comes back
+    /// as the last-insert id.
+    Full,
+    /// As `Full` without the session read's secrets.
+    Unread,
+    /// Take: secret, name; release: name, token, secret.
+    Minimal,
+}
+
+/// Runs `sql` with `params` and answers (rows changed, last-insert id).
+async fn my_exec(
+    conn: &mut mysql_async::Conn,
+    sql: &str,
+    params: mysql_async::Params,
+) -> (u64, Option<u64>) {
+    use mysql_async::prelude::Queryable;
+    conn.exec_drop(sql, params).await.unwrap();
+    (conn.affected_rows(), conn.last_insert_id())
+}
+
+async fn my_cycle(c: &mut MyCtx, row: usize) {
+    use mysql_async::prelude::Queryable;
+    if row == 0 {
+        c.conn
+            .exec_drop(
+                "INSERT INTO floor_locks VALUES (?, ?, NOW(3) + INTERVAL 30 SECOND)",
+                ("floor", "me"),
+            )
+            .await
+            .unwrap();
+        c.conn
+            .exec_drop(
+                "DELETE FROM floor_locks WHERE name = ? AND owner = ?",
+                ("floor", "me"),
+            )
+            .await
+            .unwrap();
+        return;
+    }
+    if row == 1 {
+        return c.mutex.lock().await.unwrap().release().await.unwrap();
+    }
+    let (take, release, params, pooled) = &c.shapes[row - 2];
+    let value: &[u8] = b"";
+    let take_params: mysql_async::Params = match params {
+        MyParams::Full => (MY_SECRET, 0i16, 0i32, 0i32, value, MY_NAME, MY_SECRET).into(),
+        MyParams::Unread => (MY_SECRET, 0i16, 0i32, 0i32, value, MY_NAME).into(),
+        MyParams::Minimal => (MY_SECRET, MY_NAME).into(),
+    };
+    let (changed, token) = if *pooled {
+        my_exec(&mut c.pool.get_conn().await.unwrap(), take, take_params).await
+    } else {
+        my_exec(&mut c.conn, take, take_params).await
+    };
+    assert_eq!(changed, 1, "row {row}: taken");
+    let token = token.unwrap();
+    let release_params: mysql_async::Params = match params {
+        MyParams::Full => (MY_NAME, token, MY_SECRET, MY_SECRET).into(),
+        _ => (MY_NAME, token, MY_SECRET).into(),
+    };
+    let (changed, _) = if *pooled {
+        my_exec(
+            &mut c.pool.get_conn().await.unwrap(),
+            release,
+            release_params,
+        )
+        .await
+    } else {
+        my_exec(&mut c.conn, release, release_params).await
+    };
+    assert_eq!(changed, 1, "row {row}: released");
+}
+
+async fn my_rows(out: &mut Vec<serde_json::Value>) {
+    use mysql_async::prelude::Queryable;
+    let Some(server) = tenure_testkit::MariaDbServer::start_or_skip() else {
+        eprintln!("MariaDB is not installed: no MySQL rows");
+        return;
+    };
+    let url = server.url();
+    let store = tenure::open(&url).await.unwrap();
+    let session = Session::with_options(&store, SessionOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let opts = mysql_async::Opts::from_url(&url).unwrap();
+    let pool_opts = opts.pool_opts().clone().with_reset_connection(false);
+    let pool =
+        mysql_async::Pool::new(mysql_async::OptsBuilder::from_opts(opts).pool_opts(pool_opts));
+    let mut conn = pool.get_conn().await.unwrap();
+    conn.query_drop(
+        "CREATE TABLE IF NOT EXISTS floor_locks (name VARCHAR(64) PRIMARY KEY, owner VARCHAR(64) NOT NULL, expires DATETIME(3) NOT NULL) ENGINE=InnoDB",
+    )
+    .await
+    .unwrap();
+    conn.query_drop(format!(
+        "INSERT INTO {MY_PREFIX}sessions (id, tag, label, ttl_ms, expires_ms)
+             VALUES ('{MY_SECRET}', 'raw', 'raw', 3600000, 9000000000000000)"
+    ))
+    .await
+    .unwrap();
+    conn.query_drop(format!(
+        "INSERT INTO {MY_PREFIX}names (name, last_seq, version, queued) VALUES ('{MY_NAME}', 0, 0, 0)"
+    ))
+    .await
+    .unwrap();
+    let (join, leave) = tenure::backend::mysql::fast_statements(MY_PREFIX);
+    let share = " LOCK IN SHARE MODE";
+    let plain = (without(&join, share, ""), without(&leave, share, ""));
+    let session_read =
+        format!("\n    AND (SELECT s.expires_ms FROM {MY_PREFIX}sessions s WHERE s.id = ?) > 0");
+    let unread = (
+        without(&plain.0, &session_read, ""),
+        without(&plain.1, &session_read, ""),
+    );
+    let minimal = (
+        format!(
+            "UPDATE {MY_PREFIX}names SET last_seq = LAST_INSERT_ID(last_seq + 1), h_seq = LAST_INSERT_ID(), h_session = ?
+              WHERE name = ? AND h_session IS NULL"
+        ),
+        format!(
+            "UPDATE {MY_PREFIX}names SET h_seq = NULL, h_session = NULL
+              WHERE name = ? AND h_seq = ? AND h_session = ?"
+        ),
+    );
+    let mut ctx = MyCtx {
+        conn,
+        mutex: Mutex::new(&session, "bench").unwrap(),
+        pool: pool.clone(),
+        shapes: vec![
+            (join.clone(), leave.clone(), MyParams::Full, true),
+            (join, leave, MyParams::Full, false),
+            (plain.0, plain.1, MyParams::Full, false),
+            (unread.0, unread.1, MyParams::Unread, false),
+            (minimal.0, minimal.1, MyParams::Minimal, false),
+        ],
+    };
+    let labels = [
+        "floor: INSERT + DELETE",
+        "tenure fair mutex (the library)",
+        "tenure's take and release statements, raw client, a pooled connection per statement",
+        "tenure's take and release statements, raw client, one held connection",
+        "  without the session row's shared lock (LOCK IN SHARE MODE)",
+        "  + without the session read: the holder's columns and the token",
+        "token and holder only: UPDATE of 3 columns; release clears 2",
+    ];
+    let rows = interleave(&mut ctx, labels.len(), "mariadbd", |c, i| {
+        Box::pin(my_cycle(c, i))
+    })
+    .await;
+    report("mysql", &labels, &rows, out);
+    session.close().await.unwrap();
+    drop(ctx);
+    pool.disconnect().await.unwrap();
+}
+
 #[tokio::main]
 async fn main() {
     let only = std::env::var("SHAPES_ONLY").unwrap_or_default();
@@ -523,6 +887,12 @@ async fn main() {
     }
     if only.is_empty() || only == "etcd" {
         etcd_rows(&mut out).await;
+    }
+    if only.is_empty() || only == "postgres" {
+        pg_rows(&mut out).await;
+    }
+    if only.is_empty() || only == "mysql" {
+        my_rows(&mut out).await;
     }
     if let Ok(path) = std::env::var("BENCH_OUT") {
         std::fs::write(&path, serde_json::to_string_pretty(&out).unwrap()).unwrap();

@@ -82,6 +82,16 @@ const FAST_LEAVE: &str = "UPDATE @pnames
     SET h_seq = NULL, h_session = NULL, h_value = NULL, version = version + 1
   WHERE name = ? AND h_seq = ? AND h_session = ?
     AND (SELECT s.expires_ms FROM @psessions s WHERE s.id = ? LOCK IN SHARE MODE) > 0";
+/// The take of a free name and the release of a lone holder, with the
+/// prefix `prefix` and the clock filled in: what the bench's shapes
+/// (`bench/benches/shapes.rs`) run raw and strip down, not an API.
+#[doc(hidden)]
+pub fn fast_statements(prefix: &str) -> (String, String) {
+    (
+        with_prefix(FAST_JOIN, prefix),
+        with_prefix(FAST_LEAVE, prefix),
+    )
+}
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

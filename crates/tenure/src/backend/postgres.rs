@@ -77,6 +77,16 @@ const FAST_LEAVE: &str = "WITH held AS (
 UPDATE @s.names n SET version = n.version + 1, h_seq = NULL, h_session = NULL, h_value = NULL
   FROM held WHERE n.name = held.name
 RETURNING 'ok'::text, 0, pg_notify('@s_change', n.name)";
+/// The take of a free name and the release of a lone holder, with the
+/// schema `schema` filled in: what the bench's shapes
+/// (`bench/benches/shapes.rs`) run raw and strip down, not an API.
+#[doc(hidden)]
+pub fn fast_statements(schema: &str) -> (String, String) {
+    (
+        FAST_JOIN.replace("@s", schema),
+        FAST_LEAVE.replace("@s", schema),
+    )
+}
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 /// A LISTEN connection that failed to open is tried again after this long.
