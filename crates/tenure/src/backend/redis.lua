@@ -123,7 +123,7 @@ if op == 'join' then
         if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
         if redis.call('DEL', P .. ':cs:' .. name) == 1 then first = 1 end
         seq = p
-        redis.call('SET', ckey, proposed)
+        redis.call('SET', ckey, p)
       end
     end
   end
