@@ -604,8 +604,10 @@ async fn pg_rows(out: &mut Vec<serde_json::Value>) {
             .await
             .unwrap(),
     );
-    if std::env::var("SHAPES_PG_PLAN").is_ok_and(|v| !v.is_empty()) {
-        let mode = std::env::var("SHAPES_PG_PLAN").unwrap();
+    if let Some(mode) = std::env::var("SHAPES_PG_PLAN")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
         client
             .batch_execute(&format!("SET plan_cache_mode = {mode}"))
             .await

@@ -83,8 +83,9 @@ const FAST_LEAVE: &str = "UPDATE @pnames
   WHERE name = ? AND h_seq = ? AND h_session = ?
     AND (SELECT s.expires_ms FROM @psessions s WHERE s.id = ? LOCK IN SHARE MODE) > 0";
 /// The take of a free name and the release of a lone holder, with the
-/// prefix `prefix` and the clock filled in: what the bench's shapes
-/// (`bench/benches/shapes.rs`) run raw and strip down, not an API.
+/// prefix `prefix` and the clock filled in, as the driver prepares them;
+/// public only for the bench's shapes (`bench/benches/shapes.rs`), which
+/// run them raw and strip them down. Not an API.
 #[doc(hidden)]
 pub fn fast_statements(prefix: &str) -> (String, String) {
     (
@@ -327,11 +328,12 @@ impl MysqlStore {
 
     pub(crate) async fn open_url(url: StoreUrl) -> Result<Self> {
         let (opts, prefix) = parse_url(&url)?;
+        let (fast_join, fast_leave) = fast_statements(&prefix);
         let driver = Mysql {
             inner: Arc::new(Inner {
                 pool: Pool::new(opts),
-                fast_join: with_prefix(FAST_JOIN, &prefix),
-                fast_leave: with_prefix(FAST_LEAVE, &prefix),
+                fast_join,
+                fast_leave,
                 prefix,
                 url: url.masked().to_string(),
             }),

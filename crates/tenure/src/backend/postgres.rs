@@ -78,8 +78,9 @@ UPDATE @s.names n SET version = n.version + 1, h_seq = NULL, h_session = NULL, h
   FROM held WHERE n.name = held.name
 RETURNING 'ok'::text, 0, pg_notify('@s_change', n.name)";
 /// The take of a free name and the release of a lone holder, with the
-/// schema `schema` filled in: what the bench's shapes
-/// (`bench/benches/shapes.rs`) run raw and strip down, not an API.
+/// schema `schema` filled in, as the driver prepares them; public only for
+/// the bench's shapes (`bench/benches/shapes.rs`), which run them raw and
+/// strip them down. Not an API.
 #[doc(hidden)]
 pub fn fast_statements(schema: &str) -> (String, String) {
     (
@@ -524,6 +525,7 @@ impl Postgres {
             let client = &client;
             async move { client.prepare_typed(&sql, types).await.map_err(pg_err) }
         };
+        let (fast_join, fast_leave) = fast_statements(s);
         let stmts = Statements {
             open: prep(format!(
                 "SELECT {s}.open($1, $2, $3, $4)"
@@ -539,11 +541,11 @@ impl Postgres {
             // Typed here: `$3` is compared with a bigint, and the answer's
             // columns are what `to_row` reads.
             fast_join: prep_typed(
-                FAST_JOIN.replace("@s", s),
+                fast_join,
                 &[Type::TEXT, Type::TEXT, Type::INT2, Type::INT4, Type::INT4, Type::BYTEA],
             )
             .await?,
-            fast_leave: prep_typed(FAST_LEAVE.replace("@s", s), &[Type::TEXT, Type::TEXT, Type::INT8])
+            fast_leave: prep_typed(fast_leave, &[Type::TEXT, Type::TEXT, Type::INT8])
                 .await?,
             // A plain read, not a function: whether a queued entry still
             // waits, for a live session (the check behind a waiter's first
