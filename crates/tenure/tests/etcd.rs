@@ -1,5 +1,5 @@
-//! The conformance suite on `etcd://`, against a real etcd (Debian's
-//! etcd-server) the test kit starts, plus fault tests.
+//! etcd beyond the conformance suite (`tests/conformance.rs`): clusters,
+//! faults and `?layout=etcd`, against real etcd servers the kit starts.
 #![cfg(feature = "etcd")]
 
 use std::sync::OnceLock;
@@ -14,16 +14,6 @@ fn shared() -> Option<&'static EtcdCluster> {
         .as_ref()
 }
 
-async fn target() -> Option<tenure_testkit::conformance::Target> {
-    let server = shared()?;
-    Some(tenure_testkit::conformance::Target::new(server.url()).await)
-}
-
-tenure_testkit::conformance_tests!(
-    target();
-    server: EtcdCluster::start_or_skip(1);
-    down: |port| format!("etcd://127.0.0.1:{port}")
-);
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {

@@ -1,8 +1,5 @@
-//! The conformance suite on `memory://`, the reference backend.
-
-tenure_testkit::conformance_tests!(tenure_testkit::conformance::Target::some(
-    "memory://".into()
-));
+//! The memory store, the reference, beyond the conformance suite
+//! (`tests/conformance.rs`).
 
 /// A release wakes the next waiter only, never the whole queue.
 #[tokio::test]

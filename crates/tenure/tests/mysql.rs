@@ -1,5 +1,6 @@
-//! The conformance suite on `mysql://`, against a real MariaDB started
-//! from Debian's binaries, plus fault tests on the kit's own server.
+//! MySQL/MariaDB beyond the conformance suite (`tests/conformance.rs`),
+//! against a real MariaDB started from Debian's binaries.
+#![cfg(feature = "mysql")]
 
 use std::sync::OnceLock;
 
@@ -11,16 +12,6 @@ fn shared() -> Option<&'static MariaDbServer> {
     SERVER.get_or_init(MariaDbServer::start_or_skip).as_ref()
 }
 
-async fn target() -> Option<tenure_testkit::conformance::Target> {
-    let server = shared()?;
-    Some(tenure_testkit::conformance::Target::new(server.url()).await)
-}
-
-tenure_testkit::conformance_tests!(
-    target();
-    server: MariaDbServer::start_or_skip();
-    down: |port| format!("mysql://tenure:x@127.0.0.1:{port}/tenure")
-);
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {

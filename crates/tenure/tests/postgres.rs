@@ -1,5 +1,6 @@
-//! The conformance suite on `postgres://`, against a real PostgreSQL started
-//! from Debian's binaries, plus fault tests on the kit's own server.
+//! PostgreSQL beyond the conformance suite (`tests/conformance.rs`),
+//! against a real PostgreSQL started from Debian's binaries.
+#![cfg(feature = "postgres")]
 
 use std::sync::OnceLock;
 
@@ -11,16 +12,6 @@ fn shared() -> Option<&'static PostgresServer> {
     SERVER.get_or_init(PostgresServer::start_or_skip).as_ref()
 }
 
-async fn target() -> Option<tenure_testkit::conformance::Target> {
-    let server = shared()?;
-    Some(tenure_testkit::conformance::Target::new(server.url()).await)
-}
-
-tenure_testkit::conformance_tests!(
-    target();
-    server: PostgresServer::start_or_skip();
-    down: |port| format!("postgres://postgres:x@127.0.0.1:{port}/postgres")
-);
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {

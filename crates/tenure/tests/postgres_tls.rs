@@ -1,7 +1,7 @@
 //! The conformance suite on `postgres://…?sslmode=verify-full`, against a
 //! PostgreSQL that accepts TCP logins only over TLS; and libpq's `sslmode`
 //! meanings.
-#![cfg(feature = "tls")]
+#![cfg(all(feature = "postgres", feature = "tls"))]
 
 use std::sync::OnceLock;
 

@@ -1,5 +1,6 @@
-//! The conformance suite on `redis://`, against a real redis-server, plus
-//! fault tests on the kit's own servers.
+//! Redis beyond the conformance suite (`tests/conformance.rs`): its key
+//! layout, passwords and faults, on the kit's own redis-servers.
+#![cfg(feature = "redis")]
 
 use std::sync::OnceLock;
 
@@ -12,16 +13,6 @@ fn shared() -> Option<&'static RedisServer> {
     SERVER.get_or_init(RedisServer::start_or_skip).as_ref()
 }
 
-async fn target() -> Option<tenure_testkit::conformance::Target> {
-    let server = shared()?;
-    Some(tenure_testkit::conformance::Target::new(server.url()).await)
-}
-
-tenure_testkit::conformance_tests!(
-    target();
-    server: RedisServer::start_or_skip();
-    down: |port| format!("redis://127.0.0.1:{port}/0")
-);
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {

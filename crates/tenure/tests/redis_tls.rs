@@ -1,7 +1,7 @@
 //! The conformance suite on `rediss://`, against a redis-server that speaks
 //! only TLS with a certificate of a test CA; and what happens when the
 //! client does not trust that CA.
-#![cfg(feature = "tls")]
+#![cfg(all(feature = "redis", feature = "tls"))]
 
 use std::sync::OnceLock;
 

@@ -1,5 +1,5 @@
-//! The conformance suite on `redlock://` over three real redis-servers, and
-//! fault tests over five: a minority killed, a majority killed, a node
+//! Redlock beyond the conformance suite (`tests/conformance.rs`):
+//! fault tests over five real redis-servers: a minority killed, a majority killed, a node
 //! restarted empty.
 #![cfg(feature = "redlock")]
 
@@ -23,13 +23,6 @@ fn shared() -> Option<&'static [RedisServer]> {
     static SERVERS: OnceLock<Option<Vec<RedisServer>>> = OnceLock::new();
     SERVERS.get_or_init(|| start(3)).as_deref()
 }
-
-async fn target() -> Option<tenure_testkit::conformance::Target> {
-    let servers = shared()?;
-    Some(tenure_testkit::conformance::Target::new(url(servers)).await)
-}
-
-tenure_testkit::conformance_tests!(target());
 
 async fn session(store: &std::sync::Arc<dyn tenure::Store>, ttl: Duration) -> Session {
     Session::with_options(store, SessionOptions::new().ttl(ttl))

@@ -1,15 +1,6 @@
-//! The conformance suite on `sqlite://`, the embedded default.
+//! SQLite beyond the conformance suite (`tests/conformance.rs`).
+#![cfg(feature = "sqlite")]
 
-use std::sync::OnceLock;
-
-/// One database file for the whole test binary, as several programs share one.
-fn url() -> String {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    let dir = DIR.get_or_init(|| tempfile::tempdir().expect("temp dir"));
-    format!("sqlite://{}", dir.path().join("conformance.db").display())
-}
-
-tenure_testkit::conformance_tests!(tenure_testkit::conformance::Target::some(url()));
 
 /// Expiry counts from boot, so sessions of an earlier boot are dropped when
 /// a store opens the file after a reboot (played here by changing the

@@ -1,5 +1,6 @@
 //! The documented cost of each SQLite operation, counted by SQLite's trace
 //! hook (its own test binary: the count is process-wide).
+#![cfg(feature = "sqlite")]
 
 use tenure::backend::sqlite::SqliteStore;
 

@@ -1,5 +1,5 @@
-//! The conformance suite on `zk://`, against a real ZooKeeper (Debian's
-//! zookeeper package) the test kit starts, plus fault tests.
+//! ZooKeeper beyond the conformance suite (`tests/conformance.rs`),
+//! against real ZooKeeper servers the kit starts.
 #![cfg(feature = "zookeeper")]
 
 use std::sync::OnceLock;
@@ -12,16 +12,6 @@ fn shared() -> Option<&'static ZkEnsemble> {
     SERVER.get_or_init(|| ZkEnsemble::start_or_skip(1)).as_ref()
 }
 
-async fn target() -> Option<tenure_testkit::conformance::Target> {
-    let server = shared()?;
-    Some(tenure_testkit::conformance::Target::new(server.url()).await)
-}
-
-tenure_testkit::conformance_tests!(
-    target();
-    server: ZkEnsemble::start_or_skip(1);
-    down: |port| format!("zk://127.0.0.1:{port}")
-);
 
 /// 64 waiters on one mutex: each release wakes exactly one of them (each
 /// waiter watches only the child just ahead of it).

@@ -170,12 +170,14 @@ pub async fn wait_calls_settled(calls: impl Fn() -> u64, since: u64, at_least: u
     }
 }
 
-/// One `#[tokio::test]` per conformance check for a target, and with
-/// `server:` and `down:` the fault checks on a server of the test kit.
+/// The one list of the conformance checks that run on a target, which
+/// [`CHECKS`] and [`conformance_tests!`](crate::conformance_tests) both read:
+/// `(@with MODE [ARGS])` expands `(@MODE [ARGS] check, check, …)`.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! conformance_tests {
-    ($target:expr) => {
-        $crate::conformance_tests!(@each $target;
+macro_rules! __conformance_checks {
+    (@with $mode:ident [$($args:tt)*]) => {
+        $crate::__conformance_checks!(@$mode [$($args)*]
             check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_hinted_try, check_timeout, check_fifo,
             check_reentrancy, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
             check_crashed_holder_released, check_crashed_queue_cleared_by_try,
@@ -188,7 +190,56 @@ macro_rules! conformance_tests {
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
             check_schedule_leader, check_schedule_paused_cluster_wide, check_fence, check_fence_values, check_fence_interleaved, check_cell,
             check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released,
-            check_metrics_same_as_memory);
+            check_metrics_same_as_memory)
+    };
+    (@table [] $($check:ident),*) => {
+        &[$($crate::conformance::Check {
+            name: stringify!($check),
+            run: |t| Box::pin($crate::conformance::$check(t)),
+        }),*]
+    };
+    (@tests [$target:expr] $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let Some(target) = $target.await else { return };
+                $crate::conformance::$check(&target).await;
+            }
+        )*
+    };
+}
+
+/// A check's future.
+pub type CheckFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
+
+/// One conformance check, by name.
+#[derive(Clone, Copy)]
+pub struct Check {
+    /// The check function's name (`check_fifo`).
+    pub name: &'static str,
+    /// Runs it on a target; it panics when the target fails it.
+    pub run: for<'a> fn(&'a Target) -> CheckFuture<'a>,
+}
+
+impl std::fmt::Debug for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// Every conformance check that runs on a target, in the suite's order.
+pub static CHECKS: &[Check] = __conformance_checks!(@with table []);
+
+/// One `#[tokio::test]` per conformance check for a target, and with
+/// `server:` and `down:` the fault checks on a server of the test kit.
+///
+/// tenure's own stores run the suite from the table of stores
+/// (`tests/conformance.rs`); this macro is for a store of your own, or a
+/// variant of one (a TLS server, another key layout).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($target:expr) => {
+        $crate::__conformance_checks!(@with tests [$target]);
     };
     ($target:expr; server: $start:expr; down: $down_url:expr) => {
         $crate::conformance_tests!($target);
@@ -211,14 +262,5 @@ macro_rules! conformance_tests {
             let url: String = ($down_url)(port);
             $crate::conformance::check_down_at_start(&url).await;
         }
-    };
-    (@each $target:expr; $($check:ident),*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $check() {
-                let Some(target) = $target.await else { return };
-                $crate::conformance::$check(&target).await;
-            }
-        )*
     };
 }

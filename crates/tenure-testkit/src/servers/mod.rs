@@ -1,0 +1,70 @@
+//! The kit's servers, one file each, and what fault tests do to any of them.
+
+mod etcd;
+mod mariadb;
+mod postgres;
+mod redis;
+mod zookeeper;
+
+pub use etcd::EtcdCluster;
+pub use mariadb::MariaDbServer;
+pub use postgres::PostgresServer;
+pub use redis::RedisServer;
+pub use zookeeper::ZkEnsemble;
+
+/// What fault tests do to any of the kit's servers.
+pub trait Server {
+    /// A URL for the store, with working credentials.
+    fn url(&self) -> String;
+    /// SIGKILLs the server.
+    fn kill(&mut self);
+    /// Starts it again on the same port (and data, where it keeps any).
+    fn restart(&mut self);
+    /// SIGSTOPs it (every process of it): it stops answering but keeps its
+    /// connections.
+    fn pause(&self);
+    /// SIGCONT after [`Server::pause`].
+    fn resume(&self);
+}
+
+macro_rules! impl_server {
+    ($($t:ty),*) => {$(
+        impl Server for $t {
+            fn url(&self) -> String { <$t>::url(self) }
+            fn kill(&mut self) { <$t>::kill(self) }
+            fn restart(&mut self) { <$t>::restart(self) }
+            fn pause(&self) { <$t>::pause(self) }
+            fn resume(&self) { <$t>::resume(self) }
+        }
+    )*};
+}
+
+impl_server!(
+    RedisServer,
+    PostgresServer,
+    MariaDbServer,
+    EtcdCluster,
+    ZkEnsemble
+);
+
+/// A replicated store whose members a test kills one by one.
+pub trait Cluster {
+    /// A URL over every member.
+    fn url(&self) -> String;
+    /// SIGKILLs member `i`.
+    fn kill_member(&mut self, i: usize);
+    /// Starts member `i` again on its data.
+    fn restart_member(&mut self, i: usize);
+}
+
+macro_rules! impl_cluster {
+    ($($t:ty),*) => {$(
+        impl Cluster for $t {
+            fn url(&self) -> String { <$t>::url(self) }
+            fn kill_member(&mut self, i: usize) { <$t>::kill_member(self, i) }
+            fn restart_member(&mut self, i: usize) { <$t>::restart_member(self, i) }
+        }
+    )*};
+}
+
+impl_cluster!(EtcdCluster, ZkEnsemble);

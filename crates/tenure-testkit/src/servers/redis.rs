@@ -1,0 +1,188 @@
+//! `redis-server`, alone or as Redlock's nodes.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::process::*;
+use crate::{free_port, missing, TlsFiles};
+
+/// A `redis-server` of its own.
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    password: Option<String>,
+    tls: Option<TlsFiles>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts one on a free port, or `None` (after [`missing`]) without the binary.
+    pub fn start() -> Option<RedisServer> {
+        Self::start_with_password(None)
+    }
+
+    /// Starts one that requires `password`.
+    pub fn start_with_password(password: Option<&str>) -> Option<RedisServer> {
+        find("redis-server", &["/usr/bin/redis-server"])?;
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            password: password.map(str::to_string),
+            tls: None,
+            child: None,
+        };
+        server.launch();
+        Some(server)
+    }
+
+    /// Starts one that speaks only TLS, with a certificate of a test CA
+    /// (fails on CI and skips elsewhere without `redis-server` or `openssl`).
+    pub fn start_tls_or_skip() -> Option<RedisServer> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tls = TlsFiles::make(dir.path())?;
+        let mut server = Self::start_tls_with(tls)?;
+        // The files live in the server's own directory.
+        server.dir = dir;
+        Some(server)
+    }
+
+    /// Starts one that speaks only TLS with the given files, which the
+    /// caller keeps (several servers may share one CA).
+    pub fn start_tls_with(tls: TlsFiles) -> Option<RedisServer> {
+        if find("redis-server", &["/usr/bin/redis-server"]).is_none() {
+            missing("redis-server", "redis-server");
+            return None;
+        }
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            password: None,
+            tls: Some(tls),
+            child: None,
+        };
+        server.launch();
+        Some(server)
+    }
+
+    /// A `redlock://` URL over these servers (`redlocks://` with the first
+    /// one's CA when they speak TLS).
+    pub fn redlock_url(servers: &[RedisServer]) -> String {
+        let hosts: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        match servers.first().and_then(|s| s.tls.as_ref()) {
+            Some(tls) => format!(
+                "redlocks://{}/0?tls_ca={}",
+                hosts.join(","),
+                tls.ca.display()
+            ),
+            None => format!("redlock://{}/0", hosts.join(",")),
+        }
+    }
+
+    /// The TLS files, for a server started with [`RedisServer::start_tls_or_skip`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// Like [`RedisServer::start`], but fails on CI and skips elsewhere.
+    pub fn start_or_skip() -> Option<RedisServer> {
+        let server = Self::start();
+        if server.is_none() {
+            missing("redis-server", "redis-server");
+        }
+        server
+    }
+
+    fn launch(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        match &self.tls {
+            None => cmd.args(["--port", &self.port.to_string()]),
+            Some(tls) => cmd
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "no"]),
+        };
+        cmd.args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(p) = &self.password {
+            cmd.args(["--requirepass", p]);
+        }
+        self.child = Some(spawn_tied(cmd).expect("spawn redis-server"));
+        assert!(
+            wait_for_port(self.port, Duration::from_secs(10)),
+            "redis-server did not start"
+        );
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A `redis://` URL for it (with the password, if any).
+    pub fn url(&self) -> String {
+        if let Some(tls) = &self.tls {
+            return format!(
+                "rediss://127.0.0.1:{}/0?tls_ca={}",
+                self.port,
+                tls.ca.display()
+            );
+        }
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}/0", self.port),
+            None => format!("redis://127.0.0.1:{}/0", self.port),
+        }
+    }
+
+    /// The directory it runs in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// SIGKILLs the server; its data is gone (no persistence).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    /// SIGSTOP: the server stops answering but keeps its connections.
+    pub fn pause(&self) {
+        if let Some(child) = &self.child {
+            unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+        }
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub fn resume(&self) {
+        if let Some(child) = &self.child {
+            unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+    }
+}

@@ -1,0 +1,236 @@
+//! The table of stores: one row per backend of tenure's registry, with what
+//! the tests and the benches need to run it — the Debian packages of its
+//! server, how to start one of its own, a URL where nothing answers and a
+//! URL with an option no backend takes.
+//!
+//! Everything that tests or measures every store iterates [`STORES`]: the
+//! conformance suite, the differential test, the CLI's tests, the torture
+//! runs and `scripts/test`'s package list and feature string (through the
+//! `tenure-stores` binary). Adding a store is one row here.
+
+use std::path::Path;
+
+use crate::servers::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, ZkEnsemble};
+use crate::Server;
+
+/// A Debian package a store's tests need, and a file or command that shows
+/// it is installed.
+#[derive(Debug, Clone, Copy)]
+pub struct Package {
+    /// The package's name, as `apt-get install` takes it.
+    pub name: &'static str,
+    /// A command on `PATH`, or an absolute path (one `*` component allowed),
+    /// that exists once the package is installed.
+    pub provides: &'static str,
+}
+
+impl Package {
+    /// Whether what the package provides is on this machine.
+    pub fn is_installed(&self) -> bool {
+        if self.provides.starts_with('/') {
+            path_exists(self.provides)
+        } else {
+            std::env::var_os("PATH").is_some_and(|p| {
+                std::env::split_paths(&p).any(|d| d.join(self.provides).is_file())
+            })
+        }
+    }
+}
+
+/// `path` exists, where one component may be `*` (any directory entry).
+fn path_exists(path: &str) -> bool {
+    match path.split_once("/*/") {
+        None => Path::new(path).exists(),
+        Some((dir, rest)) => std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .any(|e| e.path().join(rest).exists())
+        }),
+    }
+}
+
+/// A store the test kit has started for a test: its URL, and the server a
+/// fault check may kill, pause and restart (none for an embedded store, or
+/// for one made of several servers that fault checks do not drive as one).
+pub struct Running {
+    /// A URL with working credentials.
+    pub url: String,
+    /// The server, for the fault checks.
+    pub server: Option<Box<dyn Server + Send + Sync>>,
+    /// Whatever must live as long as the store (a temp dir, extra servers).
+    _keep: Option<Box<dyn Send + Sync>>,
+}
+
+impl Running {
+    fn server<S: Server + Send + Sync + 'static>(server: S) -> Running {
+        Running {
+            url: server.url(),
+            server: Some(Box::new(server)),
+            _keep: None,
+        }
+    }
+
+    fn embedded(url: String, keep: Option<Box<dyn Send + Sync>>) -> Running {
+        Running {
+            url,
+            server: None,
+            _keep: keep,
+        }
+    }
+}
+
+/// One row: a store as the tests and benches see it.
+#[derive(Clone, Copy)]
+pub struct StoreFixture {
+    /// The backend's name in tenure's registry (`tenure::backends()`).
+    pub backend: &'static str,
+    /// The Debian packages its server needs (none for an embedded store).
+    pub packages: &'static [Package],
+    /// Starts a store of its own, or `None` when its server is not installed
+    /// and this is not CI (said on stderr); on CI a missing server panics.
+    pub start: fn() -> Option<Running>,
+    /// A URL of this store on `port`, where nothing listens.
+    pub down_url: Option<fn(u16) -> String>,
+    /// A URL that names an option no backend takes (`bogus`) and the
+    /// password `hunter2`, with `dir` for a file store.
+    pub bad_option_url: fn(&Path) -> String,
+    /// How many random sequences the differential test compares with memory.
+    pub differential_seeds: u64,
+}
+
+impl std::fmt::Debug for StoreFixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreFixture")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreFixture {
+    /// The registry's row for this store.
+    pub fn registry(&self) -> Option<&'static tenure::Backend> {
+        tenure::backends().iter().find(|b| b.name == self.backend)
+    }
+
+    /// Whether this build of tenure has the store (its cargo feature is on).
+    pub fn is_built_in(&self) -> bool {
+        self.registry().is_some_and(|b| b.is_built_in())
+    }
+
+    /// The cargo feature of the `tenure` crate that builds the store in
+    /// (empty for memory, which is always there).
+    pub fn feature(&self) -> &'static str {
+        self.registry().map_or("", |b| b.feature)
+    }
+}
+
+/// Every store, in the registry's order.
+pub static STORES: &[StoreFixture] = &[
+    StoreFixture {
+        backend: "memory",
+        packages: &[],
+        start: || Some(Running::embedded("memory://".into(), None)),
+        down_url: None,
+        bad_option_url: |_| "memory://?bogus=1".into(),
+        differential_seeds: 0,
+    },
+    StoreFixture {
+        backend: "sqlite",
+        packages: &[],
+        start: || {
+            // One file for every check, as several programs share one.
+            let dir = tempfile::tempdir().expect("temp dir");
+            let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
+            Some(Running::embedded(url, Some(Box::new(dir))))
+        },
+        down_url: None,
+        bad_option_url: |dir| format!("sqlite://{}?bogus=1", dir.join("b.db").display()),
+        differential_seeds: 12,
+    },
+    StoreFixture {
+        backend: "redis",
+        packages: &[Package {
+            name: "redis-server",
+            provides: "redis-server",
+        }],
+        start: || RedisServer::start_or_skip().map(Running::server),
+        down_url: Some(|port| format!("redis://127.0.0.1:{port}/0")),
+        bad_option_url: |_| "redis://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
+        differential_seeds: 12,
+    },
+    StoreFixture {
+        backend: "redlock",
+        packages: &[Package {
+            name: "redis-server",
+            provides: "redis-server",
+        }],
+        start: || {
+            let nodes: Vec<RedisServer> = (0..3)
+                .map(|_| RedisServer::start_or_skip())
+                .collect::<Option<_>>()?;
+            let url = RedisServer::redlock_url(&nodes);
+            Some(Running::embedded(url, Some(Box::new(nodes))))
+        },
+        down_url: None,
+        bad_option_url: |_| {
+            "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1".into()
+        },
+        differential_seeds: 8,
+    },
+    StoreFixture {
+        backend: "postgres",
+        packages: &[Package {
+            name: "postgresql",
+            provides: "/usr/lib/postgresql/*/bin/initdb",
+        }],
+        start: || PostgresServer::start_or_skip().map(Running::server),
+        down_url: Some(|port| format!("postgres://postgres:x@127.0.0.1:{port}/postgres")),
+        bad_option_url: |_| "postgres://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
+        differential_seeds: 8,
+    },
+    StoreFixture {
+        backend: "mysql",
+        packages: &[Package {
+            name: "mariadb-server",
+            provides: "mariadbd",
+        }],
+        start: || MariaDbServer::start_or_skip().map(Running::server),
+        down_url: Some(|port| format!("mysql://tenure:x@127.0.0.1:{port}/tenure")),
+        bad_option_url: |_| "mysql://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
+        differential_seeds: 8,
+    },
+    StoreFixture {
+        backend: "etcd",
+        packages: &[
+            Package {
+                name: "etcd-server",
+                provides: "etcd",
+            },
+            // `etcdctl lock` and `elect` beside tenure (`?layout=etcd`).
+            Package {
+                name: "etcd-client",
+                provides: "etcdctl",
+            },
+        ],
+        start: || EtcdCluster::start_or_skip(1).map(Running::server),
+        down_url: Some(|port| format!("etcd://127.0.0.1:{port}")),
+        bad_option_url: |_| "etcd://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
+        differential_seeds: 6,
+    },
+    StoreFixture {
+        backend: "zookeeper",
+        packages: &[Package {
+            name: "zookeeper",
+            provides: "/usr/share/zookeeper/bin/zkServer.sh",
+        }],
+        start: || ZkEnsemble::start_or_skip(1).map(Running::server),
+        down_url: Some(|port| format!("zk://127.0.0.1:{port}")),
+        bad_option_url: |_| "zk://u:hunter2@127.0.0.1:1?bogus=1".into(),
+        differential_seeds: 6,
+    },
+];
+
+/// The row of `backend`.
+pub fn store(backend: &str) -> Option<&'static StoreFixture> {
+    STORES.iter().find(|s| s.backend == backend)
+}
