@@ -1,6 +1,6 @@
 //! Lock cycle bench: uncontended acquire + release per backend, beside the
 //! backend's raw floor (the same client crate issuing the minimal commands),
-//! and a contended run. Prints a table and writes `bench/cycle.json`.
+//! and a contended run. Prints a table and writes `bench/results/cycle.json`.
 //!
 //! Run: `cargo bench --manifest-path bench/Cargo.toml` (set `BENCH_CYCLES`
 //! to change the number of measured cycles, `BENCH_OUT` the JSON's path,
@@ -1118,7 +1118,7 @@ fn main() {
         "sqlite_vs_floor_checkpointed_by_a_thread": sqlite_checkpointed,
     });
     let out = std::env::var("BENCH_OUT")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/cycle.json").to_string());
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/results/cycle.json").to_string());
     if let Some(parent) = std::path::Path::new(&out).parent() {
         let _ = std::fs::create_dir_all(parent);
     }

@@ -30,7 +30,7 @@
 //! Run: `cargo bench --manifest-path bench/Cargo.toml --bench queue`.
 //! `QUEUE_SIZES=0,16` sets the queue sizes, `BENCH_ONLY=redis,postgres` runs
 //! only those server backends (memory and SQLite always run, as in the cycle
-//! bench), `BENCH_OUT` sets the JSON's path (default `bench/queue.json`),
+//! bench), `BENCH_OUT` sets the JSON's path (default `bench/results/queue.json`),
 //! `QUEUE_BUDGET_S` the bench's time budget (default 900 s), `QUEUE_TURNS`
 //! the turns over all sizes per backend (default 3; each figure is the
 //! median of the turns). Each backend gets an even share of what is left (at least 30 s) and starts no new size
@@ -979,7 +979,7 @@ fn main() {
         })).collect::<Vec<_>>(),
     });
     let out = std::env::var("BENCH_OUT")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/queue.json").to_string());
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/results/queue.json").to_string());
     if let Some(parent) = std::path::Path::new(&out).parent() {
         let _ = std::fs::create_dir_all(parent);
     }

@@ -72,3 +72,18 @@ pub use store::{Capabilities, EntryKind, Expect, FenceState, Name, Store, Versio
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The library page's examples, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryDocDoctests;
+
+/// The fencing page's examples, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/fencing.md")]
+pub struct FencingDocDoctests;
+
+/// The schedules and elections page's examples, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/schedules-and-elections.md")]
+pub struct SchedulesDocDoctests;
