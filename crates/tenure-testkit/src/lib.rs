@@ -38,7 +38,9 @@ mod tls;
 
 pub use clock::SteppableClock;
 pub use process::spawn_tied;
-pub use servers::{Cluster, EtcdCluster, MariaDbServer, PostgresServer, RedisServer, Server, ZkEnsemble};
+pub use servers::{
+    Cluster, EtcdCluster, MariaDbServer, PostgresServer, RedisServer, Server, ZkEnsemble,
+};
 pub use tls::TlsFiles;
 
 /// The password of the kit's PostgreSQL and MariaDB servers.

@@ -30,9 +30,8 @@ impl Package {
         if self.provides.starts_with('/') {
             path_exists(self.provides)
         } else {
-            std::env::var_os("PATH").is_some_and(|p| {
-                std::env::split_paths(&p).any(|d| d.join(self.provides).is_file())
-            })
+            std::env::var_os("PATH")
+                .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(self.provides).is_file()))
         }
     }
 }
@@ -172,9 +171,7 @@ pub static STORES: &[StoreFixture] = &[
             Some(Running::embedded(url, Some(Box::new(nodes))))
         },
         down_url: None,
-        bad_option_url: |_| {
-            "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1".into()
-        },
+        bad_option_url: |_| "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1".into(),
         differential_seeds: 8,
     },
     StoreFixture {

@@ -55,6 +55,8 @@ pub use election::{leader, Election, Elector, Leader, Observer, Term};
 pub use error::{BoxError, Error, LostReason, Result};
 pub use fence::Fence;
 pub use guard::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, SemaphorePermit};
+#[cfg(feature = "metrics")]
+pub use metered::Metered;
 pub use mutex::Mutex;
 pub use once::{once, JobError, OnceOutcome, WhileRunning};
 pub use registry::{backend_for, backends, builtin_backends, open, Backend};

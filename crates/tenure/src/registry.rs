@@ -77,7 +77,7 @@ impl Backend {
         let parsed = StoreUrl::parse(url, built.url)?;
         let store = (built.open)(parsed).await?;
         #[cfg(feature = "metrics")]
-        let store = crate::metrics::Metered::wrap(store);
+        let store = crate::metered::Metered::wrap(store);
         Ok(store)
     }
 }

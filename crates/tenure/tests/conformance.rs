@@ -59,11 +59,14 @@ fn fault_trials(store: &'static StoreFixture) -> Vec<Trial> {
             });
             Ok(())
         }),
-        Trial::test(name("server_down_at_start_is_unavailable_in_time"), move || {
-            let url = down_url(tenure_testkit::free_port());
-            runtime().block_on(conformance::check_down_at_start(&url));
-            Ok(())
-        }),
+        Trial::test(
+            name("server_down_at_start_is_unavailable_in_time"),
+            move || {
+                let url = down_url(tenure_testkit::free_port());
+                runtime().block_on(conformance::check_down_at_start(&url));
+                Ok(())
+            },
+        ),
     ]
 }
 
@@ -109,6 +112,9 @@ fn with_own_server(store: &StoreFixture, f: impl FnOnce(&mut dyn tenure_testkit:
     };
     match running.server.as_deref_mut() {
         Some(server) => f(server),
-        None => panic!("{}: the table gives a down URL but no server", store.backend),
+        None => panic!(
+            "{}: the table gives a down URL but no server",
+            store.backend
+        ),
     }
 }

@@ -14,7 +14,6 @@ fn shared() -> Option<&'static EtcdCluster> {
         .as_ref()
 }
 
-
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {
     let Some(server) = EtcdCluster::start_or_skip(1) else {

@@ -12,7 +12,6 @@ fn shared() -> Option<&'static PostgresServer> {
     SERVER.get_or_init(PostgresServer::start_or_skip).as_ref()
 }
 
-
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {
     let Some(server) = shared() else { return };

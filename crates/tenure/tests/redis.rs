@@ -13,7 +13,6 @@ fn shared() -> Option<&'static RedisServer> {
     SERVER.get_or_init(RedisServer::start_or_skip).as_ref()
 }
 
-
 #[tokio::test]
 async fn wrong_password_is_an_auth_error_without_the_password() {
     let Some(server) = RedisServer::start_with_password(Some("right-one")) else {

@@ -1,7 +1,6 @@
 //! SQLite beyond the conformance suite (`tests/conformance.rs`).
 #![cfg(feature = "sqlite")]
 
-
 /// Expiry counts from boot, so sessions of an earlier boot are dropped when
 /// a store opens the file after a reboot (played here by changing the
 /// recorded boot id).

@@ -12,7 +12,6 @@ fn shared() -> Option<&'static ZkEnsemble> {
     SERVER.get_or_init(|| ZkEnsemble::start_or_skip(1)).as_ref()
 }
 
-
 /// 64 waiters on one mutex: each release wakes exactly one of them (each
 /// waiter watches only the child just ahead of it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
