@@ -169,7 +169,7 @@ impl RedisStore {
     /// Whether the entry `seq` of `name` is still queued and not granted,
     /// read with one plain `HGET` of its record (the last field is when it
     /// was granted, empty while it waits): the check behind a waiter's
-    /// first look skipped ([`Self::await_grant`]).
+    /// first look skipped ([`Self::await_grant`](crate::store::Store::await_grant)).
     pub(super) async fn still_queued(&self, name: &Name, seq: u64) -> Result<bool> {
         self.inner
             .round_trips
