@@ -403,7 +403,9 @@ async fn redis_floor(url: &str, cycles: usize) -> Stats {
 async fn redis_script_raw(url: &str, cycles: usize) -> Stats {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let script = redis::Script::new(include_str!("../../crates/tenure/src/backend/redis.lua"));
+    let script = redis::Script::new(include_str!(
+        "../../crates/tenure/src/backend/redis/redis.lua"
+    ));
     let call = |args: &[&str]| {
         let mut invocation = script.key("{tenure}:sessions");
         invocation.arg("{tenure}");

@@ -304,7 +304,9 @@ async fn redis_rows(out: &mut Vec<serde_json::Value>) {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let real = redis::Script::new(include_str!("../../crates/tenure/src/backend/redis.lua"));
+    let real = redis::Script::new(include_str!(
+        "../../crates/tenure/src/backend/redis/redis.lua"
+    ));
     let _: redis::Value = real
         .key("{bench}:sessions")
         .arg("{bench}")

@@ -1,0 +1,69 @@
+//! Where the script keeps things under the prefix's hash tag: the key
+//! layout marker, checked at open, and the names of keys and channels.
+
+use redis::Value;
+
+use super::reply::text;
+use super::{RedisStore, BACKEND};
+use crate::error::{Error, Result};
+use crate::store::Name;
+
+/// The script's key layout (see the top of `redis.lua`); kept in the
+/// prefix's `sessions` key, so that clients of different layouts never share
+/// a prefix.
+pub(super) const KEY_LAYOUT: &str = "4";
+
+/// The prefix's sessions key (the one key the script is called with).
+pub(super) fn sessions_key(prefix: &str) -> String {
+    format!("{prefix}:sessions")
+}
+
+impl RedisStore {
+    /// Fails unless the prefix holds keys of this build's layout (or none),
+    /// and keeps the keyspace's id that grant messages carry.
+    pub(super) async fn check_layout(&self) -> Result<()> {
+        // Fail now, not at the first lock, if the server refuses us or the
+        // prefix holds another layout's keys. The answer is the keyspace's
+        // id, which a release's grant message carries.
+        let candidate = crate::store::random_hex(16)?;
+        let reply = self
+            .call("layout", &[KEY_LAYOUT.as_bytes(), candidate.as_bytes()])
+            .await?;
+        if let Some(Value::BulkString(id)) = reply.get(1) {
+            // The id travels with the data (a copy of the keys into another
+            // database, SWAPDB): a grant message names the database too.
+            let mut ours = id.clone();
+            ours.push(b':');
+            ours.extend_from_slice(self.inner.db.as_bytes());
+            let _ = self.inner.wakeups.keyspace.set(ours);
+        }
+        Ok(())
+    }
+
+    /// The error for a prefix that holds keys of another layout (named in
+    /// `reply[1]`).
+    pub(super) fn layout_mismatch(&self, reply: &[Value]) -> Result<Error> {
+        Ok(Error::SchemaMismatch {
+            backend: BACKEND,
+            url: self.inner.url.clone(),
+            found: format!(
+                "prefix {} holds tenure keys of layout {}",
+                self.inner.prefix,
+                reply.get(1).map(text).transpose()?.unwrap_or_default()
+            ),
+            expected: format!(
+                "layout {KEY_LAYOUT} (use another prefix=, or stop the other clients and \
+                 delete the prefix's keys)"
+            ),
+        })
+    }
+
+    pub(super) fn channel(&self, kind: &str, name: &Name) -> String {
+        format!("{}:{kind}:{name}", self.inner.prefix)
+    }
+
+    /// The hash of `name`'s entry records (`seq` -> record).
+    pub(super) fn entries_key(&self, name: &Name) -> String {
+        format!("{}:e:{}", self.inner.prefix, name.as_str())
+    }
+}

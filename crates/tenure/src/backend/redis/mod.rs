@@ -1,0 +1,76 @@
+//! `redis://[:password@]host:port/db[?prefix=NAME]`: one Lua script per
+//! operation (`EVALSHA`), so every operation is atomic, one round trip, and
+//! judged by Redis's own clock.
+//!
+//! All keys share the hash tag `{NAME}` (default `{tenure}`): one cluster slot,
+//! so a script may touch sessions and queues together. Waiters are woken by
+//! pub/sub on a channel of their own entry (a release wakes only the next
+//! waiter); a holder that expires silently is noticed by polling no later
+//! than its expiry. Fencing counters are seeded from Redis's `TIME` in
+//! microseconds when missing, so they do not go back even if Redis loses its
+//! data (as long as a name saw fewer than a million changes per second on
+//! average: the counter also counts versions).
+
+mod connect;
+mod layout;
+mod node;
+mod pubsub;
+mod reply;
+mod script;
+mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+use super::url::UrlRules;
+use crate::store::{Capabilities, Wake};
+use pubsub::Wakeups;
+
+#[cfg(feature = "redlock")]
+pub(crate) use node::NodeJoin;
+
+const BACKEND: &str = "redis";
+const POLL_MIN: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+/// How this backend reads its URL (the one parser: [`super::url`]).
+pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_fragment();
+
+/// The Redis backend's capabilities.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        // The server's wall clock only hints; a watcher confirms expiry.
+        watched_expiry: true,
+        wake: Wake::pub_sub(POLL_MAX),
+        ..Capabilities::durable_store(
+            BACKEND,
+            "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); Redis's TIME only hints",
+            "acquire: 1 (EVALSHA), release: 1, renew: 1",
+        )
+    }
+}
+
+/// A store on one Redis server.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    client: redis::Client,
+    script: redis::Script,
+    prefix: String,
+    sessions_key: String,
+    /// The database number the URL selects (in a release's grant message).
+    db: String,
+    url: String,
+    caps: Capabilities,
+    /// Script calls made so far (see [`RedisStore::round_trips`]).
+    round_trips: std::sync::atomic::AtomicU64,
+    wakeups: Wakeups,
+}
+
+store_debug!(RedisStore: url, prefix);

@@ -1,0 +1,89 @@
+//! Calling the Lua script (`redis.lua`, by `EVALSHA`): one operation, one
+//! round trip, and its status word turned into a typed result.
+
+use redis::Value;
+
+use super::connect::redis_err;
+use super::reply::{bad_reply, text};
+use super::{RedisStore, BACKEND};
+use crate::backend::codec;
+use crate::error::Result;
+
+pub(super) const SCRIPT: &str = include_str!("redis.lua");
+
+/// The script's operations whose first argument is the name (the others
+/// start with the session).
+const NAME_FIRST_OPS: &[&str] = &["fence", "cellget", "cellput", "celldel", "expire"];
+
+/// What one call of the script answered.
+pub(super) enum Reply {
+    /// A fast path's bare integer (its meaning depends on the operation).
+    Fast(i64),
+    /// A reply table whose status word was a success.
+    Table(Vec<Value>),
+}
+
+impl RedisStore {
+    /// How many script calls (round trips) this store has made so far: what
+    /// the no-thundering-herd check counts per handoff, and while waiters
+    /// wait.
+    pub fn round_trips(&self) -> u64 {
+        self.inner
+            .round_trips
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs one operation of the script: one round trip. Errors the script
+    /// reports (`lost`, `notheld`, `conflict`) become typed errors.
+    pub(super) async fn call(&self, op: &str, args: &[&[u8]]) -> Result<Vec<Value>> {
+        match self.call_fast(op, args).await? {
+            Reply::Table(reply) => Ok(reply),
+            Reply::Fast(n) => Err(bad_reply(&format!("{op} answered {n}"))),
+        }
+    }
+
+    /// [`Self::call`] for the operations whose fast paths answer with a bare
+    /// integer (building a reply table costs the script more than the
+    /// commands it saves).
+    pub(super) async fn call_fast(&self, op: &str, args: &[&[u8]]) -> Result<Reply> {
+        self.inner
+            .round_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut invocation = self.inner.script.key(&self.inner.sessions_key);
+        invocation.arg(&self.inner.prefix).arg(op);
+        for a in args {
+            invocation.arg(*a);
+        }
+        let mut conn = self.inner.conn.clone();
+        match invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_err)?
+        {
+            Value::Int(n) => Ok(Reply::Fast(n)),
+            Value::Array(reply) => self.status(reply, op, args).map(Reply::Table),
+            other => Err(bad_reply(&format!("{other:?}"))),
+        }
+    }
+
+    /// Turns the script's status word (`reply[0]`) into a result.
+    fn status(&self, reply: Vec<Value>, op: &str, args: &[&[u8]]) -> Result<Vec<Value>> {
+        match reply.first().map(text).transpose()?.as_deref() {
+            Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind")
+            | Some("ahead") | Some("stale") | Some("mismatch") => Ok(reply),
+            Some("layout") => Err(self.layout_mismatch(&reply)?),
+            Some(word @ ("lost" | "notheld" | "conflict")) => {
+                // The name is the first argument of some operations and the
+                // second (after the session) of the others.
+                let at = usize::from(!NAME_FIRST_OPS.contains(&op));
+                let name = args
+                    .get(at)
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .unwrap_or_default();
+                let detail = reply.get(1).map(text).transpose()?;
+                Err(codec::status_error(BACKEND, word, detail, &name))
+            }
+            _ => Err(bad_reply(&format!("{reply:?}"))),
+        }
+    }
+}
