@@ -6,6 +6,7 @@ use zookeeper_client as zk;
 use super::call::{call_raw, commit, lost, zk_err};
 use super::layout::{encode_cell, encode_fence, Reg};
 use super::nodes::{cell_version, next_version, written_stat, Node};
+use super::session::ZkSession;
 use super::{ZkStore, BACKEND};
 use crate::error::{Error, Result};
 use crate::store::{CellWrite, Expect, FenceOp, FenceState, Name, SessionKey, Versioned};
@@ -196,70 +197,22 @@ impl ZkStore {
                 continue;
             }
             let mut writer = client.new_multi_writer();
-            // A bound write first checks that its session's node is still
-            // there and that it still has every entry it knows of (version
-            // -1: any): one that vanished was evicted, perhaps by another
-            // store, which could not end the session itself (see `evict`).
-            if let Some((_, session)) = &session {
-                writer
-                    .add_check_version(&self.session_path(&session.tag), -1)
-                    .map_err(zk_err)?;
-            }
+            let entries = self
+                .add_session_checks(&mut writer, session.as_ref().map(|(_, s)| &**s))
+                .await?;
             // The index of the first entry's check.
             let checked = usize::from(session.is_some());
-            let entries: Vec<(Name, String)> = match &session {
-                Some((_, session)) => session
-                    .entries
-                    .lock()
-                    .await
-                    .iter()
-                    .map(|(name, mine)| (name.clone(), mine.child.clone()))
-                    .collect(),
-                None => Vec::new(),
-            };
-            for (entry_name, child) in &entries {
-                writer
-                    .add_check_version(&format!("{}/{child}", self.name_path(entry_name)), -1)
-                    .map_err(zk_err)?;
-            }
             // The index of the node's own first operation.
             let first = checked + entries.len();
-            let mut marked = false;
-            match &node {
-                None => {
-                    // Made with a tombstone and set at once, in the same
-                    // transaction: a `setData`'s answer carries the new
-                    // mzxid, a `create`'s in a multi may not (ZOOKEEPER-4026).
-                    writer
-                        .add_create(&path, &encode_cell(None, None), &persistent)
-                        .map_err(zk_err)?;
-                    writer.add_set_data(&path, &data, Some(0)).map_err(zk_err)?;
-                }
-                Some(node) => {
-                    next_version(node.data_version)?;
-                    writer
-                        .add_set_data(&path, &data, Some(node.data_version))
-                        .map_err(zk_err)?;
-                    // Earlier owners' markers go (a vanished one fails the
-                    // multi: the value it kept alive is gone); the writer's
-                    // own is checked (version -1: any).
-                    for marker in &node.markers {
-                        let marker_path = format!("{path}/{marker}");
-                        if Some(marker.as_str()) == tag {
-                            marked = true;
-                            writer.add_check_version(&marker_path, -1)
-                        } else {
-                            writer.add_delete(&marker_path, None)
-                        }
-                        .map_err(zk_err)?;
-                    }
-                }
-            }
-            if let (Some(tag), false) = (tag, marked) {
-                writer
-                    .add_create(&format!("{path}/{tag}"), &[], &ephemeral)
-                    .map_err(zk_err)?;
-            }
+            add_cell_write(
+                &mut writer,
+                &path,
+                &data,
+                node.as_ref(),
+                tag,
+                &persistent,
+                &ephemeral,
+            )?;
             if let Some((_, session)) = &session {
                 // Before the marker may exist, so that closing the session
                 // deletes it even if this call is dropped mid-flight.
@@ -330,6 +283,40 @@ impl ZkStore {
         Err(contended(name))
     }
 
+    /// Adds a bound write's checks to `writer`: a bound write first checks
+    /// that its session's node is still there and that it still has every
+    /// entry it knows of (version -1: any): one that vanished was evicted,
+    /// perhaps by another store, which could not end the session itself
+    /// (see `evict`). Returns the entries checked, in the order of their
+    /// checks (after the session's node's).
+    async fn add_session_checks(
+        &self,
+        writer: &mut zk::MultiWriter<'_>,
+        session: Option<&ZkSession>,
+    ) -> Result<Vec<(Name, String)>> {
+        if let Some(session) = session {
+            writer
+                .add_check_version(&self.session_path(&session.tag), -1)
+                .map_err(zk_err)?;
+        }
+        let entries: Vec<(Name, String)> = match session {
+            Some(session) => session
+                .entries
+                .lock()
+                .await
+                .iter()
+                .map(|(name, mine)| (name.clone(), mine.child.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
+        for (entry_name, child) in &entries {
+            writer
+                .add_check_version(&format!("{}/{child}", self.name_path(entry_name)), -1)
+                .map_err(zk_err)?;
+        }
+        Ok(entries)
+    }
+
     pub(super) async fn delete_cell(&self, name: &Name, version: u64) -> Result<CellWrite> {
         let path = self.register_path(name);
         let tombstone = encode_cell(None, None);
@@ -389,4 +376,56 @@ impl ZkStore {
         }
         Err(contended(name))
     }
+}
+
+/// Adds a cell write's own operations to `writer`: the conditional
+/// `setData` of the node (made first when there is none), the markers of
+/// earlier owners deleted or the writer's own checked, and the writer's
+/// new marker.
+fn add_cell_write(
+    writer: &mut zk::MultiWriter<'_>,
+    path: &str,
+    data: &[u8],
+    node: Option<&Node>,
+    tag: Option<&str>,
+    persistent: &zk::CreateOptions<'_>,
+    ephemeral: &zk::CreateOptions<'_>,
+) -> Result<()> {
+    let mut marked = false;
+    match node {
+        None => {
+            // Made with a tombstone and set at once, in the same
+            // transaction: a `setData`'s answer carries the new
+            // mzxid, a `create`'s in a multi may not (ZOOKEEPER-4026).
+            writer
+                .add_create(path, &encode_cell(None, None), persistent)
+                .map_err(zk_err)?;
+            writer.add_set_data(path, data, Some(0)).map_err(zk_err)?;
+        }
+        Some(node) => {
+            next_version(node.data_version)?;
+            writer
+                .add_set_data(path, data, Some(node.data_version))
+                .map_err(zk_err)?;
+            // Earlier owners' markers go (a vanished one fails the
+            // multi: the value it kept alive is gone); the writer's
+            // own is checked (version -1: any).
+            for marker in &node.markers {
+                let marker_path = format!("{path}/{marker}");
+                if Some(marker.as_str()) == tag {
+                    marked = true;
+                    writer.add_check_version(&marker_path, -1)
+                } else {
+                    writer.add_delete(&marker_path, None)
+                }
+                .map_err(zk_err)?;
+            }
+        }
+    }
+    if let (Some(tag), false) = (tag, marked) {
+        writer
+            .add_create(&format!("{path}/{tag}"), &[], ephemeral)
+            .map_err(zk_err)?;
+    }
+    Ok(())
 }
