@@ -20,6 +20,8 @@ use crate::store::{Name, SessionKey};
 const SCAN_BATCH: usize = 256;
 
 impl ZkStore {
+    /// [`Store::evict`](crate::store::Store::evict):
+    /// The granted entries deleted, then what is left of their sessions.
     pub(super) async fn evict_holders(&self, name: &Name) -> Result<usize> {
         // ZooKeeper cannot end another client's session: the holders'
         // entries are deleted, then the values bound to their sessions (see
@@ -49,6 +51,8 @@ impl ZkStore {
         Ok(tags.len())
     }
 
+    /// [`Store::evict_session`](crate::store::Store::evict_session):
+    /// The session's node deleted, then its entries and markers.
     pub(super) async fn evict_tag(&self, tag: &str) -> Result<bool> {
         // Tags are hex: anything else names no session (and must not be
         // put into a path or a child's name).

@@ -16,6 +16,8 @@ use crate::error::{Error, Result};
 use crate::store::{EntryKind, JoinMode, JoinRequest, Joined, Name, SessionKey};
 
 impl ZkStore {
+    /// [`Store::join`](crate::store::Store::join):
+    /// A new child in the name's queue, or one more hold of this session's.
     pub(super) async fn join_queue(
         &self,
         key: &SessionKey,
@@ -339,6 +341,8 @@ impl ZkStore {
         }
     }
 
+    /// [`Store::leave`](crate::store::Store::leave):
+    /// One hold less, the child deleted with the last.
     pub(super) async fn leave_queue(&self, key: &SessionKey, name: &Name, seq: u64) -> Result<u32> {
         let session = self.session(key)?;
         let mut entries = session.entries.lock().await;
@@ -370,6 +374,8 @@ impl ZkStore {
         Ok(0)
     }
 
+    /// [`Store::set_value`](crate::store::Store::set_value):
+    /// The granted entry's data rewritten.
     pub(super) async fn set_entry_value(
         &self,
         key: &SessionKey,

@@ -127,7 +127,8 @@ impl ZkStore {
     /// before its owner's next renewal tells it. Either the ending store's
     /// search for the session's entries (after it deleted the node) finds a
     /// child made before this read, or this read finds the node gone.
-    /// Also returns the class the name's node holds (see [`class_of`]).
+    /// Also returns the class the name's node holds (see
+    /// [`class_of`](super::layout::class_of)).
     pub(super) async fn list_checking_session(
         &self,
         session: &ZkSession,
@@ -201,6 +202,8 @@ impl ZkStore {
         Ok((list, data))
     }
 
+    /// [`Store::queue`](crate::store::Store::queue):
+    /// The children and their data.
     pub(super) async fn read_queue(&self, name: &Name) -> Result<Queue> {
         let (list, data) = self.read(name).await?;
         let version = fingerprint(&data);
@@ -225,6 +228,8 @@ impl ZkStore {
         Ok(Queue { version, entries })
     }
 
+    /// [`Store::names`](crate::store::Store::names):
+    /// The names under `PATH/q` whose queue is not empty.
     pub(super) async fn list_names(&self, prefix: &str) -> Result<Vec<Name>> {
         let admin = &self.inner.admin;
         let all = call(admin.list_children(&format!("{}/q", self.inner.base))).await?;

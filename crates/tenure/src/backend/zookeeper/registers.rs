@@ -127,6 +127,8 @@ impl ZkStore {
         Err(contended(name))
     }
 
+    /// [`Store::fence`](crate::store::Store::fence):
+    /// An admit, or a read of the fence's node.
     pub(super) async fn fence_op(&self, name: &Name, op: FenceOp<'_>) -> Result<FenceState> {
         match op {
             FenceOp::Admit { token, value } => self.admit(name, token, value).await,
@@ -147,6 +149,8 @@ impl ZkStore {
         }
     }
 
+    /// [`Store::cell_get`](crate::store::Store::cell_get):
+    /// A read of the cell's node.
     pub(super) async fn get_cell(&self, name: &Name) -> Result<Option<Versioned>> {
         let Some(node) = self.read_register(name).await? else {
             return Ok(None);
@@ -157,6 +161,8 @@ impl ZkStore {
         }))
     }
 
+    /// [`Store::cell_put`](crate::store::Store::cell_put):
+    /// One conditional multi per try.
     pub(super) async fn put_cell(
         &self,
         name: &Name,
@@ -317,6 +323,8 @@ impl ZkStore {
         Ok(entries)
     }
 
+    /// [`Store::cell_delete`](crate::store::Store::cell_delete):
+    /// A tombstone written, and the markers deleted.
     pub(super) async fn delete_cell(&self, name: &Name, version: u64) -> Result<CellWrite> {
         let path = self.register_path(name);
         let tombstone = encode_cell(None, None);

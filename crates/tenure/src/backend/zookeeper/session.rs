@@ -188,6 +188,8 @@ impl ZkStore {
         }
     }
 
+    /// [`Store::open_session`](crate::store::Store::open_session):
+    /// A ZooKeeper client of its own, and its session node.
     pub(super) async fn start_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         let _slot = self.reserve_session()?;
         let client = connect(
@@ -229,6 +231,8 @@ impl ZkStore {
         Ok(OpenedSession { key, tag })
     }
 
+    /// [`Store::keep_alive`](crate::store::Store::keep_alive):
+    /// One multi-read of the session's node and entries.
     pub(super) async fn renew_session(&self, key: &SessionKey) -> Result<()> {
         let session = self.session(key)?;
         let expired = *session.deadline.lock().unwrap_or_else(|e| e.into_inner())
@@ -302,6 +306,8 @@ impl ZkStore {
         Ok(())
     }
 
+    /// [`Store::close_session`](crate::store::Store::close_session):
+    /// Its entries, markers and node deleted now.
     pub(super) async fn end_session(&self, key: &SessionKey) -> Result<()> {
         let Some(session) = self.forget(key) else {
             return Ok(());

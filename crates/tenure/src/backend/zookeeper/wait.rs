@@ -28,6 +28,8 @@ impl ZkStore {
         self.inner.waiter_listings.load(Ordering::Relaxed)
     }
 
+    /// [`Store::await_grant`](crate::store::Store::await_grant):
+    /// A watch on the child whose deletion may grant the entry.
     pub(super) async fn wait_for_grant(
         &self,
         key: &SessionKey,
@@ -108,6 +110,8 @@ impl ZkStore {
         }
     }
 
+    /// [`Store::wait_changed`](crate::store::Store::wait_changed):
+    /// A watch on the children, and a look every `OBSERVE_POLL`.
     pub(super) async fn wait_for_change(&self, name: &Name, version: u64) -> Result<u64> {
         let dir = self.name_path(name);
         loop {
