@@ -138,6 +138,13 @@ const MAX_JOB_NAME: usize = crate::store::MAX_NAME_LEN - 21;
 /// one-second schedule paused for a day would otherwise walk 86 400 ticks).
 const MAX_TICKS_COUNTED: usize = 10_000;
 
+/// How a campaign between ticks ended.
+enum Campaigned {
+    Elected(Result<Term>),
+    PauseChanged,
+    Shutdown,
+}
+
 /// A time as Unix seconds, for a timestamp gauge.
 fn unix_secs(t: DateTime<Utc>) -> f64 {
     t.timestamp_millis() as f64 / 1000.0
@@ -372,37 +379,13 @@ impl Schedule {
             };
             backoff = Duration::from_millis(100);
             if self.mode == Mode::Leader && term.as_ref().is_none_or(|t| t.is_lost()) {
-                let election = Election::new(&live, self.name.as_str())?;
-                let campaign = election.campaign(live.tag().as_bytes().to_vec());
-                tokio::pin!(campaign);
-                // The ticks due while this instance campaigns are the
-                // leader's (or nobody's): counted as not led here.
-                let mut seen = Utc::now();
-                let elected = loop {
-                    let next = self.next_after(seen);
-                    if let Some(next) = next {
-                        cron_next_tick(&tag, unix_secs(next));
-                    }
-                    let tick = async {
-                        match next {
-                            Some(next) => {
-                                let wait = (next - Utc::now()).to_std().unwrap_or_default();
-                                tokio::time::sleep(wait).await;
-                            }
-                            None => std::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        t = &mut campaign => break Some(t),
-                        () = tick => {
-                            if let Some(next) = next {
-                                cron_ticks(&tag, TickOutcome::NotLeader, 1);
-                                seen = next;
-                            }
-                        }
-                        _ = paused.changed() => break None,
-                        () = &mut shutdown => return self.stop(session, term).await,
-                    }
+                let elected = match self
+                    .campaign(&live, &tag, &mut paused, shutdown.as_mut())
+                    .await?
+                {
+                    Campaigned::Elected(result) => Some(result),
+                    Campaigned::PauseChanged => None,
+                    Campaigned::Shutdown => return self.stop(session, term).await,
                 };
                 match elected {
                     Some(Ok(t)) => {
@@ -475,6 +458,48 @@ impl Schedule {
                     return Err(e);
                 }
                 tracing::warn!(error = %e, job = %self.name, "a tick could not be claimed or run");
+            }
+        }
+    }
+
+    /// Campaigns for the job's election until elected, paused or resumed,
+    /// or shut down. The ticks due meanwhile are the leader's (or nobody's):
+    /// counted as not led here.
+    async fn campaign(
+        &self,
+        live: &Session,
+        tag: &NameTag,
+        paused: &mut watch::Receiver<bool>,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<Campaigned> {
+        let election = Election::new(live, self.name.as_str())?;
+        let campaign = election.campaign(live.tag().as_bytes().to_vec());
+        tokio::pin!(campaign);
+        let mut seen = Utc::now();
+        loop {
+            let next = self.next_after(seen);
+            if let Some(next) = next {
+                cron_next_tick(tag, unix_secs(next));
+            }
+            let tick = async {
+                match next {
+                    Some(next) => {
+                        let wait = (next - Utc::now()).to_std().unwrap_or_default();
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                t = &mut campaign => return Ok(Campaigned::Elected(t)),
+                () = tick => {
+                    if let Some(next) = next {
+                        cron_ticks(tag, TickOutcome::NotLeader, 1);
+                        seen = next;
+                    }
+                }
+                _ = paused.changed() => return Ok(Campaigned::PauseChanged),
+                () = &mut shutdown => return Ok(Campaigned::Shutdown),
             }
         }
     }
