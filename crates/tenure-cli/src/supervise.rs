@@ -386,3 +386,20 @@ pub fn main(args: &[OsString]) -> u8 {
     ));
     0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spawn_failures_map_like_a_shell() {
+        use std::io::Error as E;
+        assert_eq!(spawn_failure_code(&E::from_raw_os_error(libc::ENOENT)), 127);
+        assert_eq!(spawn_failure_code(&E::from_raw_os_error(libc::EACCES)), 126);
+        assert_eq!(
+            spawn_failure_code(&E::from_raw_os_error(libc::ENOEXEC)),
+            126
+        );
+        assert_eq!(spawn_failure_code(&E::from_raw_os_error(libc::EAGAIN)), 70);
+    }
+}

@@ -52,13 +52,13 @@ pub struct TortureArgs {
     #[arg(long, default_value_t = 6)]
     pub clients: u32,
     /// How long to run (unless --cycles ends it first).
-    #[arg(long, default_value = "60s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
     pub duration: Duration,
     /// Stop after this many grants.
     #[arg(long)]
     pub cycles: Option<usize>,
     /// The workers' session TTL.
-    #[arg(long, default_value = "2s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
     pub ttl: Duration,
     /// Faults to inject, comma-separated: kill, pause (the client-side
     /// faults, the default); partition, delay, hold (network faults on a
@@ -70,7 +70,7 @@ pub struct TortureArgs {
     #[arg(long, default_value = "kill,pause", value_delimiter = ',')]
     pub faults: Vec<String>,
     /// Time between faults.
-    #[arg(long, default_value = "3s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = crate::cli::parse_duration)]
     pub fault_interval: Duration,
     /// Seed of the random choices (faults, critical-section times).
     #[arg(long, default_value_t = 1)]
@@ -100,7 +100,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub name: String,
     /// Session TTL.
-    #[arg(long, value_parser = crate::parse_duration)]
+    #[arg(long, value_parser = crate::cli::parse_duration)]
     pub ttl: Duration,
     /// Seed of this worker's critical-section times.
     #[arg(long)]
