@@ -14,8 +14,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::exit::{self, Failure};
 use crate::supervise::{self, group_exists, signal_group};
-use crate::{exit, Failure};
 use tenure::Session;
 
 /// How often tenure looks for a newer lease deadline to pass on.

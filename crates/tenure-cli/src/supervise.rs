@@ -227,7 +227,7 @@ pub fn main(args: &[OsString]) -> u8 {
         return exit::USAGE;
     };
     let mut report = Reporter(std::fs::File::from(report));
-    let mut ctl = Some(std::fs::File::from(ctl));
+    let ctl = Some(std::fs::File::from(ctl));
     let wait_mask = setup_signals();
     // SAFETY: prctl with integer arguments.
     unsafe {
@@ -241,6 +241,32 @@ pub fn main(args: &[OsString]) -> u8 {
     if unsafe { libc::getppid() } != args.parent {
         return 0;
     }
+    let Some(pid) = start_command(&args, &mut report) else {
+        return 0;
+    };
+    // The command leads its own group: the group id is its pid.
+    let pgid = pid;
+    report.send(&format!("P {pgid}"));
+
+    let mut watch = Watch {
+        ctl,
+        deadline: args.deadline,
+        termed: false,
+        killed: false,
+        pending: Vec::new(),
+    };
+    let status = watch.until_exit(pid, pgid, args.grace, &mut report, &wait_mask);
+    kill_group_to_the_end(pgid, pid);
+    report.send(&format!(
+        "X {}",
+        status_code(std::process::ExitStatus::from_raw(status))
+    ));
+    0
+}
+
+/// Starts the command in a process group of its own; returns its pid, or
+/// `None` once the report says why it could not be started.
+fn start_command(args: &Args, report: &mut Reporter) -> Option<libc::pid_t> {
     let me = std::process::id() as libc::pid_t;
     let mut cmd = std::process::Command::new(&args.program);
     cmd.args(&args.rest).process_group(0);
@@ -262,51 +288,83 @@ pub fn main(args: &[OsString]) -> u8 {
             let code = spawn_failure_code(&e);
             let message = format!("cannot run {:?}: {e}", args.program);
             report.send(&format!("E {code} {}", message.replace('\n', " ")));
-            return 0;
+            return None;
         }
     };
-    let pid = child.id() as libc::pid_t;
-    // The command leads its own group: the group id is its pid.
-    let pgid = pid;
-    report.send(&format!("P {pgid}"));
+    Some(child.id() as libc::pid_t)
+}
 
-    let mut deadline = args.deadline;
-    let mut termed = false;
-    let mut killed = false;
-    let mut pending = Vec::new();
-    let status = loop {
-        if let Some(status) = reap(pid) {
-            break status;
+/// The supervisor's watch over a running command: tenure's control pipe
+/// (`None` once closed), the lease's local deadline, and what was done.
+struct Watch {
+    ctl: Option<std::fs::File>,
+    deadline: Option<Duration>,
+    termed: bool,
+    killed: bool,
+    /// Control bytes read, not yet a whole line.
+    pending: Vec<u8>,
+}
+
+impl Watch {
+    /// Watches until the command ends; returns its wait status.
+    fn until_exit(
+        &mut self,
+        pid: libc::pid_t,
+        pgid: i32,
+        grace: Duration,
+        report: &mut Reporter,
+        wait_mask: &libc::sigset_t,
+    ) -> libc::c_int {
+        loop {
+            if let Some(status) = reap(pid) {
+                return status;
+            }
+            if !self.killed && (self.ctl.is_none() || PARENT_GONE.load(Ordering::SeqCst)) {
+                eprintln!(
+                    "tenure: tenure ended while its command ran: killing the command's process group"
+                );
+                signal_group(pgid, libc::SIGKILL);
+                self.killed = true;
+            }
+            let wait = self.enforce_deadline(pgid, grace, report);
+            if !self.poll(wait, wait_mask) {
+                continue;
+            }
+            self.read_control(pgid);
         }
-        if !killed && (ctl.is_none() || PARENT_GONE.load(Ordering::SeqCst)) {
-            eprintln!(
-                "tenure: tenure ended while its command ran: killing the command's process group"
-            );
-            signal_group(pgid, libc::SIGKILL);
-            killed = true;
-        }
-        // Read the clock after everything above: a slow supervisor acts late,
-        // never on a stale reading.
+    }
+
+    /// SIGTERM `grace` before the deadline, SIGKILL at it (each reported);
+    /// returns how long to wait for tenure before looking again.
+    fn enforce_deadline(&mut self, pgid: i32, grace: Duration, report: &mut Reporter) -> Duration {
+        // Read the clock after the checks `until_exit` made before this: a
+        // slow supervisor acts late, never on a stale reading.
         let now = boot_time().unwrap_or(Duration::MAX);
         let mut wait = Duration::from_millis(250);
-        if let Some(d) = deadline.filter(|_| !killed) {
+        if let Some(d) = self.deadline.filter(|_| !self.killed) {
             if now >= d {
                 signal_group(pgid, libc::SIGKILL);
                 report.send("K");
-                killed = true;
+                self.killed = true;
             } else {
-                let warn_at = d.saturating_sub(args.grace);
-                if now >= warn_at && !termed {
+                let warn_at = d.saturating_sub(grace);
+                if now >= warn_at && !self.termed {
                     signal_group(pgid, libc::SIGTERM);
                     report.send("T");
-                    termed = true;
+                    self.termed = true;
                 }
-                let next = if termed { d } else { warn_at };
+                let next = if self.termed { d } else { warn_at };
                 wait = wait.min(next.saturating_sub(now));
             }
         }
+        wait
+    }
+
+    /// Waits up to `wait` for the control pipe (or a signal); true if it
+    /// has something to read.
+    fn poll(&self, wait: Duration, wait_mask: &libc::sigset_t) -> bool {
         let mut fds = [libc::pollfd {
-            fd: ctl.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            fd: self.ctl.as_ref().map_or(-1, |f| f.as_raw_fd()),
             events: libc::POLLIN,
             revents: 0,
         }];
@@ -317,20 +375,24 @@ pub fn main(args: &[OsString]) -> u8 {
         // SAFETY: one pollfd and one timespec we own; the mask unblocks
         // SIGCHLD and the parent-death signal for the wait only. A negative
         // fd is ignored by ppoll.
-        let n = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &timeout, &wait_mask) };
-        if n <= 0 || fds[0].revents == 0 {
-            continue;
-        }
-        let Some(file) = ctl.as_mut() else { continue };
+        let n = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &timeout, wait_mask) };
+        n > 0 && fds[0].revents != 0
+    }
+
+    /// Reads tenure's control lines and acts on each whole one.
+    fn read_control(&mut self, pgid: i32) {
+        let Some(file) = self.ctl.as_mut() else {
+            return;
+        };
         let mut buf = [0u8; 512];
         match file.read(&mut buf) {
-            Ok(0) => ctl = None,
-            Ok(k) => pending.extend_from_slice(&buf[..k]),
+            Ok(0) => self.ctl = None,
+            Ok(k) => self.pending.extend_from_slice(&buf[..k]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => ctl = None,
+            Err(_) => self.ctl = None,
         }
-        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
             let line = String::from_utf8_lossy(&line);
             let mut words = line.split_whitespace();
             match (
@@ -339,9 +401,9 @@ pub fn main(args: &[OsString]) -> u8 {
             ) {
                 (Some("D"), Some(ns)) => {
                     let next = Duration::from_nanos(ns);
-                    if deadline != Some(next) {
-                        deadline = Some(next);
-                        termed = false;
+                    if self.deadline != Some(next) {
+                        self.deadline = Some(next);
+                        self.termed = false;
                     }
                 }
                 (Some("S"), Some(sig)) => {
@@ -351,15 +413,18 @@ pub fn main(args: &[OsString]) -> u8 {
                 }
                 (Some("K"), _) => {
                     signal_group(pgid, libc::SIGKILL);
-                    killed = true;
+                    self.killed = true;
                 }
                 _ => {}
             }
         }
-    };
-    // Whatever the command left running in its group goes too, and we wait
-    // until nothing of the group is left (orphans are reaped here, as the
-    // subreaper) before telling tenure, which releases only then.
+    }
+}
+
+/// Whatever the command left running in its group goes too, and we wait
+/// until nothing of the group is left (orphans are reaped here, as the
+/// subreaper) before telling tenure, which releases only then.
+fn kill_group_to_the_end(pgid: i32, pid: libc::pid_t) {
     signal_group(pgid, libc::SIGKILL);
     let started = Instant::now();
     let mut warned = false;
@@ -380,9 +445,21 @@ pub fn main(args: &[OsString]) -> u8 {
         std::thread::sleep(Duration::from_millis(2));
         signal_group(pgid, libc::SIGKILL);
     }
-    report.send(&format!(
-        "X {}",
-        status_code(std::process::ExitStatus::from_raw(status))
-    ));
-    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spawn_failures_map_like_a_shell() {
+        use std::io::Error as E;
+        assert_eq!(spawn_failure_code(&E::from_raw_os_error(libc::ENOENT)), 127);
+        assert_eq!(spawn_failure_code(&E::from_raw_os_error(libc::EACCES)), 126);
+        assert_eq!(
+            spawn_failure_code(&E::from_raw_os_error(libc::ENOEXEC)),
+            126
+        );
+        assert_eq!(spawn_failure_code(&E::from_raw_os_error(libc::EAGAIN)), 70);
+    }
 }

@@ -247,10 +247,10 @@ async fn read_loop(
     let (mut reads, mut failed) = (0u64, 0u64);
     loop {
         let read = tokio::time::timeout(Duration::from_secs(10), async {
-            let names = crate::status_json(store.as_ref(), &prefix).await?;
+            let names = crate::commands::status::status_json(store.as_ref(), &prefix).await?;
             // The schedules' board apart: if it cannot be read, the names
             // still are.
-            let schedules = crate::schedules::schedules_json(&store, &prefix).await;
+            let schedules = crate::commands::schedule::schedules_json(&store, &prefix).await;
             Ok::<_, tenure::Error>((names, schedules))
         })
         .await;
@@ -788,7 +788,7 @@ async fn act(
                 "before": before,
                 "after": after,
             });
-            if let Err(e) = crate::audit(c.audit_log.as_deref(), &record) {
+            if let Err(e) = crate::audit::audit(c.audit_log.as_deref(), &record) {
                 return refuse(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     &format!("{why}; and the audit log could not be written: {e}"),
@@ -811,7 +811,7 @@ async fn act(
     if let (Some(r), Some(fields)) = (record.as_object_mut(), result.as_object()) {
         r.extend(fields.clone());
     }
-    if let Err(e) = crate::audit(c.audit_log.as_deref(), &record) {
+    if let Err(e) = crate::audit::audit(c.audit_log.as_deref(), &record) {
         // The act is done; say that its record is not.
         return refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -873,20 +873,21 @@ async fn release(c: &Console, name: &str) -> Result<Done, Refusal> {
     let after = c.store.queue(&name).await.unwrap_or_default();
     Ok((
         serde_json::json!({ "evicted_sessions": evicted }),
-        crate::entries_brief(&before),
-        crate::entries_brief(&after),
+        crate::audit::entries_brief(&before),
+        crate::audit::entries_brief(&after),
     ))
 }
 
 async fn end_session(c: &Console, tag: &str) -> Result<Done, Refusal> {
-    crate::check_session_tag(tag).map_err(|m| Refusal::from((StatusCode::BAD_REQUEST, m)))?;
-    let before = crate::session_entries(c.store.as_ref(), tag).await;
+    crate::audit::check_session_tag(tag)
+        .map_err(|m| Refusal::from((StatusCode::BAD_REQUEST, m)))?;
+    let before = crate::audit::session_entries(c.store.as_ref(), tag).await;
     let ended = match c.store.evict_session(tag).await {
         Ok(ended) => ended,
         // It may have ended the session all the same (on some nodes of a
         // Redlock, say): what was tried is audited.
         Err(e) => {
-            let after = crate::session_entries(c.store.as_ref(), tag).await;
+            let after = crate::audit::session_entries(c.store.as_ref(), tag).await;
             return Err(refusal_after_trying(e, before, after));
         }
     };
@@ -897,7 +898,7 @@ async fn end_session(c: &Console, tag: &str) -> Result<Done, Refusal> {
         )
             .into());
     }
-    let after = crate::session_entries(c.store.as_ref(), tag).await;
+    let after = crate::audit::session_entries(c.store.as_ref(), tag).await;
     Ok((serde_json::json!({ "ended": ended }), before, after))
 }
 
@@ -911,7 +912,7 @@ async fn pause_or_resume(
     // Best effort: an unreadable pause is replaced or lifted all the same.
     let before = board.paused().await.ok().flatten();
     let show = |p: &Option<tenure::Paused>| {
-        crate::schedules::record("", "", "", p, None)["before"].clone()
+        crate::commands::schedule::record("", "", "", p, None)["before"].clone()
     };
     if action == "resume" {
         let was = board.resume().await.map_err(unavailable)?;

@@ -244,6 +244,20 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
     for (w, (since, token)) in inside {
         closed.push((w, since, end, token));
     }
+    let sections = sections(closed, &last_act);
+    for (w, from) in pausing {
+        pauses.push((w, from, end));
+    }
+    count_overlaps(&mut f, history, &sections, &pauses);
+    count_recoveries(&mut f, history, holder_faults, end, recovery_bound_us);
+    f
+}
+
+/// Each critical section as `(worker, from, to)`, in order of its start.
+fn sections(
+    closed: Vec<(u32, u64, u64, u64)>,
+    last_act: &HashMap<(u32, u64), u64>,
+) -> Vec<(u32, u64, u64)> {
     // A section lasts at least until the last read or write the harness
     // applied with its token: a write sent before the worker's deadline
     // but applied after it (the writer stopped as it sent it) is an act of
@@ -255,10 +269,18 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
             (w, since, to.max(acted))
         })
         .collect();
-    for (w, from) in pausing {
-        pauses.push((w, from, end));
-    }
     sections.sort_by_key(|s| s.1);
+    sections
+}
+
+/// Counts the overlaps of sections of two workers, under a pause of one of
+/// theirs or not, and explains the first few of the latter.
+fn count_overlaps(
+    f: &mut Findings,
+    history: &[Record],
+    sections: &[(u32, u64, u64)],
+    pauses: &[(Option<u32>, u64, u64)],
+) {
     for (i, a) in sections.iter().enumerate() {
         for b in &sections[i + 1..] {
             if b.1 >= a.2 {
@@ -288,6 +310,17 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
             f.longest_overlap_ms = f.longest_overlap_ms.max((to - from) as f64 / 1000.0);
         }
     }
+}
+
+/// Measures each recovery from a fault on a holder, and counts those over
+/// the bound and those another fault cut into.
+fn count_recoveries(
+    f: &mut Findings,
+    history: &[Record],
+    holder_faults: Vec<(u32, u64, &str)>,
+    end: u64,
+    recovery_bound_us: u64,
+) {
     // Recovery: from a fault on a holder to the next grant to another
     // worker, when no other fault came in between (a paused next waiter,
     // say, holds the queue up on its own).
@@ -351,7 +384,6 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
             }
         }
     }
-    f
 }
 
 /// How many violations a report explains.

@@ -7,7 +7,9 @@ use std::time::{Duration, SystemTime};
 use clap::{Args, Subcommand};
 use tenure::{ScheduleBoard, Store};
 
-use crate::{audit, exit, Failure};
+use crate::audit::audit;
+use crate::exit::{self, Failure};
+use crate::output::escape_line;
 
 #[derive(Subcommand, Debug)]
 pub enum ScheduleCommand {
@@ -173,9 +175,9 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                 return Ok(0);
             }
             for s in all.as_array().into_iter().flatten() {
-                let text = |k: &str| crate::escape_line(s[k].as_str().unwrap_or_default());
+                let text = |k: &str| escape_line(s[k].as_str().unwrap_or_default());
                 if let Some(e) = s["error"].as_str() {
-                    outln!("{}  unreadable: {}", text("job"), crate::escape_line(e));
+                    outln!("{}  unreadable: {}", text("job"), escape_line(e));
                     continue;
                 }
                 outln!(
@@ -198,9 +200,9 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                     outln!(
                         "  last: tick {} by {} token={} {} in {:.3}s",
                         last["tick"].as_str().unwrap_or_default(),
-                        crate::escape_line(last["by"].as_str().unwrap_or_default()),
+                        escape_line(last["by"].as_str().unwrap_or_default()),
                         last["token"],
-                        crate::escape_line(last["outcome"].as_str().unwrap_or_default()),
+                        escape_line(last["outcome"].as_str().unwrap_or_default()),
                         last["seconds"].as_f64().unwrap_or_default(),
                     );
                 }
@@ -208,9 +210,9 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                 if !p.is_null() {
                     outln!(
                         "  paused by {} until {}: {}",
-                        crate::escape_line(p["by"].as_str().unwrap_or_default()),
+                        escape_line(p["by"].as_str().unwrap_or_default()),
                         p["until"].as_str().unwrap_or("resumed"),
-                        crate::escape_line(p["reason"].as_str().unwrap_or_default()),
+                        escape_line(p["reason"].as_str().unwrap_or_default()),
                     );
                 }
             }

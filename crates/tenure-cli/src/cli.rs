@@ -1,0 +1,184 @@
+//! The command line's shape: the top-level [`Cli`], the [`Command`] list
+//! with each subcommand's help, and the options several subcommands share.
+//!
+//! One rule for arguments: a subcommand's own argument types live in the
+//! file that runs it (`commands/<name>.rs`, or the `console` and `torture`
+//! modules for the subcommands big enough to have their own); this file
+//! holds only what is not one subcommand's.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::commands::{
+    cell::CellCommand, completions::CompletionsArgs, cron::CronArgs, elect::ElectArgs,
+    fence::FenceArgs, leader::LeaderArgs, lock::LockArgs, release::ReleaseArgs,
+    schedule::ScheduleCommand, status::StatusArgs,
+};
+use crate::exit::EXIT_CODES;
+use crate::{console, torture};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tenure",
+    version,
+    about = "Distributed locks and leader election on the stores you already run",
+    long_about = "Distributed locks and leader election on the stores you already run.\n\n\
+                  The store is --store, else $TENURE_STORE, else an SQLite file in your state \
+                  directory ($XDG_STATE_HOME/tenure/tenure.db or ~/.local/state/tenure/tenure.db), \
+                  shared by every process on this machine.",
+    after_help = EXIT_CODES
+)]
+pub(crate) struct Cli {
+    /// Store URL: sqlite:///path.db, memory://, postgres://…, mysql://…, redis://…, redlock://…, etcd://…, zk://… (TLS: rediss://, redlocks://, etcds://, zks://, postgres ?sslmode=, mysql ?ssl-mode=)
+    #[arg(long, global = true, env = "TENURE_STORE", hide_env_values = true)]
+    pub(crate) store: Option<String>,
+
+    /// Log what tenure does (to stderr); repeat for more.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub(crate) verbose: u8,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Run a command while holding a lock.
+    #[command(
+        after_help = "Example:\n  tenure lock nightly-report --ttl 15s -- ./report.sh\n\n\
+        The command gets TENURE_LOCK=<name> and TENURE_FENCE=<token> in its environment and runs\n\
+        in its own process group under a small supervisor process (tenure itself, re-run). If no\n\
+        renewal is confirmed, the group gets SIGTERM --kill-grace before the lease's local deadline\n\
+        and SIGKILL at it, so the command is stopped before the store can grant the lock to anyone\n\
+        else; tenure then exits 79. The supervisor does this even if tenure itself is stopped, and\n\
+        kills the group at once if tenure dies. SIGINT, SIGTERM and SIGHUP sent to tenure are passed\n\
+        on to the command; a second SIGINT within 3 s kills the group (SIGKILL). The lock is\n\
+        released only once nothing of the group is left."
+    )]
+    Lock(LockArgs),
+    /// Campaign for leadership; hold it until stopped, or run a command while leader.
+    #[command(
+        after_help = "Examples:\n  tenure elect scheduler --value \"$(hostname)\"\n  \
+        tenure elect scheduler -- ./run-scheduler\n\n\
+        Without a command, prints `elected <token>` once leader and holds leadership until\n\
+        SIGINT or SIGTERM, then resigns. With a command, runs it only while leader, with the\n\
+        same lease-loss handling as `tenure lock`."
+    )]
+    Elect(ElectArgs),
+    /// Show the current leader of an election.
+    #[command(
+        after_help = "Example:\n  tenure leader scheduler --watch\n\nExits 3 when nobody leads (without --watch)."
+    )]
+    Leader(LeaderArgs),
+    /// List names with their holders and waiters in queue order.
+    #[command(after_help = "Example:\n  tenure status nightly- --json")]
+    Status(StatusArgs),
+    /// Evict the holders of a name, or one session (administrators only).
+    #[command(after_help = "Examples:\n  tenure release nightly-report --force\n  \
+        tenure release --session 3f2a9c01b7de --force --reason 'stuck worker'\n\n\
+        This ends the sessions that hold the name, and everything else they hold. The evicted\n\
+        holder learns of it only at its next renewal, so for a moment two holders may both\n\
+        believe they hold the lock: safe only if the protected resource checks fencing tokens.")]
+    Release(ReleaseArgs),
+    /// Run a command on a cron schedule across instances: once per tick, or only on the leader.
+    #[command(
+        after_help = "Examples:\n  tenure cron '0 */5 * * * *' cleanup -- ./cleanup.sh\n  \
+        tenure cron '30 2 * * *' nightly --mode leader --tz Europe/Berlin -- ./nightly.sh\n\n\
+        SCHEDULE has six fields (sec min hour day month weekday) or the classic five (at second 0).\n\
+        Each tick runs at most once across every instance sharing the store (per-tick mode), or\n\
+        only on the elected leader (leader mode). The command gets TENURE_JOB, TENURE_TICK (Unix\n\
+        seconds), TENURE_TICK_AT (RFC 3339, in the --tz zone) and, in leader mode, TENURE_FENCE.\n\
+        A run is killed (its whole process group) after --at-most, when the lease is lost, or if\n\
+        tenure dies. SIGINT/SIGTERM stop the schedule; a run in progress gets the signal and is\n\
+        waited for (a second SIGINT within 3 s kills it). A schedule that never fires, or a\n\
+        command that cannot be found (127) or run (126), is refused at start."
+    )]
+    Cron(CronArgs),
+    /// Check a fencing token against a fence kept by the store.
+    #[command(after_help = "Example, in a job under `tenure lock printer`:\n  \
+        tenure fence printer \"$TENURE_FENCE\" && ./print.sh\n\n\
+        Admits TOKEN if it is at least the highest token the fence has admitted, and records it;\n\
+        prints `admitted` or `stale`, the token and the highest. Exits 0 when admitted, 75 when\n\
+        stale: a later holder of the lock has used the fence, so this holder may have lost the lock.")]
+    Fence(FenceArgs),
+    /// Serve a live web page of the store's locks, elections and sessions, with an HTTP API.
+    #[command(
+        after_help = "Example:\n  tenure console --store postgres://… --listen 127.0.0.1:9480\n\n\
+        Open http://127.0.0.1:9480/ in a browser. The page follows the store live (server-sent\n\
+        events from /api/events); /api/status is `tenure status --json`, /metrics is Prometheus\n\
+        text of the store-wide view. Read-only unless started with --admin-token-file: then a\n\
+        holder can be force-released (a leader made to step down) from the page, after typing the\n\
+        name again and a reason; every such action is appended to --audit-log. Loopback only\n\
+        unless a token is set."
+    )]
+    Console(console::ConsoleArgs),
+    /// Read, write or delete a cell: a small value with a version, written by compare-and-set.
+    #[command(subcommand)]
+    Cell(CellCommand),
+    /// List schedules, or pause and resume one on every instance.
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
+    /// Contend for one lock from many worker processes while injecting faults, and check the history.
+    #[command(
+        after_help = "Example:\n  tenure torture --store postgres://… --clients 6 --duration 2m --report torture.json\n\n\
+        Workers (this binary, as processes) loop: lock, read a fenced register with the token, a\n\
+        random critical section, write it one higher, release. The harness kills (SIGKILL) and\n\
+        pauses (SIGSTOP for 1.5-3 TTLs, some between a read and its write) the holder, keeps the\n\
+        fenced register and an unfenced twin, and checks the whole history: lost acknowledged\n\
+        writes, tokens that go back or repeat, a lower token accepted, overlaps with no pause in\n\
+        force, recovery within TTL + one renew interval, names left behind. Names are under\n\
+        tenure-torture/<run>/. Exit 0 pass, 1 safety violation, 2 liveness or leak failure."
+    )]
+    Torture(torture::TortureArgs),
+    /// One worker of `tenure torture` (run by it).
+    #[command(hide = true)]
+    TortureWorker(torture::WorkerArgs),
+    /// Show what each built-in backend can do.
+    #[command(after_help = "Example:\n  tenure backends --json")]
+    Backends(JsonArg),
+    /// Print a completion script for a shell.
+    #[command(after_help = "Examples:\n  \
+        tenure completions bash > ~/.local/share/bash-completion/completions/tenure\n  \
+        tenure completions zsh > \"${fpath[1]}/_tenure\"\n  \
+        tenure completions fish > ~/.config/fish/completions/tenure.fish")]
+    Completions(CompletionsArgs),
+    /// Print the manual page, tenure(1), as roff.
+    #[command(after_help = "Example:\n  tenure man > tenure.1 && man ./tenure.1")]
+    Man,
+}
+
+/// The lease options of `lock` and `elect`.
+#[derive(Args, Debug)]
+pub(crate) struct LeaseArgs {
+    /// Session TTL: how long the store keeps the lease without renewal.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub(crate) ttl: Duration,
+    /// Time between SIGTERM and SIGKILL when the lease is at risk (default: TTL/6).
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) kill_grace: Option<Duration>,
+}
+
+/// `--metrics ADDR`, of the subcommands that run a while (`lock`, `elect`,
+/// `cron`).
+#[derive(Args, Debug, Default)]
+pub(crate) struct MetricsArg {
+    /// Serve this process's metrics (Prometheus text) at http://ADDR/metrics
+    /// while it runs, such as 127.0.0.1:9481 (port 0: any; the address is
+    /// printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
+}
+
+/// `--json` alone.
+#[derive(Args, Debug)]
+pub(crate) struct JsonArg {
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// A duration on the command line, such as `15s`.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15s, 2m)"))
+}

@@ -1,0 +1,81 @@
+//! `tenure elect NAME [-- COMMAND]`: campaign for leadership; hold it, or
+//! run a command while leader.
+
+use std::sync::Arc;
+
+use clap::Args;
+use tenure::{Election, Store};
+
+use super::lease::{bounded_close, check_ttl, finish, open_session};
+use crate::child;
+use crate::cli::{LeaseArgs, MetricsArg};
+use crate::exit::{self, Failure};
+
+#[derive(Args, Debug)]
+pub(crate) struct ElectArgs {
+    /// The election's name.
+    name: String,
+    /// The value to lead with (default: host:pid).
+    #[arg(long)]
+    value: Option<String>,
+    #[command(flatten)]
+    lease: LeaseArgs,
+    #[command(flatten)]
+    pub(super) metrics: MetricsArg,
+    /// A command to run only while leader.
+    #[arg(last = true, num_args = 0..)]
+    command: Vec<String>,
+}
+
+/// Checks the TTL and the command, if any, before the store is opened.
+pub(super) fn validate(args: &ElectArgs) -> Result<(), Failure> {
+    check_ttl(args.lease.ttl)?;
+    if args.command.is_empty() {
+        Ok(())
+    } else {
+        child::check_command(&args.command)
+    }
+}
+
+pub(super) async fn run(store: Arc<dyn Store>, args: ElectArgs) -> Result<u8, Failure> {
+    let (session, grace) = open_session(&store, &args.lease).await?;
+    let election = Election::new(&session, &args.name)?;
+    let value = args.value.clone().unwrap_or_else(tenure::default_label);
+    let mut signals = child::Signals::new()?;
+    let term = tokio::select! {
+        term = election.campaign(value.clone()) => term?,
+        signal = signals.recv() => {
+            let _ = session.close().await;
+            return Ok(128 + signal as u8);
+        }
+    };
+    tracing::info!(name = %args.name, token = term.token(), "elected");
+    if args.command.is_empty() {
+        outln!("elected {}", term.token());
+        let lost = term.lost();
+        tokio::select! {
+            reason = lost => {
+                return Err(Failure::new(exit::LEASE_LOST, format!("leadership lost: {reason}")));
+            }
+            _ = signals.recv() => {}
+        }
+        let _ = term.resign().await;
+        let _ = session.close().await;
+        return Ok(0);
+    }
+    let env = [
+        ("TENURE_ELECTION", args.name.clone()),
+        ("TENURE_FENCE", term.token().to_string()),
+        ("TENURE_LEADER_VALUE", value),
+    ];
+    let outcome =
+        match child::run_while_held(&args.command, &env, &session, grace, &mut signals).await {
+            Ok(outcome) => outcome,
+            Err(f) => {
+                let _ = term.resign().await;
+                let _ = bounded_close(&session).await;
+                return Err(f);
+            }
+        };
+    finish(outcome, term.resign(), &session).await
+}

@@ -1,0 +1,103 @@
+//! `tenure lock NAME -- COMMAND`: run a command while holding a lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tenure::{Error, Mutex, Store};
+
+use super::lease::{bounded_close, check_ttl, finish, open_session};
+use crate::child;
+use crate::cli::{parse_duration, LeaseArgs, MetricsArg};
+use crate::exit::{self, Failure};
+
+#[derive(Args, Debug)]
+pub(crate) struct LockArgs {
+    /// The lock's name.
+    name: String,
+    #[command(flatten)]
+    lease: LeaseArgs,
+    #[command(flatten)]
+    pub(super) metrics: MetricsArg,
+    /// Give up after waiting this long (exit 75).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Give up at once if the lock is held (exit 75).
+    #[arg(long)]
+    no_wait: bool,
+    /// Wait without a place in the queue: whoever asks first after a
+    /// release wins (the lock is the same as the fair one of its name).
+    #[arg(long)]
+    unfair: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+/// Checks the TTL and the command before the store is opened.
+pub(super) fn validate(args: &LockArgs) -> Result<(), Failure> {
+    check_ttl(args.lease.ttl)?;
+    child::check_command(&args.command)
+}
+
+pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
+    let (session, grace) = open_session(&store, &args.lease).await?;
+    let mutex = Mutex::new(&session, &args.name)?.fair(!args.unfair);
+    let mut signals = child::Signals::new()?;
+    let acquire = async {
+        if args.no_wait {
+            mutex.try_lock().await
+        } else if let Some(wait) = args.wait {
+            match mutex.lock_timeout(wait).await {
+                Err(Error::Timeout(_)) => Ok(None),
+                other => other.map(Some),
+            }
+        } else {
+            mutex.lock().await.map(Some)
+        }
+    };
+    let guard = tokio::select! {
+        acquired = acquire => acquired,
+        signal = signals.recv() => {
+            let _ = session.close().await;
+            return Ok(128 + signal as u8);
+        }
+    };
+    let guard = match guard {
+        Ok(Some(guard)) => guard,
+        Ok(None) => {
+            let _ = session.close().await;
+            let when = match args.wait {
+                Some(wait) => format!("within {}", humantime::format_duration(wait)),
+                None => "at once (--no-wait)".to_string(),
+            };
+            return Err(Failure::new(
+                exit::NOT_ACQUIRED,
+                format!(
+                    "lock {:?} is held by another session; not acquired {when}",
+                    args.name
+                ),
+            ));
+        }
+        Err(e) => {
+            let _ = bounded_close(&session).await;
+            return Err(e.into());
+        }
+    };
+    tracing::info!(name = %args.name, token = guard.token(), "lock acquired");
+    let env = [
+        ("TENURE_LOCK", args.name.clone()),
+        ("TENURE_FENCE", guard.token().to_string()),
+    ];
+    let outcome =
+        match child::run_while_held(&args.command, &env, &session, grace, &mut signals).await {
+            Ok(outcome) => outcome,
+            Err(f) => {
+                // Release now: a runtime shutting down would not run a drop's release.
+                let _ = guard.release().await;
+                let _ = bounded_close(&session).await;
+                return Err(f);
+            }
+        };
+    finish(outcome, guard.release(), &session).await
+}

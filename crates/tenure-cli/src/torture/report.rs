@@ -1,0 +1,182 @@
+//! What a run tells: the summary, the report (JSON), the history (JSON
+//! lines), and a saved history checked again.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::check::{self, Findings, Op, Record};
+
+/// Checks a saved history again; with `report`, writes the findings there
+/// (JSON).
+pub(super) fn recheck(
+    path: &std::path::Path,
+    ttl: Duration,
+    report: Option<&std::path::Path>,
+) -> Result<u8, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut history = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let record: Record = serde_json::from_str(line)
+            .map_err(|e| format!("{}:{}: not a history line: {e}", path.display(), i + 1))?;
+        history.push(record);
+    }
+    history.sort_by_key(|r| r.at_us);
+    let findings = check::check(&history, bound(ttl).as_micros() as u64);
+    let code = if findings.unsafe_run() {
+        1
+    } else if findings.slow_recoveries > 0 {
+        2
+    } else {
+        0
+    };
+    let verdict = ["pass", "safety violation", "liveness failure"][code as usize];
+    print_summary(&findings, 0, ttl, verdict);
+    if let Some(out) = report {
+        let kinds: std::collections::BTreeSet<&str> = history
+            .iter()
+            .filter_map(|r| match &r.op {
+                Op::FaultStart { fault } => Some(fault.as_str()),
+                _ => None,
+            })
+            .collect();
+        let json = serde_json::json!({
+            "checked_history": path.display().to_string(),
+            "fault_kinds": kinds,
+            "ttl_ms": ttl.as_millis() as u64,
+            "recovery_bound_ms": bound(ttl).as_millis() as u64,
+            "findings": findings,
+            "verdict": verdict,
+        });
+        let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+        std::fs::write(out, text).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    }
+    Ok(code)
+}
+
+/// The report, as JSON.
+#[derive(Serialize)]
+pub(super) struct Report {
+    pub(super) store: String,
+    pub(super) seed: u64,
+    pub(super) clients: u32,
+    pub(super) ttl_ms: u64,
+    pub(super) faults: Vec<String>,
+    /// SQLite's `clock`: how far worker 0's CLOCK_BOOTTIME runs ahead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) worker_0_boottime_ahead_s: Option<u32>,
+    pub(super) fault_interval_ms: u64,
+    /// Whether a `--nemesis-exec` fault took turns (its command is not
+    /// shown: it may hold secrets).
+    pub(super) nemesis: bool,
+    pub(super) recovery_bound_ms: u64,
+    pub(super) findings: Findings,
+    pub(super) leaked_names: usize,
+    pub(super) verdict: &'static str,
+}
+
+/// Writes the history as JSON lines, to be checked again later.
+pub(super) fn write_history(path: &std::path::Path, history: &[Record]) -> Result<(), String> {
+    let mut out = String::new();
+    for r in history {
+        out.push_str(&serde_json::to_string(r).map_err(|e| e.to_string())?);
+        out.push('\n');
+    }
+    std::fs::write(path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The longest a fault on a holder may keep the lock from everyone else:
+/// its TTL and one renew interval, the watchers' 1 % and 10 ms, and a
+/// second for processes to start and stores to answer under load.
+pub(super) fn bound(ttl: Duration) -> Duration {
+    ttl + ttl / 3 + ttl / 100 + Duration::from_millis(10) + Duration::from_secs(1)
+}
+
+pub(super) fn violations(f: &Findings) -> usize {
+    f.fenced_lost_writes
+        + f.fenced_lower_token_accepted
+        + f.duplicate_tokens
+        + f.tokens_backwards
+        + f.overlaps_unpaused
+}
+
+pub(super) fn print_summary(f: &Findings, leaked: usize, ttl: Duration, verdict: &str) {
+    let rows: Vec<(&str, String, &str)> = vec![
+        ("grants", f.grants.to_string(), ""),
+        ("faults injected", f.faults.to_string(), ""),
+        (
+            "fenced: lost acknowledged writes",
+            f.fenced_lost_writes.to_string(),
+            "must be 0",
+        ),
+        (
+            "fenced: lower token accepted",
+            f.fenced_lower_token_accepted.to_string(),
+            "must be 0",
+        ),
+        (
+            "duplicate tokens",
+            f.duplicate_tokens.to_string(),
+            "must be 0",
+        ),
+        (
+            "tokens backwards",
+            f.tokens_backwards.to_string(),
+            "must be 0",
+        ),
+        (
+            "overlaps, no pause in force",
+            f.overlaps_unpaused.to_string(),
+            "must be 0",
+        ),
+        (
+            "overlaps under a pause",
+            f.overlaps_paused.to_string(),
+            "expected",
+        ),
+        (
+            "longest overlap (ms)",
+            format!("{:.1}", f.longest_overlap_ms),
+            "",
+        ),
+        (
+            "fenced: late writes refused",
+            f.fenced_refusals.to_string(),
+            "",
+        ),
+        (
+            "unfenced twin: lost writes",
+            f.twin_lost_writes.to_string(),
+            "the control",
+        ),
+        (
+            "worst recovery (ms)",
+            format!("{:.0}", f.worst_recovery_ms),
+            "",
+        ),
+        (
+            "recoveries over the bound",
+            f.slow_recoveries.to_string(),
+            "must be 0",
+        ),
+        (
+            "faults during another's recovery",
+            f.compound_faults.to_string(),
+            "not bounded",
+        ),
+        ("names left in the store", leaked.to_string(), "must be 0"),
+    ];
+    outln!("torture: TTL {ttl:?}, recovery bound {:?}", bound(ttl));
+    for (what, figure, rule) in rows {
+        outln!("  {what:<36} {figure:>8}  {rule}");
+    }
+    for told in &f.explained {
+        outln!("  overlap: {told}");
+    }
+    outln!("verdict: {verdict}");
+}
