@@ -297,19 +297,12 @@ fn backends_lists_the_capability_matrix() {
         .iter()
         .map(|b| b["backend"].as_str().unwrap())
         .collect();
-    // Exactly the backends this build's features name: the default build
-    // has all eight (etcd needs no protoc).
-    let built = [
-        ("memory", true),
-        ("sqlite", cfg!(feature = "sqlite")),
-        ("redis", cfg!(feature = "redis")),
-        ("redlock", cfg!(feature = "redlock")),
-        ("postgres", cfg!(feature = "postgres")),
-        ("mysql", cfg!(feature = "mysql")),
-        ("etcd", cfg!(feature = "etcd")),
-        ("zookeeper", cfg!(feature = "zookeeper")),
-    ];
-    let mut expected: Vec<&str> = built.iter().filter(|b| b.1).map(|b| b.0).collect();
+    // Exactly the backends of the table of stores that this build has.
+    let mut expected: Vec<&str> = tenure_testkit::stores::STORES
+        .iter()
+        .filter(|s| s.is_built_in())
+        .map(|s| s.backend)
+        .collect();
     let mut names = names;
     expected.sort_unstable();
     names.sort_unstable();
@@ -366,16 +359,12 @@ fn the_default_build_has_every_backend() {
         .lines()
         .find(|l| l.starts_with("default = ["))
         .expect("a default feature list");
-    for feature in [
-        "sqlite",
-        "redis",
-        "redlock",
-        "postgres",
-        "mysql",
-        "etcd",
-        "zookeeper",
-        "tls",
-    ] {
+    let features = tenure_testkit::stores::STORES
+        .iter()
+        .map(|s| s.feature())
+        .filter(|f| !f.is_empty())
+        .chain(["tls"]);
+    for feature in features {
         assert!(
             default.contains(&format!("\"{feature}\"")),
             "{feature} missing from {default}"
@@ -548,13 +537,9 @@ fn every_backend_refuses_an_unknown_url_option_with_64() {
         .collect();
     assert!(names.len() >= 7, "{names:?}");
     for name in names {
-        let url = match name.as_str() {
-            "memory" => "memory://?bogus=1".to_string(),
-            "sqlite" => format!("sqlite://{}?bogus=1", env.path("b.db").display()),
-            "redlock" => "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1".into(),
-            "zookeeper" => "zk://u:hunter2@127.0.0.1:1?bogus=1".into(),
-            other => format!("{other}://u:hunter2@127.0.0.1:1/db?bogus=1"),
-        };
+        let store = tenure_testkit::stores::store(&name)
+            .unwrap_or_else(|| panic!("{name} is not in the table of stores"));
+        let url = (store.bad_option_url)(&env.path("b"));
         let started = Instant::now();
         let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
             .args(["--store", &url, "status"])
@@ -1106,7 +1091,7 @@ fn forty_bad_inputs_exit_64_with_a_message_and_no_secret() {
             args.iter().map(|a| a.to_string()).collect(),
         )
     };
-    let cases = vec![
+    let mut cases = vec![
         // Names.
         on(&sqlite, &["lock", "", "--", "true"]),
         on(&sqlite, &["lock", "a\nb", "--", "true"]),
@@ -1139,16 +1124,7 @@ fn forty_bad_inputs_exit_64_with_a_message_and_no_secret() {
         // Store URLs, with credentials that must never be shown.
         on("", &["status"]),
         on("ftp://u:hunter2@host/x", &["status"]),
-        on("redis://u:hunter2@127.0.0.1:1/0?bogus=1", &["status"]),
         on("etcd://bob:hunter2@db", &["status"]),
-        on("zk://u:hunter2@127.0.0.1:1?bogus=1", &["status"]),
-        on("postgres://u:hunter2@127.0.0.1:1/db?bogus=1", &["status"]),
-        on("mysql://u:hunter2@127.0.0.1:1/db?bogus=1", &["status"]),
-        on(
-            "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1",
-            &["status"],
-        ),
-        on(&format!("{sqlite}?bogus=1"), &["status"]),
         on("memory://somewhere", &["status"]),
         // Tokens.
         on(&sqlite, &["fence", "printer", "abc"]),
@@ -1192,6 +1168,10 @@ fn forty_bad_inputs_exit_64_with_a_message_and_no_secret() {
         // A network fault on a store without a network.
         on(&sqlite, &["torture", "--faults", "partition"]),
     ];
+    // Every store's URL with an option none takes, and a password.
+    for store in tenure_testkit::stores::STORES {
+        cases.push(on(&(store.bad_option_url)(&env.path("b")), &["status"]));
+    }
     assert!(cases.len() >= 40, "{} cases", cases.len());
     for (store, args) in &cases {
         let started = Instant::now();

@@ -1,11 +1,13 @@
 //! Differential test: random operation sequences on the reference backend
-//! (memory) and on SQLite must give the same answers and the same grants.
+//! (memory) and on every other store of the test kit's table must give the
+//! same answers and the same grants.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::store::{JoinMode, JoinRequest, SessionKey, SessionSpec};
 use tenure::{EntryKind, Error, Name, Store};
+use tenure_testkit::stores::{StoreFixture, STORES};
 
 /// A small deterministic generator (xorshift64*), so a failure names its seed.
 struct Rng(u64);
@@ -198,102 +200,42 @@ async fn run(seed: u64, steps: usize, other_url: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_and_sqlite_agree() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("diff.db").display());
-    for seed in 1..=12u64 {
-        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &url).await;
-    }
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_and_redis_agree() {
-    let Some(server) = tenure_testkit::RedisServer::start_or_skip() else {
-        return;
-    };
-    for seed in 1..=12u64 {
-        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
-    }
-}
-
-#[cfg(feature = "redlock")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_and_redlock_agree() {
-    let servers: Option<Vec<_>> = (0..3)
-        .map(|_| tenure_testkit::RedisServer::start_or_skip())
+/// One test per store of the test kit's table that this build has, each
+/// compared with memory, the reference.
+fn main() {
+    let args = libtest_mimic::Arguments::from_args();
+    let trials = STORES
+        .iter()
+        .filter(|store| store.backend != "memory")
+        .filter(|store| store.is_built_in())
+        .map(|store| {
+            libtest_mimic::Trial::test(format!("memory_and_{}_agree", store.backend), || {
+                compare_with_memory(store);
+                Ok(())
+            })
+        })
         .collect();
-    let Some(servers) = servers else { return };
-    let url = tenure_testkit::RedisServer::redlock_url(&servers);
-    for seed in 1..=8u64 {
-        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &url).await;
-    }
+    libtest_mimic::run(&args, trials).exit();
 }
 
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_and_postgres_agree() {
-    let Some(server) = tenure_testkit::PostgresServer::start_or_skip() else {
+fn compare_with_memory(store: &StoreFixture) {
+    assert!(
+        store.differential_seeds > 0,
+        "{}: the table of stores gives no differential seeds",
+        store.backend
+    );
+    let Some(running) = (store.start)() else {
+        eprintln!("SKIPPED: {}: server not installed", store.backend);
         return;
     };
-    for seed in 1..=8u64 {
-        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
-    }
-}
-
-#[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_and_mysql_agree() {
-    let Some(server) = tenure_testkit::MariaDbServer::start_or_skip() else {
-        return;
-    };
-    for seed in 1..=8u64 {
-        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
-    }
-}
-
-#[cfg(feature = "etcd")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_and_etcd_agree() {
-    let Some(server) = tenure_testkit::EtcdCluster::start_or_skip(1) else {
-        return;
-    };
-    for seed in 1..=6u64 {
-        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
-    }
-}
-
-#[cfg(feature = "zookeeper")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_and_zookeeper_agree() {
-    let Some(server) = tenure_testkit::ZkEnsemble::start_or_skip(1) else {
-        return;
-    };
-    for seed in 1..=6u64 {
-        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &server.url()).await;
-    }
-}
-
-/// Every backend of the table that this build has is compared with memory
-/// above: a backend added to the table without a comparison fails here.
-#[test]
-fn every_built_in_backend_is_compared() {
-    const COMPARED: [&str; 8] = [
-        "memory",
-        "sqlite",
-        "redis",
-        "redlock",
-        "postgres",
-        "mysql",
-        "etcd",
-        "zookeeper",
-    ];
-    for backend in tenure::backends().iter().filter(|b| b.is_built_in()) {
-        assert!(
-            COMPARED.contains(&backend.name),
-            "{} has no differential test",
-            backend.name
-        );
-    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        for seed in 1..=store.differential_seeds {
+            run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 150, &running.url).await;
+        }
+    });
 }
