@@ -1751,7 +1751,7 @@ impl Store for EtcdStore {
                         if resp.canceled() {
                             break;
                         }
-                        let deleted = |ev: &&rpc::pb::Event| {
+                        let deleted = |ev: &&rpc::Event| {
                             ev.event_type() == EventType::Delete
                                 && ev.kv().is_some_and(|kv| {
                                     kv.key() == own.as_slice()
