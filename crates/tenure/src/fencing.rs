@@ -202,7 +202,7 @@ pub mod sqlite {
     }
 
     /// Admits `token` for `fence` inside `tx`, or fails with
-    /// [`Error::StaleToken`](crate::Error::StaleToken) (drop `tx` then, which
+    /// [`Error::StaleToken`] (drop `tx` then, which
     /// rolls it back).
     pub fn admit(tx: &rusqlite::Transaction<'_>, fence: &Name, token: u64) -> Result<()> {
         let admitted: Option<i64> = tx

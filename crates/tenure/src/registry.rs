@@ -1,50 +1,17 @@
 //! URL → backend, in one table.
 //!
 //! Every backend is one row of [`backends`]: its schemes, its cargo feature,
-//! the options its URL takes, its capabilities and its opener. [`open`],
-//! [`builtin_backends`], `tenure backends`, the differential test and the
-//! bench all read this table, so adding a backend is its module plus one row.
+//! the options its URL takes, its capabilities and its opener. The rows are
+//! written in `backend/mod.rs`, where each row also declares its store's
+//! module; [`open`], [`builtin_backends`] and `tenure backends` read them.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::backend::url::{StoreUrl, UrlRules};
+use crate::backend::url::StoreUrl;
 use crate::error::{Error, Result};
 use crate::store::{Capabilities, Store};
 
-type Opening = Pin<Box<dyn Future<Output = Result<Arc<dyn Store>>> + Send>>;
-
-/// One backend: how URLs name it and, when built in, how to open it.
-#[derive(Clone, Copy)]
-pub struct Backend {
-    /// The backend's name, as [`Capabilities::backend`] gives it.
-    pub name: &'static str,
-    /// The URL schemes that pick it; the first is the usual one.
-    pub schemes: &'static [&'static str],
-    /// The cargo feature of the `tenure` crate that builds it in.
-    pub feature: &'static str,
-    /// An example URL.
-    pub example: &'static str,
-    built: Option<Built>,
-}
-
-#[derive(Clone, Copy)]
-struct Built {
-    capabilities: fn() -> Capabilities,
-    url: &'static UrlRules,
-    open: fn(StoreUrl) -> Opening,
-}
-
-impl std::fmt::Debug for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Backend")
-            .field("name", &self.name)
-            .field("schemes", &self.schemes)
-            .field("built_in", &self.is_built_in())
-            .finish()
-    }
-}
+pub use crate::backend::Backend;
 
 impl Backend {
     /// Whether this build includes the backend.
@@ -82,103 +49,10 @@ impl Backend {
     }
 }
 
-/// One row of the table; the opener, URL rules and capabilities exist only
-/// when the backend's cargo feature is on.
-macro_rules! backend {
-    ($name:literal, $feature:literal, [$($scheme:literal),+], $example:literal, $module:ident :: $store:ident) => {
-        Backend {
-            name: $name,
-            schemes: &[$($scheme),+],
-            feature: $feature,
-            example: $example,
-            #[cfg(feature = $feature)]
-            built: Some(Built {
-                capabilities: crate::backend::$module::capabilities,
-                url: &crate::backend::$module::URL,
-                open: |url| {
-                    Box::pin(async move {
-                        let store = crate::backend::$module::$store::open_url(url).await?;
-                        Ok(Arc::new(store) as Arc<dyn Store>)
-                    })
-                },
-            }),
-            #[cfg(not(feature = $feature))]
-            built: None,
-        }
-    };
-}
-
 /// The backends tenure knows, built in or not, in the order `tenure
-/// backends` shows them.
+/// backends` shows them: the table of stores in `backend/mod.rs`.
 pub fn backends() -> &'static [Backend] {
-    static BACKENDS: &[Backend] = &[
-        Backend {
-            name: "memory",
-            schemes: &["memory", "mem"],
-            feature: "",
-            example: "memory://",
-            built: Some(Built {
-                capabilities: crate::backend::memory::capabilities,
-                url: &crate::backend::memory::URL,
-                open: |url| {
-                    Box::pin(async move {
-                        let store = crate::backend::memory::MemoryStore::open_url(url)?;
-                        Ok(Arc::new(store) as Arc<dyn Store>)
-                    })
-                },
-            }),
-        },
-        backend!(
-            "sqlite",
-            "sqlite",
-            ["sqlite"],
-            "sqlite:///var/lib/app/locks.db",
-            sqlite::SqliteStore
-        ),
-        backend!(
-            "redis",
-            "redis",
-            ["redis", "rediss"],
-            "redis://:password@host:6379/0",
-            redis::RedisStore
-        ),
-        backend!(
-            "redlock",
-            "redlock",
-            ["redlock", "redlocks"],
-            "redlock://h1:6379,h2:6379,h3:6379",
-            redlock::RedlockStore
-        ),
-        backend!(
-            "etcd",
-            "etcd",
-            ["etcd", "etcds"],
-            "etcd://host:2379,host:2379",
-            etcd::EtcdStore
-        ),
-        backend!(
-            "zookeeper",
-            "zookeeper",
-            ["zk", "zookeeper", "zks"],
-            "zk://host:2181,host:2181/app",
-            zookeeper::ZkStore
-        ),
-        backend!(
-            "postgres",
-            "postgres",
-            ["postgres", "postgresql"],
-            "postgres://user:password@host:5432/db",
-            postgres::PostgresStore
-        ),
-        backend!(
-            "mysql",
-            "mysql",
-            ["mysql", "mariadb"],
-            "mysql://user:password@host:3306/db",
-            mysql::MysqlStore
-        ),
-    ];
-    BACKENDS
+    crate::backend::STORES
 }
 
 /// The backend a URL's scheme names.

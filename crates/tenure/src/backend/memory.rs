@@ -1,3 +1,7 @@
+#![doc = include_str!("../../../../docs/stores/memory.md")]
+//!
+//! # How this backend is built
+//!
 //! `memory://`: the reference backend, in this process only.
 //!
 //! Every other backend is compared with this one. State sits behind one mutex;

@@ -2,18 +2,6 @@
 
 // The shared helpers serve several backends each; with some features off,
 // parts of them go unused (the full build, which CI lints, uses them all).
-#![cfg_attr(
-    not(all(
-        feature = "sqlite",
-        feature = "redis",
-        feature = "redlock",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "etcd",
-        feature = "zookeeper"
-    )),
-    allow(dead_code)
-)]
 
 /// `Debug` for a store: its type and the named fields of its `inner` (the
 /// URL is kept with its password masked).
@@ -30,24 +18,25 @@ macro_rules! store_debug {
     };
 }
 
-mod codec;
-#[cfg(feature = "etcd")]
-pub mod etcd;
-pub mod memory;
-#[cfg(feature = "mysql")]
-pub mod mysql;
-mod poll;
-#[cfg(feature = "postgres")]
-pub mod postgres;
-#[cfg(feature = "redis")]
-pub mod redis;
-#[cfg(feature = "redlock")]
-pub mod redlock;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub mod sql;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
-#[cfg(feature = "zookeeper")]
-pub mod zookeeper;
+#[macro_use]
+mod table;
 
-pub mod url;
+pub use table::Backend;
+
+stores! {
+    shared {
+        mod codec;
+        mod poll;
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        pub mod sql;
+        pub mod url;
+    }
+    always { memory: "memory", ["memory", "mem"], "memory://", MemoryStore }
+    sqlite: "sqlite", "sqlite", ["sqlite"], "sqlite:///var/lib/app/locks.db", SqliteStore;
+    redis: "redis", "redis", ["redis", "rediss"], "redis://:password@host:6379/0", RedisStore;
+    redlock: "redlock", "redlock", ["redlock", "redlocks"], "redlock://h1:6379,h2:6379,h3:6379", RedlockStore;
+    etcd: "etcd", "etcd", ["etcd", "etcds"], "etcd://host:2379,host:2379", EtcdStore;
+    zookeeper: "zookeeper", "zookeeper", ["zk", "zookeeper", "zks"], "zk://host:2181,host:2181/app", ZkStore;
+    postgres: "postgres", "postgres", ["postgres", "postgresql"], "postgres://user:password@host:5432/db", PostgresStore;
+    mysql: "mysql", "mysql", ["mysql", "mariadb"], "mysql://user:password@host:3306/db", MysqlStore;
+}

@@ -67,7 +67,7 @@ impl SessionOptions {
     }
 
     /// Whether a background task renews the lease (default: yes). Without it
-    /// the owner calls [`Session::renew`] in time, and the session is lost at
+    /// the owner calls [`Session::renew`](crate::Session::renew) in time, and the session is lost at
     /// its local deadline otherwise.
     pub fn auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;

@@ -1,3 +1,7 @@
+#![doc = include_str!("../../../../../docs/stores/etcd.md")]
+//!
+//! # How this backend is built
+//!
 //! `etcd://[user:password@]host:port[,host:port…][?prefix=NAME]`: etcd v3,
 //! the recipe of etcd's `concurrency` package over the tenure contract.
 //!

@@ -1,6 +1,9 @@
+#![doc = include_str!("../../../../../docs/stores/redis.md")]
+//!
+//! # How this backend is built
+//!
 //! `redis://[:password@]host:port/db[?prefix=NAME]`: one Lua script per
-//! operation (`EVALSHA`), so every operation is atomic, one round trip, and
-//! judged by Redis's own clock.
+//! operation (`EVALSHA`), so every operation is atomic and one round trip.
 //!
 //! All keys share the hash tag `{NAME}` (default `{tenure}`): one cluster slot,
 //! so a script may touch sessions and queues together. Waiters are woken by

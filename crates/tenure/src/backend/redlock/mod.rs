@@ -1,3 +1,7 @@
+#![doc = include_str!("../../../../../docs/stores/redlock.md")]
+//!
+//! # How this backend is built
+//!
 //! `redlock://[:password@]host:port,host:port,host:port[/db][?prefix=NAME&node_timeout=250ms]`
 //! (`redlocks://` for TLS, with `tls_ca=PATH` as for `rediss://`):
 //! Redlock over N independent Redis nodes (N odd, 3 to 15), with fencing

@@ -1,3 +1,7 @@
+#![doc = include_str!("../../../../../docs/stores/zookeeper.md")]
+//!
+//! # How this backend is built
+//!
 //! `zk://[user:password@]host:port[,host:port…][/path]`: ZooKeeper, the
 //! recipe of Curator's `InterProcessMutex` over the tenure contract.
 //! `zks://…?tls_ca=PATH` connects to the servers' secure client port over
