@@ -20,7 +20,7 @@ use rusqlite::{Connection, OpenFlags};
 /// it then finds most of the WAL written back already.
 pub(super) struct Checkpointer {
     /// Calls of the store so far: the store's own count
-    /// ([`SqliteStore::round_trips`]).
+    /// ([`SqliteStore::round_trips`](super::SqliteStore::round_trips)).
     pub(super) calls: Arc<AtomicU64>,
     /// Checkpoints the thread has made.
     pub(super) checkpoints: AtomicU64,
