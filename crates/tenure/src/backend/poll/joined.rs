@@ -10,12 +10,13 @@ use crate::error::Result;
 use crate::store::Name;
 
 /// How old a join's answer may be, at most, when a waiter takes it for its
-/// first look (see [`JoinedLook::fresh`]).
+/// first look (see [`JoinedLook::is_fresh`]).
 pub(crate) const JOINED_FRESH: Duration = Duration::from_secs(1);
 
 /// What the joins of queued entries said a waiter's first look would, by
-/// [`grant_key`], kept for the waiter ([`until_granted`]'s `first`): one
-/// older than [`JOINED_FRESH`] is no use ([`RecentKeys`]).
+/// [`grant_key`], kept for the waiter
+/// ([`until_granted`](super::until_granted)'s `first`): one older than
+/// [`JOINED_FRESH`] is no use ([`RecentKeys`]).
 #[derive(Clone)]
 pub(crate) struct JoinedLooks(RecentKeys<Look>);
 
@@ -55,8 +56,8 @@ impl JoinedLook {
     /// Marks the answer as one to take for the first look without pushed
     /// notifications and without a check, on a store that pushes nothing
     /// (MySQL): a release of this process announces what it granted
-    /// ([`Listeners::granted`]), which keeps the announcement for a waiter
-    /// that listens late. Anything else is found by polling, as after a
+    /// ([`Listeners::granted`](super::Listeners::granted)), which keeps the
+    /// announcement for a waiter that listens late. Anything else is found by polling, as after a
     /// look: a grant by another process, or one after a session ended here
     /// (whose wake-up goes to the first waiter of the name in this process,
     /// and is lost before it listens). Such a waiter is next in line, or
@@ -83,5 +84,6 @@ impl JoinedLook {
     }
 }
 
-/// [`until_granted`]'s `first` for a store without a stand-in first look.
+/// [`until_granted`](super::until_granted)'s `first` for a store without a
+/// stand-in first look.
 pub(crate) type NoStandIn = (JoinedLook, fn() -> std::future::Ready<Result<bool>>);

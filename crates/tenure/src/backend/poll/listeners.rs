@@ -41,9 +41,9 @@ impl Default for Listeners {
 /// listened on its key is kept (the registry's [`RecentKeys`]): a waiter
 /// whose join was answered may listen only after a release of this process
 /// granted it, and then takes the grant from there (see
-/// [`JoinedLook::without_push`]). One older is never taken (a join's answer
-/// that old is not taken for a look either, and a store that lost its data
-/// might give a token again).
+/// [`JoinedLook::without_push`](super::JoinedLook::without_push)). One older
+/// is never taken (a join's answer that old is not taken for a look either,
+/// and a store that lost its data might give a token again).
 pub(super) const UNHEARD_FOR: Duration = Duration::from_secs(2);
 
 /// The key a waiter for `name`'s entry `seq` listens on. Tokens are padded,

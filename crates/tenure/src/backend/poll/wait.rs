@@ -25,11 +25,12 @@ use crate::store::{Name, Store};
 /// the look is not lost. `pushed` is asked before each look (and may
 /// restore the notification path).
 ///
-/// `first`, when given, is a join's answer ([`JoinedLooks`]) and a check
-/// that the entry still waits: while notifications arrive and the answer
-/// is fresh, the check (a plain read) stands in for the first look, so
-/// that a waiter need not look once it listens; it answers `false` (a
-/// grant came in between, or the entry is gone) to have the waiter look.
+/// `first`, when given, is a join's answer
+/// ([`JoinedLooks`](super::JoinedLooks)) and a check that the entry still
+/// waits: while notifications arrive and the answer is fresh, the check (a
+/// plain read) stands in for the first look, so that a waiter need not look
+/// once it listens; it answers `false` (a grant came in between, or the
+/// entry is gone) to have the waiter look.
 ///
 /// When a look names a [`Watch`] (the store's clock is not trusted with
 /// expiry), expiry is judged by this client's monotonic clock instead: the
