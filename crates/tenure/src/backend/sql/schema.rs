@@ -1,0 +1,55 @@
+//! Creating the schema once, or upgrading it, under a lock, through a
+//! database's [`SqlSchema`].
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+
+/// How a database keeps its schema, for [`ensure_schema`].
+#[async_trait]
+pub trait SqlSchema: Send + Sync {
+    /// The schema version recorded, or `None` before the first user.
+    async fn stored_version(&mut self) -> Result<Option<String>>;
+    /// Takes the lock that serializes schema work among first users.
+    async fn lock(&mut self) -> Result<()>;
+    /// Creates the tables and routines (an upgrade rewrites them) and
+    /// records `version`, under the lock.
+    async fn apply(&mut self, version: &str) -> Result<()>;
+    /// Gives the lock back (committing what `apply` did).
+    async fn unlock(&mut self) -> Result<()>;
+}
+
+/// Creates the schema once, or upgrades one of a version in `upgrades_from`,
+/// under a lock so that concurrent first users do not race. A newer schema
+/// is never rewritten: it is an [`Error::SchemaMismatch`], as is any other.
+pub(crate) async fn ensure_schema(
+    schema: &mut dyn SqlSchema,
+    version: &str,
+    upgrades_from: &[&str],
+    mismatch: impl Fn(&str) -> Error,
+) -> Result<()> {
+    let current = |v: &Option<String>| match v {
+        Some(v) if v == version => Ok(true),
+        Some(v) if upgrades_from.contains(&v.as_str()) => Ok(false),
+        Some(v) => Err(mismatch(v)),
+        None => Ok(false),
+    };
+    if current(&schema.stored_version().await?)? {
+        return Ok(());
+    }
+    schema.lock().await?;
+    let result = async {
+        // Read again under the lock: another user may have just done it.
+        if !current(&schema.stored_version().await?)? {
+            schema.apply(version).await?;
+        }
+        Ok(())
+    }
+    .await;
+    let unlocked = schema.unlock().await;
+    result.and(unlocked)?;
+    match schema.stored_version().await? {
+        Some(v) if v == version => Ok(()),
+        other => Err(mismatch(other.as_deref().unwrap_or("none"))),
+    }
+}
