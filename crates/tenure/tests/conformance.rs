@@ -79,10 +79,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// The stores started so far, by backend; `None` where the server is missing.
+type Started = Mutex<HashMap<&'static str, Option<Arc<Running>>>>;
+
 /// One store of each kind for the whole binary, started on first use;
 /// `None` where its server is missing (and this is not CI).
 fn shared(store: &'static StoreFixture) -> Option<Arc<Running>> {
-    static RUNNING: OnceLock<Mutex<HashMap<&'static str, Option<Arc<Running>>>>> = OnceLock::new();
+    static RUNNING: OnceLock<Started> = OnceLock::new();
     let mut running = RUNNING
         .get_or_init(Default::default)
         .lock()

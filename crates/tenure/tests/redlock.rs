@@ -1,9 +1,8 @@
-//! Redlock beyond the conformance suite (`tests/conformance.rs`):
-//! fault tests over five real redis-servers: a minority killed, a majority killed, a node
-//! restarted empty.
+//! Redlock beyond the conformance suite (`tests/conformance.rs`): fault
+//! tests over five real redis-servers, a minority killed, a majority killed,
+//! a node restarted empty.
 #![cfg(feature = "redlock")]
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use tenure::{Error, Mutex, Session, SessionOptions};
@@ -16,12 +15,6 @@ fn start(n: usize) -> Option<Vec<RedisServer>> {
 
 fn url(servers: &[RedisServer]) -> String {
     RedisServer::redlock_url(servers)
-}
-
-/// Three nodes for the whole test binary.
-fn shared() -> Option<&'static [RedisServer]> {
-    static SERVERS: OnceLock<Option<Vec<RedisServer>>> = OnceLock::new();
-    SERVERS.get_or_init(|| start(3)).as_deref()
 }
 
 async fn session(store: &std::sync::Arc<dyn tenure::Store>, ttl: Duration) -> Session {

@@ -177,7 +177,7 @@ pub async fn wait_calls_settled(calls: impl Fn() -> u64, since: u64, at_least: u
 #[macro_export]
 macro_rules! __conformance_checks {
     (@with $mode:ident [$($args:tt)*]) => {
-        $crate::__conformance_checks!(@$mode [$($args)*]
+        $crate::__conformance_checks! {@$mode [$($args)*]
             check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_hinted_try, check_timeout, check_fifo,
             check_reentrancy, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
             check_crashed_holder_released, check_crashed_queue_cleared_by_try,
@@ -190,7 +190,7 @@ macro_rules! __conformance_checks {
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
             check_schedule_leader, check_schedule_paused_cluster_wide, check_fence, check_fence_values, check_fence_interleaved, check_cell,
             check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released,
-            check_metrics_same_as_memory)
+            check_metrics_same_as_memory}
     };
     (@table [] $($check:ident),*) => {
         &[$($crate::conformance::Check {

@@ -47,7 +47,7 @@ impl std::fmt::Debug for Backend {
 /// The table: every store's module, declared behind its cargo feature, and
 /// its row; and the modules the stores share, whose parts some stores leave
 /// unused when their features are off (the full build, which CI lints, uses
-/// them all).
+/// them all, so those lints are allowed only when a store is off).
 macro_rules! stores {
     (
         shared { $($shared:tt)* }
@@ -96,14 +96,14 @@ macro_rules! stores {
     (@shared [$($all:literal),*]) => {};
     (@shared [$($all:literal),*] $(#[$attr:meta])* $vis:vis mod $module:ident; $($rest:tt)*) => {
         $(#[$attr])*
-        #[cfg_attr(not(all($(feature = $all),*)), allow(dead_code))]
+        #[cfg_attr(not(all($(feature = $all),*)), allow(dead_code, unused_imports))]
         $vis mod $module;
         stores!(@shared [$($all),*] $($rest)*);
     };
     (@stores [$($all:literal),*]) => {};
     (@stores [$($all:literal),*] $module:ident $feature:literal; $($rest:tt)*) => {
         #[cfg(feature = $feature)]
-        #[cfg_attr(not(all($(feature = $all),*)), allow(dead_code))]
+        #[cfg_attr(not(all($(feature = $all),*)), allow(dead_code, unused_imports))]
         pub mod $module;
         stores!(@stores [$($all),*] $($rest)*);
     };

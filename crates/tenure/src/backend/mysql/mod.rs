@@ -1,3 +1,7 @@
+#![doc = include_str!("../../../../../docs/stores/mysql.md")]
+//!
+//! # How this backend is built
+//!
 //! `mysql://user:password@host:port/db[?prefix=NAME_]` (also `mariadb://`):
 //! one stored-procedure CALL per operation (one round trip, one
 //! transaction), except the common case of taking a free name and

@@ -16,20 +16,7 @@ mod retry;
 mod tests;
 mod wait;
 
-// What the backends use from here. With some of them off, some goes unused
-// (the full build, which CI lints, uses it all).
-#[cfg_attr(
-    not(all(
-        feature = "sqlite",
-        feature = "redis",
-        feature = "redlock",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "etcd",
-        feature = "zookeeper"
-    )),
-    allow(unused_imports)
-)]
+// What the backends use from here.
 pub(crate) use self::{
     joined::{JoinedLook, JoinedLooks, NoStandIn},
     listeners::{change_key, grant_key, grant_prefix, Listeners, Listening},

@@ -1,3 +1,7 @@
+#![doc = include_str!("../../../../../docs/stores/postgres.md")]
+//!
+//! # How this backend is built
+//!
 //! `postgres://user:password@host:port/db[?schema=NAME]`: one statement
 //! (taking a free name, releasing a lone holder) or one PL/pgSQL function
 //! call per operation (one round trip, one transaction), expiry confirmed by

@@ -59,7 +59,7 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
 
     /// What the server's announcement of the grant of `secret`'s entry
     /// `seq` carries as its proof, for a driver whose announcements anyone
-    /// could send ([`Listeners::announced`](crate::backend::poll::Listeners::announced));
+    /// could send (`Listeners::announced` in the shared waiting module);
     /// `None` for one that
     /// announces no grant.
     fn grant_proof(&self, secret: &str, seq: u64) -> Option<String> {

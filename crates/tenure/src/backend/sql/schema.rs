@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 
-/// How a database keeps its schema, for [`ensure_schema`].
+/// How a database keeps its schema, for `ensure_schema`.
 #[async_trait]
 pub trait SqlSchema: Send + Sync {
     /// The schema version recorded, or `None` before the first user.

@@ -1,8 +1,12 @@
+#![doc = include_str!("../../../../../docs/stores/sqlite.md")]
+//!
+//! # How this backend is built
+//!
 //! `sqlite:///path/file.db`: the embedded default. Every process on a machine
 //! that opens the same file shares its locks.
 //!
-//! Three tables: sessions (with an expiry in milliseconds by SQLite's own
-//! `julianday('now')`), names (the fencing counter and a change version, kept
+//! Three tables: sessions (with an expiry in milliseconds of the machine's
+//! `CLOCK_BOOTTIME`, see `layout.rs`), names (the fencing counter and a change version, kept
 //! forever so tokens never go back), and entries (the queues). Writes run in
 //! `BEGIN IMMEDIATE` transactions; the file is in WAL mode, checkpointed by
 //! a thread of the store's own, off the lock path.
