@@ -9,13 +9,8 @@ mod common;
 use std::time::Duration;
 
 use common::{output_within, Env};
+use tenure_testkit::stores::{StoreFixture, STORES};
 use tenure_testkit::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, Server, ZkEnsemble};
-
-/// A bounded run: 4 workers, 20 s, TTL 1 s (or the store's shortest), a
-/// fault every 3 s or so.
-fn torture(url: String, seed: u64) {
-    torture_run(url, seed, "1s", &[]);
-}
 
 /// The network faults first (one at a time, each 1.5-3 TTLs), then the
 /// client faults, a fault every 2 s or so.
@@ -137,9 +132,47 @@ fn torture_run(url: String, seed: u64, ttl: &str, extra: &[&str]) -> Ran {
     }
 }
 
+/// A bounded run on every store of the test kit's table that this build
+/// has: the client faults everywhere, and on a store over a network the
+/// network faults too, each of which the report must name. `memory://`
+/// lives in one process: its workers are tasks of the harness, each over a
+/// gated view of the store (a kill cuts a task off for good, its session
+/// left to expire; a pause holds its calls and its lines). Runs go one at a
+/// time anyway, so one test takes the stores in turn and names every store
+/// that failed.
 #[test]
-fn sqlite() {
-    torture(Env::sqlite().url.clone(), 1);
+fn every_store_of_the_table() {
+    let mut failed = Vec::new();
+    for (seed, store) in (1..).zip(STORES.iter().filter(|s| s.is_built_in())) {
+        eprintln!("== {}", store.backend);
+        if std::panic::catch_unwind(|| bounded_run(store, seed)).is_err() {
+            failed.push(store.backend);
+        }
+    }
+    assert!(failed.is_empty(), "torture failed on {failed:?}");
+}
+
+fn bounded_run(store: &StoreFixture, seed: u64) {
+    let Some(running) = (store.start)() else {
+        eprintln!("SKIPPED: {}: server not installed", store.backend);
+        return;
+    };
+    // TTL 1 s, or the store's shortest (etcd's leases count whole seconds).
+    let shortest = store
+        .registry()
+        .and_then(|b| b.capabilities())
+        .map_or(Duration::ZERO, |c| c.min_ttl);
+    let ttl = format!("{}s", shortest.as_secs_f64().ceil().max(1.0));
+    if store.torture_network_faults.is_empty() {
+        torture_run(running.url.clone(), seed, &ttl, &[]);
+    } else {
+        torture_networked(
+            running.url.clone(),
+            seed,
+            &ttl,
+            store.torture_network_faults,
+        );
+    }
 }
 
 /// One worker's CLOCK_BOOTTIME (SQLite's lease clock) an hour ahead of
@@ -160,60 +193,6 @@ fn sqlite_with_a_worker_an_hour_ahead() {
     );
     // Worker 0 took part: granted, and faulted at least once.
     assert!(ran.history.contains("\"worker\":0,\"op\":\"grant\""));
-}
-
-#[test]
-fn redis() {
-    let Some(server) = RedisServer::start_or_skip() else {
-        return;
-    };
-    torture_networked(server.url(), 2, "1s", &["partition", "delay", "hold"]);
-}
-
-#[test]
-fn redlock() {
-    let servers: Option<Vec<RedisServer>> = (0..3).map(|_| RedisServer::start_or_skip()).collect();
-    let Some(servers) = servers else { return };
-    // Three servers: the first partition cuts one of them off.
-    torture_networked(
-        RedisServer::redlock_url(&servers),
-        3,
-        "1s",
-        &["partition-minority", "delay", "hold"],
-    );
-}
-
-#[test]
-fn postgres() {
-    let Some(server) = PostgresServer::start_or_skip() else {
-        return;
-    };
-    torture_networked(server.url(), 4, "1s", &["partition", "delay", "hold"]);
-}
-
-#[test]
-fn mysql() {
-    let Some(server) = MariaDbServer::start_or_skip() else {
-        return;
-    };
-    torture_networked(server.url(), 5, "1s", &["partition", "delay", "hold"]);
-}
-
-#[test]
-fn etcd() {
-    let Some(cluster) = EtcdCluster::start_or_skip(1) else {
-        return;
-    };
-    // etcd's shortest lease is 2 s.
-    torture_networked(cluster.url(), 6, "2s", &["partition", "delay", "hold"]);
-}
-
-#[test]
-fn zookeeper() {
-    let Some(ensemble) = ZkEnsemble::start_or_skip(1) else {
-        return;
-    };
-    torture_networked(ensemble.url(), 7, "1s", &["partition", "delay", "hold"]);
 }
 
 /// A nemesis that steps the server's wall clock 30 s forward (libfaketime)
@@ -256,14 +235,6 @@ fn mysql_with_clock_jumps() {
         return;
     };
     clock_jumps(server.url(), server.clock().unwrap().file(), 9);
-}
-
-/// `memory://` lives in one process: its workers are tasks of the harness,
-/// each over a gated view of the store (a kill cuts a task off for good,
-/// its session left to expire; a pause holds its calls and its lines).
-#[test]
-fn memory() {
-    torture(Env::with_url("memory://".into()).url.clone(), 9);
 }
 
 /// ...and it has no network to fault.

@@ -95,6 +95,9 @@ pub struct StoreFixture {
     pub bad_option_url: fn(&Path) -> String,
     /// How many random sequences the differential test compares with memory.
     pub differential_seeds: u64,
+    /// The network faults a bounded `tenure torture` run must inject on it
+    /// (none for a store without a network).
+    pub torture_network_faults: &'static [&'static str],
 }
 
 impl std::fmt::Debug for StoreFixture {
@@ -132,6 +135,7 @@ pub static STORES: &[StoreFixture] = &[
         down_url: None,
         bad_option_url: |_| "memory://?bogus=1".into(),
         differential_seeds: 0,
+        torture_network_faults: &[],
     },
     StoreFixture {
         backend: "sqlite",
@@ -145,6 +149,7 @@ pub static STORES: &[StoreFixture] = &[
         down_url: None,
         bad_option_url: |dir| format!("sqlite://{}?bogus=1", dir.join("b.db").display()),
         differential_seeds: 12,
+        torture_network_faults: &[],
     },
     StoreFixture {
         backend: "redis",
@@ -156,6 +161,7 @@ pub static STORES: &[StoreFixture] = &[
         down_url: Some(|port| format!("redis://127.0.0.1:{port}/0")),
         bad_option_url: |_| "redis://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
         differential_seeds: 12,
+        torture_network_faults: &["partition", "delay", "hold"],
     },
     StoreFixture {
         backend: "redlock",
@@ -173,6 +179,7 @@ pub static STORES: &[StoreFixture] = &[
         down_url: None,
         bad_option_url: |_| "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1".into(),
         differential_seeds: 8,
+        torture_network_faults: &["partition-minority", "delay", "hold"],
     },
     StoreFixture {
         backend: "postgres",
@@ -184,6 +191,7 @@ pub static STORES: &[StoreFixture] = &[
         down_url: Some(|port| format!("postgres://postgres:x@127.0.0.1:{port}/postgres")),
         bad_option_url: |_| "postgres://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
         differential_seeds: 8,
+        torture_network_faults: &["partition", "delay", "hold"],
     },
     StoreFixture {
         backend: "mysql",
@@ -195,6 +203,7 @@ pub static STORES: &[StoreFixture] = &[
         down_url: Some(|port| format!("mysql://tenure:x@127.0.0.1:{port}/tenure")),
         bad_option_url: |_| "mysql://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
         differential_seeds: 8,
+        torture_network_faults: &["partition", "delay", "hold"],
     },
     StoreFixture {
         backend: "etcd",
@@ -213,6 +222,7 @@ pub static STORES: &[StoreFixture] = &[
         down_url: Some(|port| format!("etcd://127.0.0.1:{port}")),
         bad_option_url: |_| "etcd://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
         differential_seeds: 6,
+        torture_network_faults: &["partition", "delay", "hold"],
     },
     StoreFixture {
         backend: "zookeeper",
@@ -224,6 +234,7 @@ pub static STORES: &[StoreFixture] = &[
         down_url: Some(|port| format!("zk://127.0.0.1:{port}")),
         bad_option_url: |_| "zk://u:hunter2@127.0.0.1:1?bogus=1".into(),
         differential_seeds: 6,
+        torture_network_faults: &["partition", "delay", "hold"],
     },
 ];
 
