@@ -1,4 +1,4 @@
-//! Exit codes, documented in `--help` and the README: the codes, the table
+//! Exit codes, documented in `--help` and docs/cli.md: the codes, the table
 //! `--help` shows, and the one mapping from the library's errors to them.
 
 use tenure::Error;
@@ -58,7 +58,7 @@ impl Failure {
 }
 
 /// The one mapping from the library's errors to exit codes, used by every
-/// subcommand (the table is `EXIT_CODES`, and the README's).
+/// subcommand (the table is `EXIT_CODES`, and docs/cli.md's).
 fn exit_code(e: &Error) -> u8 {
     match e {
         Error::InvalidName { .. }

@@ -561,7 +561,7 @@ impl<A: Fault, B: Fault> Fault for Alternate<A, B> {
 
 // The long run (`scripts/torture`, not CI): at least 10,000 grants per
 // backend with every fault this machine can inject there, the report kept
-// in `torture/long/BACKEND.json` for the README's table.
+// in `torture/long/BACKEND.json` for the table in docs/torture.md.
 
 /// A long run's own limit (it ends at 10,000 grants, or 40 minutes).
 const LONG_RUN_LIMIT: Duration = Duration::from_secs(45 * 60);

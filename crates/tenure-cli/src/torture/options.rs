@@ -110,7 +110,7 @@ impl Plan {
         faults.retain(|f| f != "clock");
         if skewed && store.capabilities().backend != "sqlite" {
             return Err(
-                "the clock fault is built in for SQLite only (a worker in a time namespace); a server's clock jump needs the server: use --nemesis-exec with libfaketime (see the README)"
+                "the clock fault is built in for SQLite only (a worker in a time namespace); a server's clock jump needs the server: use --nemesis-exec with libfaketime (see docs/torture.md)"
                     .into(),
             );
         }

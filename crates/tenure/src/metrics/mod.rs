@@ -11,7 +11,7 @@
 //!
 //! Names follow Prometheus' conventions: a `tenure_` prefix, base units
 //! (seconds), `_total` on counters. [`METRICS`] lists them all; the
-//! README's "Metrics" section shows the same table.
+//! metrics page (`docs/operations/metrics.md`) shows the same table.
 //!
 //! # Bounded labels
 //!

@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags};
 /// release waits for one. SQLite's automatic checkpoint runs inside the
 /// commit that crosses its threshold (1,000 pages of WAL): writing them back
 /// and syncing stalled one lock operation in about 170 for 10–20 ms, which
-/// was most of the mean cycle (see the README's bench). Here a thread
+/// was most of the mean cycle (see bench/README.md). Here a thread
 /// checkpoints (`PASSIVE`: it never blocks a writer or a reader) after every
 /// [`CHECKPOINT_EVERY`] calls of this store, and once a second while calls
 /// went on. The lock connection keeps SQLite's own automatic checkpoint (at
