@@ -30,7 +30,7 @@ use crate::{console, torture};
     after_help = EXIT_CODES
 )]
 pub(crate) struct Cli {
-    /// Store URL: sqlite:///path.db, memory://, postgres://…, mysql://…, redis://…, redlock://…, etcd://…, zk://… (TLS: rediss://, redlocks://, etcds://, zks://, postgres ?sslmode=, mysql ?ssl-mode=)
+    /// Store URL, BACKEND://… for a backend `tenure backends` lists (e.g. sqlite:///path.db, postgres://user:pw@host/db); each store's URL, options and TLS form: docs/stores/
     #[arg(long, global = true, env = "TENURE_STORE", hide_env_values = true)]
     pub(crate) store: Option<String>,
 

@@ -17,8 +17,8 @@ pub(crate) fn find(binary: &str, candidates: &[&str]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A temp dir in memory (`/dev/shm`) where there is one: etcd and
-/// ZooKeeper fsync every write, which on a busy disk makes tests slow for no
+/// A temp dir in memory (`/dev/shm`) where there is one: the consensus
+/// servers fsync every write, which on a busy disk makes tests slow for no
 /// gain (the tests kill servers, not machines).
 pub(crate) fn memory_dir() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");

@@ -205,8 +205,9 @@ impl Session {
                     probe.waiting();
                 }
                 // Until a try may succeed, only read: on some stores a try
-                // is a write even when it is refused (etcd's transactions),
-                // and every waiter wakes at each change.
+                // is a write even when it is refused (a consensus store's
+                // transaction goes through the quorum), and every waiter
+                // wakes at each change.
                 let mut waited = false;
                 loop {
                     let queue = store.queue(name).await?;

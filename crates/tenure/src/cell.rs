@@ -15,7 +15,7 @@ use crate::store::{check_value, CellWrite, Expect, Name, Store, Versioned};
 /// reused for a name, so a write that expects an old version can never
 /// succeed by accident. A cell may be bound to a session
 /// ([`Cell::bound_to`]): its value then lives only as long as that session,
-/// like etcd's key with a lease or ZooKeeper's ephemeral node.
+/// like a key on a lease or an ephemeral node on the stores that have them.
 ///
 /// Values are 1 to [`MAX_VALUE_LEN`](crate::store::MAX_VALUE_LEN) bytes.
 /// Each call is one atomic step of the store.

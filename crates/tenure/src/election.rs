@@ -2,8 +2,8 @@
 //! elector loop with callbacks once per term.
 //!
 //! An election is a queue of exclusive entries whose head is the leader, as
-//! in etcd's `concurrency.Election`: candidates wait in arrival order, and the
-//! leader's fencing token numbers its term.
+//! in the usual lease-based election recipes: candidates wait in arrival
+//! order, and the leader's fencing token numbers its term.
 
 use std::future::Future;
 use std::sync::Arc;

@@ -126,8 +126,9 @@ fn check_token(token: u64) -> Result<()> {
             reason: "a fencing token is a positive integer (tenure's start at 1)".into(),
         });
     }
-    // Stores that keep numbers as signed 64-bit integers (SQL, ZooKeeper's
-    // zxid) cannot go higher; no store hands out such a token.
+    // Stores that keep numbers as signed 64-bit integers (SQL columns, a
+    // signed transaction id) cannot go higher; no store hands out such a
+    // token.
     if i64::try_from(token).is_err() {
         return Err(Error::InvalidArgument {
             what: "fencing token",

@@ -16,8 +16,8 @@ use crate::store::{EntryKind, Name};
 ///
 /// The holder is the *session*: a second `lock()` of the same name through
 /// the same session succeeds at once and counts one more hold (reentrancy, as
-/// etcd's and Curator's locks). Tasks that must exclude each other use
-/// sessions of their own.
+/// Curator's locks). Tasks that must exclude each other use sessions of
+/// their own.
 ///
 /// # Examples
 ///
@@ -70,7 +70,7 @@ impl Mutex {
     /// [`lost`](MutexGuard::lost) as everywhere. A fair and a non-fair mutex
     /// on one name are one lock: the fair one's queued waiters are granted
     /// before any non-fair try. An uncontended lock and release cost what
-    /// the fair lock's cost (on ZooKeeper, one read more).
+    /// the fair lock's cost (on some stores one read more: see their pages).
     ///
     /// Choose the non-fair lock for a few contenders that would rather not
     /// wait their turn behind a waiter that is slow to wake, or when
@@ -130,8 +130,8 @@ impl Mutex {
     /// Takes the lock only if it is free now (one store operation), else `None`.
     ///
     /// Where only a watching client may call a lease expired
-    /// ([`Capabilities::watched_expiry`](crate::Capabilities::watched_expiry):
-    /// PostgreSQL, MySQL, Redis, Redlock) and the lock is held only by
+    /// ([`Capabilities::watched_expiry`](crate::Capabilities::watched_expiry))
+    /// and the lock is held only by
     /// sessions whose leases lapsed by the server's clock, it watches them
     /// for their TTL first (that clock alone is not trusted), then takes the
     /// lock if none renewed: it may then take up to a TTL.

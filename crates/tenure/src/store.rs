@@ -267,8 +267,9 @@ pub struct Queue {
 }
 
 /// The largest value a [`Cell`](crate::Cell) or a [`Fence`](crate::Fence)
-/// keeps, in bytes: small enough for every store's request limit (etcd's is
-/// 1.5 MiB, ZooKeeper's 1 MiB, a Redis or SQL row far more).
+/// keeps, in bytes: small enough for every store's request limit (the
+/// smallest, a consensus store's, is 1 MiB; a Redis or SQL row takes far
+/// more).
 pub const MAX_VALUE_LEN: usize = 64 * 1024;
 
 /// Checks a value a fence or a cell is to keep: 1 to [`MAX_VALUE_LEN`]
@@ -427,9 +428,9 @@ pub struct Capabilities {
     pub grant_times: bool,
     /// [`Joined::first`] is exact: the first claim of a name is told so even
     /// when several race for it, so a per-tick schedule runs every tick that
-    /// an instance claims in time. Where false (Redlock: a claim undone after
-    /// a split vote uses up a node's "never used" mark), a tick may be
-    /// skipped — never run twice.
+    /// an instance claims in time. Where false (over independent nodes, a
+    /// claim undone after a split vote uses up a node's "never used" mark),
+    /// a tick may be skipped — never run twice.
     pub exact_first: bool,
     /// Store round trips (or statements, for SQL) for an uncontended
     /// acquire and for a release.

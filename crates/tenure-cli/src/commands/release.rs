@@ -58,7 +58,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: ReleaseArgs) -> Result<u8, 
         let ended = store.evict_session(tag).await;
         let after = session_entries(store.as_ref(), tag).await;
         // A failure may have ended the session all the same (on some nodes
-        // of a Redlock, say): it is audited too.
+        // of a store of several, say): it is audited too.
         let error = ended.as_ref().err().map(ToString::to_string);
         let record = serde_json::json!({
             "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),

@@ -885,7 +885,7 @@ async fn end_session(c: &Console, tag: &str) -> Result<Done, Refusal> {
     let ended = match c.store.evict_session(tag).await {
         Ok(ended) => ended,
         // It may have ended the session all the same (on some nodes of a
-        // Redlock, say): what was tried is audited.
+        // store of several, say): what was tried is audited.
         Err(e) => {
             let after = crate::audit::session_entries(c.store.as_ref(), tag).await;
             return Err(refusal_after_trying(e, before, after));

@@ -608,7 +608,8 @@ pub async fn check_dead_waiter_behind_a_waiter(t: &Target) {
     let joined = dying_join(&t.store, &name, ttl).await;
     assert!(!joined.granted);
     wait_queue_len(&t.store, &name, 3).await;
-    // Past the store's expiry (etcd counts whole seconds).
+    // Past the store's expiry (a store whose leases count whole seconds
+    // rounds up).
     tokio::time::sleep(ttl + Duration::from_millis(300)).await;
     let started = Instant::now();
     // Where only a watcher may end a lease (nobody watches this one: no
@@ -1051,7 +1052,7 @@ pub async fn check_unfair_dead_holder_released(t: &Target) {
         .expect("a non-fair waiter was never granted a dead holder's lock")
         .unwrap();
     let took = opened.elapsed();
-    // The lease's end (etcd counts whole seconds), the waiter's recheck
+    // The lease's end (rounded up to whole seconds on some stores), the waiter's recheck
     // (1 s) and, where a watcher must confirm it, a try's watch of a TTL.
     let bound = ttl * 2 + Duration::from_secs(1) + Duration::from_millis(1_500);
     eprintln!("non-fair waiter behind a dead holder: granted after {took:?}, bound {bound:?}");

@@ -98,8 +98,9 @@ pub(crate) async fn crashing_session(store: &Arc<dyn Store>, ttl: Duration) -> S
         .expect("open session")
 }
 
-/// `wanted`, or the backend's shortest TTL if that is longer (etcd leases
-/// count whole seconds, ZooKeeper servers set a minimum session timeout).
+/// `wanted`, or the backend's shortest TTL if that is longer (a store whose
+/// leases count whole seconds, or whose servers set a minimum session
+/// timeout).
 pub(crate) fn short_ttl(t: &Target, wanted: Duration) -> Duration {
     wanted.max(t.store.capabilities().min_ttl)
 }

@@ -89,7 +89,7 @@ pub async fn check_once(t: &Target) {
     .await;
     assert_eq!(r.unwrap(), OnceOutcome::Recorded(vec![1]));
     // After the TTL the record goes (by the store's clock, which may act a
-    // little late: etcd revokes expired leases in rounds).
+    // little late: a store may revoke expired leases in rounds).
     tokio::time::sleep(short).await;
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {

@@ -203,7 +203,7 @@ pub async fn check_fence_values(t: &Target) {
 
 /// 16 tasks admit interleaved tokens (drawn from one counter as they go):
 /// the admitted tokens never go down in real-time order, a refusal names a
-/// token that was admitted (on Redlock: presented), and the fence ends at
+/// token that was admitted (over independent nodes: presented), and the fence ends at
 /// the highest admitted.
 pub async fn check_fence_interleaved(t: &Target) {
     const TASKS: u64 = 16;
@@ -253,8 +253,8 @@ pub async fn check_fence_interleaved(t: &Target) {
         .map(|c| c.2)
         .collect();
     assert!(!admitted.is_empty());
-    // Where nodes admit each on their own (Redlock, which for the same
-    // reason keeps no values through a fence), a token that reached a
+    // Where nodes admit each on their own (a store of independent nodes,
+    // which for the same reason keeps no values through a fence), a token that reached a
     // minority before a higher one refused it stays there, and a later
     // refusal may name it: it was presented, and it is above the refused
     // one. Elsewhere an admission is one atomic step.

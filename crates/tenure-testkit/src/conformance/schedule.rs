@@ -31,7 +31,7 @@ pub async fn check_schedule_per_tick(t: &Target) {
     ticks.dedup();
     assert_eq!(ticks.len(), before, "a tick ran twice: {runs:?}");
     // Every tick runs where the store tells a first claim exactly; where it
-    // does not (Redlock), a tick may be skipped, never run twice.
+    // does not (`exact_first` false), a tick may be skipped, never run twice.
     if t.store.capabilities().exact_first {
         assert!(ticks.len() >= 2, "too few ticks ran: {runs:?}");
     }
@@ -149,7 +149,7 @@ pub async fn check_schedule_paused_cluster_wide(t: &Target) {
             .unwrap();
     }
     let all = runs.lock().unwrap().clone();
-    // Where a first claim is not exact (Redlock), a tick may be skipped;
+    // Where a first claim is not exact, a tick may be skipped;
     // some still run.
     assert!(!all.is_empty(), "no tick ran after resuming");
     if t.store.capabilities().exact_first {

@@ -2,7 +2,7 @@
 //! and last run (for `tenure status` and the console), and a cluster-wide
 //! pause that every instance honours.
 //!
-//! Three kinds of cells, so a store without cells (Redlock) runs schedules
+//! Three kinds of cells, so a store without cells runs schedules
 //! all the same, only without this board:
 //! - `tenure.schedules`: the jobs that ever ran here, as a JSON list;
 //! - `tenure.schedule:JOB`: the job's expression, zone, mode and last run;
@@ -119,7 +119,7 @@ impl Paused {
 /// cluster-wide pause keeps a leader elected: it only stops the runs.
 ///
 /// Needs a store with cells ([`Capabilities::cells`](crate::Capabilities));
-/// on one without (Redlock), reads find nothing and writes fail with
+/// on one without, reads find nothing and writes fail with
 /// [`Error::Unsupported`].
 ///
 /// # Examples
