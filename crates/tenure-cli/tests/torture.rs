@@ -9,8 +9,8 @@ mod common;
 use std::time::Duration;
 
 use common::{output_within, Env};
+use tenure_testkit::faults::Fault;
 use tenure_testkit::stores::{StoreFixture, STORES};
-use tenure_testkit::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, Server, ZkEnsemble};
 
 /// The network faults first (one at a time, each 1.5-3 TTLs), then the
 /// client faults, a fault every 2 s or so.
@@ -195,48 +195,6 @@ fn sqlite_with_a_worker_an_hour_ahead() {
     assert!(ran.history.contains("\"worker\":0,\"op\":\"grant\""));
 }
 
-/// A nemesis that steps the server's wall clock 30 s forward (libfaketime)
-/// and back again, taking turns with the client faults: still no overlap
-/// outside a pause, and every recovery within its bound.
-fn clock_jumps(url: String, clock_file: &std::path::Path, seed: u64) {
-    let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("nemesis");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nset -e\ncase \"$1\" in\n  start) printf '+30\\n' > {f}.tmp ;;\n  stop) printf '+0\\n' > {f}.tmp ;;\nesac\nmv {f}.tmp {f}\n",
-            f = clock_file.display()
-        ),
-    )
-    .unwrap();
-    let cmd = format!("sh {}", script.display());
-    torture_run(url, seed, "1s", &["--nemesis-exec", &cmd]);
-}
-
-#[test]
-fn postgres_with_clock_jumps() {
-    let Some(server) = PostgresServer::start_with_clock_or_skip() else {
-        return;
-    };
-    clock_jumps(server.url(), server.clock().unwrap().file(), 8);
-}
-
-#[test]
-fn zookeeper_with_clock_jumps() {
-    let Some(ensemble) = ZkEnsemble::start_with_clock_or_skip() else {
-        return;
-    };
-    clock_jumps(ensemble.url(), ensemble.clock().unwrap().file(), 10);
-}
-
-#[test]
-fn mysql_with_clock_jumps() {
-    let Some(server) = MariaDbServer::start_with_clock_or_skip() else {
-        return;
-    };
-    clock_jumps(server.url(), server.clock().unwrap().file(), 9);
-}
-
 /// ...and it has no network to fault.
 #[test]
 fn memory_refuses_network_faults() {
@@ -244,80 +202,6 @@ fn memory_refuses_network_faults() {
     let out = env.run(&["torture", "--duration", "1s", "--faults", "partition"]);
     assert_eq!(out.status.code(), Some(64), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("no network"));
-}
-
-/// What the test does at each `--nemesis-exec` turn (from 1): start a
-/// fault, then stop it.
-trait Fault: Send + 'static {
-    fn start(&mut self, turn: usize);
-    fn stop(&mut self, turn: usize);
-}
-
-/// A server's own faults: SIGSTOP then SIGCONT, or (every other turn, where
-/// the server keeps its data) kill -9 then a restart on its data.
-struct ServerFault<S> {
-    server: S,
-    restarts: bool,
-    killed: bool,
-}
-
-impl<S: Server + Send + 'static> Fault for ServerFault<S> {
-    fn start(&mut self, turn: usize) {
-        self.killed = self.restarts && turn % 2 == 0;
-        if self.killed {
-            self.server.kill();
-        } else {
-            self.server.pause();
-        }
-    }
-    fn stop(&mut self, _: usize) {
-        if std::mem::take(&mut self.killed) {
-            self.server.restart();
-        } else {
-            self.server.resume();
-        }
-    }
-}
-
-/// A cluster's minority killed -9 and restarted on its data (etcd,
-/// ZooKeeper), a different member each turn.
-struct MemberKilled<C> {
-    cluster: C,
-    members: usize,
-}
-
-impl<C: tenure_testkit::Cluster + Send + 'static> Fault for MemberKilled<C> {
-    fn start(&mut self, turn: usize) {
-        self.cluster.kill_member(turn % self.members);
-    }
-    fn stop(&mut self, turn: usize) {
-        self.cluster.restart_member(turn % self.members);
-    }
-}
-
-/// Two Redlock nodes of five killed -9, and restarted empty after the
-/// fault's 1.5–3 TTLs (the delayed restart Redlock asks for), other nodes
-/// each turn.
-struct RedlockMinorityKilled(Vec<RedisServer>);
-
-impl RedlockMinorityKilled {
-    fn two(&self, turn: usize) -> [usize; 2] {
-        let n = self.0.len();
-        [turn % n, (turn + 2) % n]
-    }
-}
-
-impl Fault for RedlockMinorityKilled {
-    fn start(&mut self, turn: usize) {
-        for i in self.two(turn) {
-            self.0[i].kill();
-        }
-    }
-    fn stop(&mut self, turn: usize) {
-        for i in self.two(turn) {
-            self.0[i].restart();
-        }
-    }
 }
 
 /// Runs a bounded torture with the test itself as the nemesis: the
@@ -411,152 +295,28 @@ fn torture_with_faults_and<F: Fault>(
     ran
 }
 
-fn paused<S: Server + Send + 'static>(server: S) -> ServerFault<S> {
-    ServerFault {
-        server,
-        restarts: false,
-        killed: false,
-    }
-}
-
-fn paused_or_restarted<S: Server + Send + 'static>(server: S) -> ServerFault<S> {
-    ServerFault {
-        server,
-        restarts: true,
-        killed: false,
-    }
-}
-
+/// Every store of the table that this build has, with each of the server
+/// faults its row names, one bounded run each, in turn; every scenario that
+/// failed is named.
 #[test]
-fn redis_server_paused() {
-    let Some(server) = RedisServer::start_or_skip() else {
-        return;
-    };
-    let url = server.url();
-    // A killed Redis comes back empty (no persistence): paused only.
-    torture_with_faults(paused(server), url, 12, "1s");
-}
-
-#[test]
-fn redlock_minority_paused() {
-    let servers: Option<Vec<RedisServer>> = (0..3).map(|_| RedisServer::start_or_skip()).collect();
-    let Some(mut servers) = servers else { return };
-    let url = RedisServer::redlock_url(&servers);
-    // One node of three: the majority goes on.
-    let node = servers.remove(0);
-    torture_with_faults(paused(node), url, 13, "1s");
-    drop(servers);
-}
-
-#[test]
-fn redlock_five_nodes_two_killed() {
-    let servers: Option<Vec<RedisServer>> = (0..5).map(|_| RedisServer::start_or_skip()).collect();
-    let Some(servers) = servers else { return };
-    let url = RedisServer::redlock_url(&servers);
-    torture_with_faults(RedlockMinorityKilled(servers), url, 18, "1s");
-}
-
-#[test]
-fn postgres_server_paused_and_restarted() {
-    let Some(server) = PostgresServer::start_or_skip() else {
-        return;
-    };
-    let url = server.url();
-    torture_with_faults(paused_or_restarted(server), url, 14, "1s");
-}
-
-#[test]
-fn mysql_server_paused_and_restarted() {
-    let Some(server) = MariaDbServer::start_or_skip() else {
-        return;
-    };
-    let url = server.url();
-    torture_with_faults(paused_or_restarted(server), url, 15, "1s");
-}
-
-#[test]
-fn etcd_server_paused_and_restarted() {
-    let Some(cluster) = EtcdCluster::start_or_skip(1) else {
-        return;
-    };
-    let url = cluster.url();
-    torture_with_faults(paused_or_restarted(cluster), url, 16, "2s");
-}
-
-#[test]
-fn etcd_three_members_one_killed() {
-    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
-        return;
-    };
-    let url = cluster.url();
-    let fault = MemberKilled {
-        cluster,
-        members: 3,
-    };
-    torture_with_faults(fault, url, 19, "2s");
-}
-
-#[test]
-fn zookeeper_server_paused_and_restarted() {
-    let Some(ensemble) = ZkEnsemble::start_or_skip(1) else {
-        return;
-    };
-    let url = ensemble.url();
-    torture_with_faults(paused_or_restarted(ensemble), url, 17, "1s");
-}
-
-#[test]
-fn zookeeper_three_servers_one_killed() {
-    let Some(ensemble) = ZkEnsemble::start_or_skip(3) else {
-        return;
-    };
-    let url = ensemble.url();
-    let fault = MemberKilled {
-        cluster: ensemble,
-        members: 3,
-    };
-    torture_with_faults(fault, url, 20, "2s");
-}
-
-/// A server's wall clock stepped 30 s forward for the fault, back after it
-/// (libfaketime, through the test kit's clock file).
-struct ClockJump(std::path::PathBuf);
-
-impl ClockJump {
-    fn set(&self, offset: &str) {
-        let tmp = self.0.with_extension("tmp");
-        std::fs::write(&tmp, format!("{offset}\n")).unwrap();
-        std::fs::rename(&tmp, &self.0).unwrap();
-    }
-}
-
-impl Fault for ClockJump {
-    fn start(&mut self, _: usize) {
-        self.set("+30");
-    }
-    fn stop(&mut self, _: usize) {
-        self.set("+0");
-    }
-}
-
-/// `A` on odd turns, `B` on even ones (each counting its own turns).
-struct Alternate<A, B>(A, B);
-
-impl<A: Fault, B: Fault> Fault for Alternate<A, B> {
-    fn start(&mut self, turn: usize) {
-        if turn % 2 == 1 {
-            self.0.start(turn.div_ceil(2));
-        } else {
-            self.1.start(turn / 2);
+fn every_store_with_its_server_faults() {
+    let mut failed = Vec::new();
+    let scenarios = STORES
+        .iter()
+        .filter(|s| s.is_built_in())
+        .flat_map(|s| s.torture_scenarios.iter().map(move |t| (s.backend, t)));
+    for (seed, (backend, scenario)) in (12..).zip(scenarios) {
+        eprintln!("== {backend}: {}", scenario.name);
+        let Some(faulted) = (scenario.start)() else {
+            eprintln!("SKIPPED: {backend}: server not installed");
+            continue;
+        };
+        let run = || torture_with_faults(faulted.fault, faulted.url, seed, scenario.ttl);
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
+            failed.push(format!("{backend}: {}", scenario.name));
         }
     }
-    fn stop(&mut self, turn: usize) {
-        if turn % 2 == 1 {
-            self.0.stop(turn.div_ceil(2));
-        } else {
-            self.1.stop(turn / 2);
-        }
-    }
+    assert!(failed.is_empty(), "torture failed on {failed:?}");
 }
 
 // The long run (`scripts/torture`, not CI): at least 10,000 grants per
@@ -600,98 +360,32 @@ fn long_args(cycles: &str, faults: &'static str) -> Vec<String> {
     .collect()
 }
 
-const LONG_NETWORK: &str = "partition,delay,hold,kill,pause";
-
-fn long_run(backend: &str, url: String, seed: u64, ttl: &str, faults: &'static str) {
+/// The long run of one store of the table, named by `TORTURE_STORE`
+/// (`scripts/torture` runs each in turn).
+#[test]
+#[ignore = "the long run: scripts/torture"]
+fn long_run() {
+    let backend = std::env::var("TORTURE_STORE").expect("TORTURE_STORE names a store");
+    let store = tenure_testkit::stores::store(&backend).expect("a store of the table");
+    let long = store.long_run;
     let cycles = long_cycles();
-    let args = long_args(&cycles, faults);
+    let args = long_args(&cycles, long.faults);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ran = torture_run(url, seed, ttl, &args);
-    keep_long_report(backend, &ran);
-}
-
-fn long_run_with<F: Fault>(backend: &str, fault: F, url: String, seed: u64, ttl: &str) {
-    let cycles = long_cycles();
-    let args = long_args(&cycles, LONG_NETWORK);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ran = torture_with_faults_and(fault, url, seed, ttl, &args);
-    keep_long_report(backend, &ran);
-}
-
-#[test]
-#[ignore = "the long run: scripts/torture"]
-fn long_run_memory() {
-    long_run("memory", "memory://".into(), 101, "1s", "kill,pause");
-}
-
-#[test]
-#[ignore = "the long run: scripts/torture"]
-fn long_run_sqlite() {
-    long_run(
-        "sqlite",
-        Env::sqlite().url.clone(),
-        102,
-        "1s",
-        "kill,pause,clock",
-    );
-}
-
-#[test]
-#[ignore = "the long run: scripts/torture"]
-fn long_run_redis() {
-    let server = RedisServer::start_or_skip().expect("redis-server");
-    let url = server.url();
-    long_run_with("redis", paused(server), url, 103, "1s");
-}
-
-#[test]
-#[ignore = "the long run: scripts/torture"]
-fn long_run_redlock() {
-    let servers: Vec<RedisServer> = (0..5)
-        .map(|_| RedisServer::start_or_skip().expect("redis-server"))
-        .collect();
-    let url = RedisServer::redlock_url(&servers);
-    long_run_with("redlock", RedlockMinorityKilled(servers), url, 104, "1s");
-}
-
-#[test]
-#[ignore = "the long run: scripts/torture"]
-fn long_run_postgres() {
-    let server = PostgresServer::start_with_clock_or_skip().expect("postgres with libfaketime");
-    let (url, clock) = (server.url(), server.clock().unwrap().file().to_path_buf());
-    let fault = Alternate(paused_or_restarted(server), ClockJump(clock));
-    long_run_with("postgres", fault, url, 105, "1s");
-}
-
-#[test]
-#[ignore = "the long run: scripts/torture"]
-fn long_run_mysql() {
-    let server = MariaDbServer::start_with_clock_or_skip().expect("mariadb with libfaketime");
-    let (url, clock) = (server.url(), server.clock().unwrap().file().to_path_buf());
-    let fault = Alternate(paused_or_restarted(server), ClockJump(clock));
-    long_run_with("mysql", fault, url, 106, "1s");
-}
-
-#[test]
-#[ignore = "the long run: scripts/torture"]
-fn long_run_etcd() {
-    let cluster = EtcdCluster::start_or_skip(3).expect("etcd");
-    let url = cluster.url();
-    let fault = MemberKilled {
-        cluster,
-        members: 3,
+    // Seeds as the long runs have always had them, by the table's order.
+    let seed = 101
+        + STORES
+            .iter()
+            .position(|s| s.backend == backend)
+            .unwrap_or(0) as u64;
+    let ran = match long.scenario {
+        Some(start) => {
+            let faulted = start().expect("the store's servers");
+            torture_with_faults_and(faulted.fault, faulted.url, seed, long.ttl, &args)
+        }
+        None => {
+            let running = (store.start)().expect("the store");
+            torture_run(running.url.clone(), seed, long.ttl, &args)
+        }
     };
-    long_run_with("etcd", fault, url, 107, "2s");
-}
-
-#[test]
-#[ignore = "the long run: scripts/torture"]
-fn long_run_zookeeper() {
-    let ensemble = ZkEnsemble::start_or_skip(3).expect("zookeeper");
-    let url = ensemble.url();
-    let fault = MemberKilled {
-        cluster: ensemble,
-        members: 3,
-    };
-    long_run_with("zookeeper", fault, url, 108, "1s");
+    keep_long_report(&backend, &ran);
 }

@@ -31,6 +31,7 @@ pub fn free_port() -> u16 {
 }
 
 mod clock;
+pub mod faults;
 mod process;
 pub mod servers;
 pub mod stores;

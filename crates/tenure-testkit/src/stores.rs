@@ -10,6 +10,10 @@
 
 use std::path::Path;
 
+use crate::faults::{
+    paused, paused_or_restarted, Alternate, ClockJump, Faulted, Keeping, LongRun, MemberKilled,
+    TortureScenario, TwoNodesKilled, NETWORK_AND_CLIENT,
+};
 use crate::servers::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, ZkEnsemble};
 use crate::Server;
 
@@ -85,6 +89,11 @@ pub struct StoreFixture {
     pub backend: &'static str,
     /// The Debian packages its server needs (none for an embedded store).
     pub packages: &'static [Package],
+    /// The server faults a bounded `tenure torture` run drives on it, one
+    /// run each (none for a store without a server).
+    pub torture_scenarios: &'static [TortureScenario],
+    /// Its long torture run.
+    pub long_run: LongRun,
     /// Starts a store of its own, or `None` when its server is not installed
     /// and this is not CI (said on stderr); on CI a missing server panics.
     pub start: fn() -> Option<Running>,
@@ -131,6 +140,12 @@ pub static STORES: &[StoreFixture] = &[
     StoreFixture {
         backend: "memory",
         packages: &[],
+        torture_scenarios: &[],
+        long_run: LongRun {
+            ttl: "1s",
+            faults: "kill,pause",
+            scenario: None,
+        },
         start: || Some(Running::embedded("memory://".into(), None)),
         down_url: None,
         bad_option_url: |_| "memory://?bogus=1".into(),
@@ -140,6 +155,12 @@ pub static STORES: &[StoreFixture] = &[
     StoreFixture {
         backend: "sqlite",
         packages: &[],
+        torture_scenarios: &[],
+        long_run: LongRun {
+            ttl: "1s",
+            faults: "kill,pause,clock",
+            scenario: None,
+        },
         start: || {
             // One file for every check, as several programs share one.
             let dir = tempfile::tempdir().expect("temp dir");
@@ -157,6 +178,19 @@ pub static STORES: &[StoreFixture] = &[
             name: "redis-server",
             provides: "redis-server",
         }],
+        torture_scenarios: &[TortureScenario {
+            // A killed Redis comes back empty (no persistence): paused only.
+            name: "server_paused",
+            ttl: "1s",
+            start: || RedisServer::start_or_skip().map(|s| Faulted::new(s.url(), paused(s))),
+        }],
+        long_run: LongRun {
+            ttl: "1s",
+            faults: NETWORK_AND_CLIENT,
+            scenario: Some(|| {
+                RedisServer::start_or_skip().map(|s| Faulted::new(s.url(), paused(s)))
+            }),
+        },
         start: || RedisServer::start_or_skip().map(Running::server),
         down_url: Some(|port| format!("redis://127.0.0.1:{port}/0")),
         bad_option_url: |_| "redis://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
@@ -169,6 +203,29 @@ pub static STORES: &[StoreFixture] = &[
             name: "redis-server",
             provides: "redis-server",
         }],
+        torture_scenarios: &[
+            TortureScenario {
+                // One node of three: the majority goes on.
+                name: "minority_paused",
+                ttl: "1s",
+                start: || {
+                    let mut nodes = redis_nodes(3)?;
+                    let url = RedisServer::redlock_url(&nodes);
+                    let node = nodes.remove(0);
+                    Some(Faulted::new(url, Keeping(paused(node), Box::new(nodes))))
+                },
+            },
+            TortureScenario {
+                name: "five_nodes_two_killed",
+                ttl: "1s",
+                start: five_nodes_two_killed,
+            },
+        ],
+        long_run: LongRun {
+            ttl: "1s",
+            faults: NETWORK_AND_CLIENT,
+            scenario: Some(five_nodes_two_killed),
+        },
         start: || {
             let nodes: Vec<RedisServer> = (0..3)
                 .map(|_| RedisServer::start_or_skip())
@@ -187,6 +244,41 @@ pub static STORES: &[StoreFixture] = &[
             name: "postgresql",
             provides: "/usr/lib/postgresql/*/bin/initdb",
         }],
+        torture_scenarios: &[
+            TortureScenario {
+                name: "server_paused_and_restarted",
+                ttl: "1s",
+                start: || {
+                    PostgresServer::start_or_skip()
+                        .map(|s| Faulted::new(s.url(), paused_or_restarted(s)))
+                },
+            },
+            TortureScenario {
+                name: "clock_jumps",
+                ttl: "1s",
+                start: || {
+                    let s = PostgresServer::start_with_clock_or_skip()?;
+                    let clock = s.clock()?.file().to_path_buf();
+                    Some(Faulted::new(
+                        s.url(),
+                        Keeping(ClockJump(clock), Box::new(s)),
+                    ))
+                },
+            },
+        ],
+        long_run: LongRun {
+            ttl: "1s",
+            faults: NETWORK_AND_CLIENT,
+            scenario: Some(|| {
+                let s = PostgresServer::start_with_clock_or_skip()?;
+                let clock = s.clock()?.file().to_path_buf();
+                let url = s.url();
+                Some(Faulted::new(
+                    url,
+                    Alternate(paused_or_restarted(s), ClockJump(clock)),
+                ))
+            }),
+        },
         start: || PostgresServer::start_or_skip().map(Running::server),
         down_url: Some(|port| format!("postgres://postgres:x@127.0.0.1:{port}/postgres")),
         bad_option_url: |_| "postgres://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
@@ -199,6 +291,41 @@ pub static STORES: &[StoreFixture] = &[
             name: "mariadb-server",
             provides: "mariadbd",
         }],
+        torture_scenarios: &[
+            TortureScenario {
+                name: "server_paused_and_restarted",
+                ttl: "1s",
+                start: || {
+                    MariaDbServer::start_or_skip()
+                        .map(|s| Faulted::new(s.url(), paused_or_restarted(s)))
+                },
+            },
+            TortureScenario {
+                name: "clock_jumps",
+                ttl: "1s",
+                start: || {
+                    let s = MariaDbServer::start_with_clock_or_skip()?;
+                    let clock = s.clock()?.file().to_path_buf();
+                    Some(Faulted::new(
+                        s.url(),
+                        Keeping(ClockJump(clock), Box::new(s)),
+                    ))
+                },
+            },
+        ],
+        long_run: LongRun {
+            ttl: "1s",
+            faults: NETWORK_AND_CLIENT,
+            scenario: Some(|| {
+                let s = MariaDbServer::start_with_clock_or_skip()?;
+                let clock = s.clock()?.file().to_path_buf();
+                let url = s.url();
+                Some(Faulted::new(
+                    url,
+                    Alternate(paused_or_restarted(s), ClockJump(clock)),
+                ))
+            }),
+        },
         start: || MariaDbServer::start_or_skip().map(Running::server),
         down_url: Some(|port| format!("mysql://tenure:x@127.0.0.1:{port}/tenure")),
         bad_option_url: |_| "mysql://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
@@ -218,6 +345,27 @@ pub static STORES: &[StoreFixture] = &[
                 provides: "etcdctl",
             },
         ],
+        torture_scenarios: &[
+            // etcd's shortest lease is 2 s.
+            TortureScenario {
+                name: "server_paused_and_restarted",
+                ttl: "2s",
+                start: || {
+                    EtcdCluster::start_or_skip(1)
+                        .map(|c| Faulted::new(c.url(), paused_or_restarted(c)))
+                },
+            },
+            TortureScenario {
+                name: "three_members_one_killed",
+                ttl: "2s",
+                start: etcd_member_killed,
+            },
+        ],
+        long_run: LongRun {
+            ttl: "2s",
+            faults: NETWORK_AND_CLIENT,
+            scenario: Some(etcd_member_killed),
+        },
         start: || EtcdCluster::start_or_skip(1).map(Running::server),
         down_url: Some(|port| format!("etcd://127.0.0.1:{port}")),
         bad_option_url: |_| "etcd://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
@@ -230,6 +378,38 @@ pub static STORES: &[StoreFixture] = &[
             name: "zookeeper",
             provides: "/usr/share/zookeeper/bin/zkServer.sh",
         }],
+        torture_scenarios: &[
+            TortureScenario {
+                name: "server_paused_and_restarted",
+                ttl: "1s",
+                start: || {
+                    ZkEnsemble::start_or_skip(1)
+                        .map(|e| Faulted::new(e.url(), paused_or_restarted(e)))
+                },
+            },
+            TortureScenario {
+                name: "three_servers_one_killed",
+                ttl: "2s",
+                start: zk_member_killed,
+            },
+            TortureScenario {
+                name: "clock_jumps",
+                ttl: "1s",
+                start: || {
+                    let e = ZkEnsemble::start_with_clock_or_skip()?;
+                    let clock = e.clock()?.file().to_path_buf();
+                    Some(Faulted::new(
+                        e.url(),
+                        Keeping(ClockJump(clock), Box::new(e)),
+                    ))
+                },
+            },
+        ],
+        long_run: LongRun {
+            ttl: "1s",
+            faults: NETWORK_AND_CLIENT,
+            scenario: Some(zk_member_killed),
+        },
         start: || ZkEnsemble::start_or_skip(1).map(Running::server),
         down_url: Some(|port| format!("zk://127.0.0.1:{port}")),
         bad_option_url: |_| "zk://u:hunter2@127.0.0.1:1?bogus=1".into(),
@@ -237,6 +417,44 @@ pub static STORES: &[StoreFixture] = &[
         torture_network_faults: &["partition", "delay", "hold"],
     },
 ];
+
+/// `n` redis-servers of their own, or `None` without the binary.
+fn redis_nodes(n: usize) -> Option<Vec<RedisServer>> {
+    (0..n).map(|_| RedisServer::start_or_skip()).collect()
+}
+
+/// Five Redlock nodes, two of them killed and restarted empty each turn.
+fn five_nodes_two_killed() -> Option<Faulted> {
+    let nodes = redis_nodes(5)?;
+    let url = RedisServer::redlock_url(&nodes);
+    Some(Faulted::new(url, TwoNodesKilled(nodes)))
+}
+
+/// Three etcd members, one killed and restarted on its data each turn.
+fn etcd_member_killed() -> Option<Faulted> {
+    let cluster = EtcdCluster::start_or_skip(3)?;
+    let url = cluster.url();
+    Some(Faulted::new(
+        url,
+        MemberKilled {
+            cluster,
+            members: 3,
+        },
+    ))
+}
+
+/// Three ZooKeeper servers, one killed and restarted on its data each turn.
+fn zk_member_killed() -> Option<Faulted> {
+    let cluster = ZkEnsemble::start_or_skip(3)?;
+    let url = cluster.url();
+    Some(Faulted::new(
+        url,
+        MemberKilled {
+            cluster,
+            members: 3,
+        },
+    ))
+}
 
 /// The row of `backend`.
 pub fn store(backend: &str) -> Option<&'static StoreFixture> {
