@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tenure::backend::sqlite::SqliteStore;
 use tenure::{Mutex, Session, SessionOptions, Store};
+use tenure_testkit::stores::{Running, StoreFixture, STORES};
 
 struct Stats {
     label: String,
@@ -756,6 +757,196 @@ async fn zk_floor(url: &str, cycles: usize) -> Stats {
     )
 }
 
+/// What a store adds to tenure's generic rows (its uncontended and
+/// contended cycles, fair and non-fair): its raw floors, its peers, and
+/// variants of its own.
+struct Extras<'a> {
+    /// Run in turns after tenure's two uncontended rows of the store.
+    uncontended: Vec<Runner<'a>>,
+    /// Run once each after tenure's two contended rows, given the rounds
+    /// per contender (16 contenders); they borrow nothing, as they outlive
+    /// the store's uncontended turns.
+    contended: Vec<Runner<'static>>,
+    /// Rounds per contender of the store's contended rows.
+    contended_rounds: usize,
+}
+
+/// The extra runners of the store `backend` at `url` (`store` is tenure's
+/// store there, `dir` a directory for the bench's own files): the one place
+/// that knows each store's floors and peers. A store it does not name gets
+/// tenure's generic rows alone.
+fn extras<'a>(
+    backend: &str,
+    url: &str,
+    store: &Arc<dyn Store>,
+    dir: &std::path::Path,
+    cycles: usize,
+) -> Extras<'a> {
+    let mut extras = Extras {
+        uncontended: Vec::new(),
+        contended: Vec::new(),
+        contended_rounds: (cycles / 64).max(5),
+    };
+    match backend {
+        "memory" => {
+            // Metrics on (the default: `Recording::Auto`, and no recorder is
+            // installed, so nothing is timed or keyed: what a user who never
+            // looks at metrics pays) against off (`Recording::Off`), and
+            // against forced on into the no-op recorder (`Recording::On`:
+            // every key built and every clock read, what recording costs
+            // apart from the recorder's own work), interleaved.
+            let with = |setting: tenure::metrics::Recording, label: &'static str| {
+                let store = store.clone();
+                runner(move |n| {
+                    let store = store.clone();
+                    async move {
+                        tenure::metrics::set_recording(setting);
+                        let mut stats = uncontended(&store, n).await;
+                        tenure::metrics::set_recording(tenure::metrics::Recording::Auto);
+                        stats.label = label.into();
+                        stats
+                    }
+                })
+            };
+            extras.uncontended = vec![
+                with(
+                    tenure::metrics::Recording::Off,
+                    "memory tenure, metrics off",
+                ),
+                with(
+                    tenure::metrics::Recording::On,
+                    "memory tenure, metrics forced on (no-op recorder)",
+                ),
+            ];
+            // In-process: fast enough for more rounds.
+            extras.contended_rounds = (cycles / 16).max(10);
+        }
+        "sqlite" => {
+            let floor = |file: &str, checkpoint_thread: bool| {
+                let floor = std::rc::Rc::new(SqliteFloor::open(&dir.join(file), checkpoint_thread));
+                runner(move |n| {
+                    let floor = floor.clone();
+                    async move { tokio::task::block_in_place(|| floor.run(n)) }
+                })
+            };
+            extras.uncontended = vec![
+                floor("floor.db", false),
+                floor("floor-checkpointed.db", true),
+            ];
+        }
+        "redis" => {
+            let url = url.to_string();
+            extras.uncontended = vec![
+                owning(
+                    url.clone(),
+                    |url, n| async move { redis_floor(&url, n).await },
+                ),
+                owning(url, |url, n| async move { redis_script_raw(&url, n).await }),
+            ];
+        }
+        "redlock" => {
+            let nodes = redlock_nodes(url);
+            extras.uncontended = vec![
+                owning(nodes.clone(), |nodes, n| async move {
+                    redlock_floor(&nodes, n).await
+                }),
+                owning(nodes.clone(), |nodes, n| async move {
+                    rslock_uncontended(&nodes, n).await
+                }),
+            ];
+            extras.contended = vec![owning(nodes, |nodes, rounds| async move {
+                rslock_contended(&nodes, 16, rounds).await
+            })];
+        }
+        "postgres" => {
+            extras.uncontended = vec![owning(url.to_string(), |url, n| async move {
+                postgres_floor(&url, n).await
+            })];
+        }
+        "mysql" => {
+            extras.uncontended = vec![owning(url.to_string(), |url, n| async move {
+                mysql_floor(&url, n).await
+            })];
+        }
+        "etcd" => {
+            let url = url.to_string();
+            extras.uncontended = vec![
+                owning(
+                    url.clone(),
+                    |url, n| async move { etcd_floor(&url, n).await },
+                ),
+                owning(
+                    url.clone(),
+                    |url, n| async move { etcd_lock_api(&url, n).await },
+                ),
+            ];
+            extras.contended = vec![owning(url, |url, rounds| async move {
+                etcd_lock_api_contended(&url, 16, rounds).await
+            })];
+        }
+        "zookeeper" => {
+            extras.uncontended = vec![owning(url.to_string(), |url, n| async move {
+                zk_floor(&url, n).await
+            })];
+        }
+        _ => {}
+    }
+    extras
+}
+
+/// A runner of `f` on a copy of `arg` of its own for each run (a URL, the
+/// nodes' URLs), so that it borrows nothing.
+fn owning<'a, T, F, Fut>(arg: T, f: F) -> Runner<'a>
+where
+    T: Clone + 'a,
+    F: Fn(T, usize) -> Fut + 'a,
+    Fut: Future<Output = Stats> + 'a,
+{
+    runner(move |n| f(arg.clone(), n))
+}
+
+/// The `redis://` URL of each node of a `redlock://` URL of the test kit's
+/// (no TLS, no password).
+fn redlock_nodes(url: &str) -> Vec<String> {
+    let rest = url.trim_start_matches("redlock://");
+    let (hosts, db) = rest.split_once('/').unwrap_or((rest, "0"));
+    hosts
+        .split(',')
+        .map(|host| format!("redis://{host}/{db}"))
+        .collect()
+}
+
+/// Statements per operation (acquire, release, renew) of a SQLite store,
+/// counted by SQLite's trace hook.
+async fn sqlite_statements(sqlite: &Arc<dyn Store>) -> (u64, u64, u64) {
+    let session = Session::new(sqlite).await.unwrap();
+    let mutex = Mutex::new(&session, "count").unwrap();
+    mutex.lock().await.unwrap().release().await.unwrap();
+    let before = SqliteStore::statements_executed();
+    let g = mutex.lock().await.unwrap();
+    let acquire = SqliteStore::statements_executed() - before;
+    let before = SqliteStore::statements_executed();
+    g.release().await.unwrap();
+    let release = SqliteStore::statements_executed() - before;
+    let before = SqliteStore::statements_executed();
+    session.renew().await.unwrap();
+    let renew = SqliteStore::statements_executed() - before;
+    session.close().await.unwrap();
+    (acquire, release, renew)
+}
+
+/// A store the bench started and measured uncontended, kept for its
+/// contended rows.
+struct Started {
+    fixture: &'static StoreFixture,
+    /// Keeps the store's server running.
+    _running: Running,
+    store: Arc<dyn Store>,
+    /// Its peers' contended runners and the rounds per contender.
+    contended: Vec<Runner<'static>>,
+    contended_rounds: usize,
+}
+
 fn main() {
     let cycles: usize = std::env::var("BENCH_CYCLES")
         .ok()
@@ -800,251 +991,57 @@ fn main() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let sqlite_url = format!("sqlite://{}", dir.path().join("bench.db").display());
     let (rows, (acquire, release, renew)) = rt.block_on(async {
-        let memory = tenure::open("memory://").await.unwrap();
-        let sqlite = tenure::open(&sqlite_url).await.unwrap();
-
-        // Statements per operation, counted by SQLite's trace hook.
-        let session = Session::new(&sqlite).await.unwrap();
-        let mutex = Mutex::new(&session, "count").unwrap();
-        mutex.lock().await.unwrap().release().await.unwrap();
-        let before = SqliteStore::statements_executed();
-        let g = mutex.lock().await.unwrap();
-        let acquire = SqliteStore::statements_executed() - before;
-        let before = SqliteStore::statements_executed();
-        g.release().await.unwrap();
-        let release = SqliteStore::statements_executed() - before;
-        let before = SqliteStore::statements_executed();
-        session.renew().await.unwrap();
-        let renew = SqliteStore::statements_executed() - before;
-        session.close().await.unwrap();
-
-        measure_server(None);
-        // Metrics on (the default: `Recording::Auto`, and no recorder is
-        // installed, so nothing is timed or keyed: what a user who never
-        // looks at metrics pays) against off (`Recording::Off`), and against
-        // forced on into the no-op recorder (`Recording::On`: every key
-        // built and every clock read, what recording costs apart from the
-        // recorder's own work), interleaved.
-        let with = |setting: tenure::metrics::Recording, label: &'static str| {
-            let memory = &memory;
-            runner(move |n| async move {
-                tenure::metrics::set_recording(setting);
-                let mut stats = uncontended(memory, n).await;
-                tenure::metrics::set_recording(tenure::metrics::Recording::Auto);
-                stats.label = label.into();
-                stats
-            })
-        };
-        let mut rows = interleaved(
-            cycles,
-            vec![
-                runner(|n| uncontended(&memory, n)),
-                runner(|n| uncontended_unfair(&memory, n)),
-                with(
-                    tenure::metrics::Recording::Off,
-                    "memory tenure, metrics off",
-                ),
-                with(
-                    tenure::metrics::Recording::On,
-                    "memory tenure, metrics forced on (no-op recorder)",
-                ),
-            ],
-        )
-        .await;
-        let floor = SqliteFloor::open(&dir.path().join("floor.db"), false);
-        let floor_checkpointed = SqliteFloor::open(&dir.path().join("floor-checkpointed.db"), true);
-        rows.extend(
-            interleaved(
-                cycles,
-                vec![
-                    runner(|n| uncontended(&sqlite, n)),
-                    runner(|n| uncontended_unfair(&sqlite, n)),
-                    runner(|n| {
-                        let floor = &floor;
-                        async move { tokio::task::block_in_place(|| floor.run(n)) }
-                    }),
-                    runner(|n| {
-                        let floor = &floor_checkpointed;
-                        async move { tokio::task::block_in_place(|| floor.run(n)) }
-                    }),
-                ],
-            )
-            .await,
-        );
-        let server = want("redis")
-            .then(tenure_testkit::RedisServer::start)
-            .flatten();
-        match &server {
-            Some(server) => {
-                measure_server(Some("redis-server"));
-                let redis = tenure::open(&server.url()).await.unwrap();
-                let url = server.url();
-                rows.extend(
-                    interleaved(
-                        cycles,
-                        vec![
-                            runner(|n| uncontended(&redis, n)),
-                            runner(|n| uncontended_unfair(&redis, n)),
-                            runner(|n| redis_floor(&url, n)),
-                            runner(|n| redis_script_raw(&url, n)),
-                        ],
-                    )
-                    .await,
-                );
+        let mut rows = Vec::new();
+        let mut statements = (0, 0, 0);
+        // Every store's uncontended rows, store by store in the table's
+        // order; each store's server runs on through the contended rows.
+        let mut started = Vec::new();
+        for fixture in STORES {
+            // Memory and SQLite always run: they need no server.
+            if !fixture.packages.is_empty() && !want(fixture.backend) {
+                continue;
             }
-            None => eprintln!("redis-server is not installed: no Redis rows"),
+            let Some(running) = (fixture.start)() else {
+                eprintln!(
+                    "{}'s server is not installed: no {} rows",
+                    fixture.backend, fixture.backend
+                );
+                continue;
+            };
+            let store = tenure::open(&running.url).await.unwrap();
+            if fixture.backend == "sqlite" {
+                statements = sqlite_statements(&store).await;
+            }
+            let Extras {
+                uncontended: more,
+                contended: peers,
+                contended_rounds,
+            } = extras(fixture.backend, &running.url, &store, dir.path(), cycles);
+            measure_server(fixture.server_process);
+            let mut runners = vec![
+                runner(|n| uncontended(&store, n)),
+                runner(|n| uncontended_unfair(&store, n)),
+            ];
+            runners.extend(more);
+            rows.extend(interleaved(cycles, runners).await);
+            started.push(Started {
+                fixture,
+                _running: running,
+                store,
+                contended: peers,
+                contended_rounds,
+            });
         }
-        let nodes: Option<Vec<tenure_testkit::RedisServer>> = want("redlock")
-            .then(|| {
-                (0..3)
-                    .map(|_| tenure_testkit::RedisServer::start())
-                    .collect()
-            })
-            .flatten();
-        let node_urls: Vec<String> = nodes.iter().flatten().map(|s| s.url()).collect();
-        let redlock_url = nodes
-            .as_deref()
-            .map(tenure_testkit::RedisServer::redlock_url)
-            .unwrap_or_default();
-        if nodes.is_some() {
-            measure_server(Some("redis-server"));
-            let store = tenure::open(&redlock_url).await.unwrap();
-            rows.extend(
-                interleaved(
-                    cycles,
-                    vec![
-                        runner(|n| uncontended(&store, n)),
-                        runner(|n| uncontended_unfair(&store, n)),
-                        runner(|n| redlock_floor(&node_urls, n)),
-                        runner(|n| rslock_uncontended(&node_urls, n)),
-                    ],
-                )
-                .await,
-            );
+        for mut s in started {
+            measure_server(s.fixture.server_process);
+            rows.push(contended(&s.store, 16, s.contended_rounds).await);
+            rows.push(contended_unfair(&s.store, 16, s.contended_rounds).await);
+            for peer in &mut s.contended {
+                rows.push(peer(s.contended_rounds).await);
+            }
         }
-        let etcd = want("etcd")
-            .then(|| tenure_testkit::EtcdCluster::start_or_skip(1))
-            .flatten();
-        if let Some(etcd) = &etcd {
-            measure_server(Some("etcd"));
-            let store = tenure::open(&etcd.url()).await.unwrap();
-            let url = etcd.url();
-            rows.extend(
-                interleaved(
-                    cycles,
-                    vec![
-                        runner(|n| uncontended(&store, n)),
-                        runner(|n| uncontended_unfair(&store, n)),
-                        runner(|n| etcd_floor(&url, n)),
-                        runner(|n| etcd_lock_api(&url, n)),
-                    ],
-                )
-                .await,
-            );
-        }
-        let zk = want("zookeeper")
-            .then(|| tenure_testkit::ZkEnsemble::start_or_skip(1))
-            .flatten();
-        if let Some(zk) = &zk {
-            measure_server(Some("java"));
-            let store = tenure::open(&zk.url()).await.unwrap();
-            let url = zk.url();
-            rows.extend(
-                interleaved(
-                    cycles,
-                    vec![
-                        runner(|n| uncontended(&store, n)),
-                        runner(|n| uncontended_unfair(&store, n)),
-                        runner(|n| zk_floor(&url, n)),
-                    ],
-                )
-                .await,
-            );
-        }
-        let pg = want("postgres")
-            .then(tenure_testkit::PostgresServer::start_or_skip)
-            .flatten();
-        if let Some(pg) = &pg {
-            measure_server(Some("postgres"));
-            let store = tenure::open(&pg.url()).await.unwrap();
-            let url = pg.url();
-            rows.extend(
-                interleaved(
-                    cycles,
-                    vec![
-                        runner(|n| uncontended(&store, n)),
-                        runner(|n| uncontended_unfair(&store, n)),
-                        runner(|n| postgres_floor(&url, n)),
-                    ],
-                )
-                .await,
-            );
-        }
-        let my = want("mysql")
-            .then(tenure_testkit::MariaDbServer::start_or_skip)
-            .flatten();
-        if let Some(my) = &my {
-            measure_server(Some("mariadbd"));
-            let store = tenure::open(&my.url()).await.unwrap();
-            let url = my.url();
-            rows.extend(
-                interleaved(
-                    cycles,
-                    vec![
-                        runner(|n| uncontended(&store, n)),
-                        runner(|n| uncontended_unfair(&store, n)),
-                        runner(|n| mysql_floor(&url, n)),
-                    ],
-                )
-                .await,
-            );
-        }
-        measure_server(None);
-        rows.push(contended(&memory, 16, (cycles / 16).max(10)).await);
-        rows.push(contended_unfair(&memory, 16, (cycles / 16).max(10)).await);
-        rows.push(contended(&sqlite, 16, (cycles / 64).max(5)).await);
-        rows.push(contended_unfair(&sqlite, 16, (cycles / 64).max(5)).await);
-        if let Some(server) = &server {
-            measure_server(Some("redis-server"));
-            let redis = tenure::open(&server.url()).await.unwrap();
-            rows.push(contended(&redis, 16, (cycles / 64).max(5)).await);
-            rows.push(contended_unfair(&redis, 16, (cycles / 64).max(5)).await);
-        }
-        if nodes.is_some() {
-            measure_server(Some("redis-server"));
-            let store = tenure::open(&redlock_url).await.unwrap();
-            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
-            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
-            rows.push(rslock_contended(&node_urls, 16, (cycles / 64).max(5)).await);
-        }
-        if let Some(etcd) = &etcd {
-            measure_server(Some("etcd"));
-            let store = tenure::open(&etcd.url()).await.unwrap();
-            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
-            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
-            rows.push(etcd_lock_api_contended(&etcd.url(), 16, (cycles / 64).max(5)).await);
-        }
-        if let Some(zk) = &zk {
-            measure_server(Some("java"));
-            let store = tenure::open(&zk.url()).await.unwrap();
-            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
-            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
-        }
-        if let Some(pg) = &pg {
-            measure_server(Some("postgres"));
-            let store = tenure::open(&pg.url()).await.unwrap();
-            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
-            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
-        }
-        if let Some(my) = &my {
-            measure_server(Some("mariadbd"));
-            let store = tenure::open(&my.url()).await.unwrap();
-            rows.push(contended(&store, 16, (cycles / 64).max(5)).await);
-            rows.push(contended_unfair(&store, 16, (cycles / 64).max(5)).await);
-        }
-        (rows, (acquire, release, renew))
+        (rows, statements)
     });
     // Each backend's uncontended cycle is compared with its own floor.
     let floor_of = |backend: &str| {

@@ -47,6 +47,7 @@ use tenure::{Mutex, Name, Session, SessionOptions, Store};
 use tokio::time::timeout;
 
 use common::{process_cpu_ns, server_cpu_ns};
+use tenure_testkit::stores::{StoreFixture, STORES};
 
 /// Every session's TTL (`QUEUE_TTL_S` overrides it: renewals of N sessions
 /// come N / (TTL / 3) times a second, a load of their own).
@@ -714,6 +715,29 @@ impl Budget {
     }
 }
 
+/// The URL the bench opens a store at, given the test kit's `url`: the one
+/// place that knows a store's own needs here.
+fn queue_url(backend: &str, url: &str) -> String {
+    match backend {
+        // One connection per session: the test kit's server takes any
+        // number (maxClientCnxns=0), and the URL lifts the store's own
+        // default cap of 50.
+        "zookeeper" => format!("{url}?max_sessions=0"),
+        _ => url.to_string(),
+    }
+}
+
+/// The first of a store's packages that is not installed (its first one
+/// when they all are).
+fn missing_package(store: &StoreFixture) -> &'static str {
+    store
+        .packages
+        .iter()
+        .find(|p| !p.is_installed())
+        .or(store.packages.first())
+        .map_or(store.backend, |p| p.name)
+}
+
 fn missing_rows(rows: &mut Vec<Row>, backend: &str, sizes: &[usize], why: &str) {
     for &n in sizes {
         let mut row = Row::new(backend, n);
@@ -739,11 +763,12 @@ fn main() {
     // BENCH_ONLY=redis,postgres runs just those server backends (memory and
     // SQLite always run: they need no server).
     let only = std::env::var("BENCH_ONLY").ok();
-    let want = |backend: &str| {
-        only.as_deref()
-            .is_none_or(|list| list.split(',').any(|b| b.trim() == backend))
+    let wanted = |store: &StoreFixture| {
+        store.packages.is_empty()
+            || only
+                .as_deref()
+                .is_none_or(|list| list.split(',').any(|b| b.trim() == store.backend))
     };
-    let servers = ["redis", "redlock", "postgres", "mysql", "etcd", "zookeeper"];
     let budget = Budget {
         started: Instant::now(),
         limit: Duration::from_secs(
@@ -752,7 +777,7 @@ fn main() {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(900),
         ),
-        backends: 2 + servers.iter().filter(|b| want(b)).count(),
+        backends: STORES.iter().filter(|s| wanted(s)).count(),
         begun: std::cell::Cell::new(0),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -760,40 +785,17 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let rows = rt.block_on(async {
         let mut rows = Vec::new();
-        run_backend(&mut rows, "memory", "memory://", None, &sizes, &budget).await;
-        let sqlite_url = format!("sqlite://{}", dir.path().join("queue.db").display());
-        run_backend(&mut rows, "sqlite", &sqlite_url, None, &sizes, &budget).await;
-        if want("redis") {
-            match tenure_testkit::RedisServer::start() {
-                Some(server) => {
+        for fixture in STORES.iter().filter(|s| wanted(s)) {
+            // Each store's server runs through its rows alone.
+            match (fixture.start)() {
+                Some(running) => {
                     run_backend(
                         &mut rows,
-                        "redis",
-                        &server.url(),
-                        Some("redis-server"),
-                        &sizes,
-                        &budget,
-                    )
-                    .await
-                }
-                None => missing_rows(&mut rows, "redis", &sizes, "redis-server is not installed"),
-            }
-        }
-        if want("redlock") {
-            let nodes: Option<Vec<tenure_testkit::RedisServer>> = (0..3)
-                .map(|_| tenure_testkit::RedisServer::start())
-                .collect();
-            match nodes {
-                Some(nodes) => {
-                    let url = tenure_testkit::RedisServer::redlock_url(&nodes);
-                    run_backend(
-                        &mut rows,
-                        "redlock",
-                        &url,
-                        Some("redis-server"),
+                        fixture.backend,
+                        &queue_url(fixture.backend, &running.url),
+                        fixture.server_process,
                         &sizes,
                         &budget,
                     )
@@ -801,77 +803,10 @@ fn main() {
                 }
                 None => missing_rows(
                     &mut rows,
-                    "redlock",
+                    fixture.backend,
                     &sizes,
-                    "redis-server is not installed",
+                    &format!("{} is not installed", missing_package(fixture)),
                 ),
-            }
-        }
-        if want("postgres") {
-            match tenure_testkit::PostgresServer::start_or_skip() {
-                Some(pg) => {
-                    run_backend(
-                        &mut rows,
-                        "postgres",
-                        &pg.url(),
-                        Some("postgres"),
-                        &sizes,
-                        &budget,
-                    )
-                    .await
-                }
-                None => missing_rows(&mut rows, "postgres", &sizes, "postgres is not installed"),
-            }
-        }
-        if want("mysql") {
-            match tenure_testkit::MariaDbServer::start_or_skip() {
-                Some(my) => {
-                    run_backend(
-                        &mut rows,
-                        "mysql",
-                        &my.url(),
-                        Some("mariadbd"),
-                        &sizes,
-                        &budget,
-                    )
-                    .await
-                }
-                None => missing_rows(&mut rows, "mysql", &sizes, "mariadbd is not installed"),
-            }
-        }
-        if want("etcd") {
-            match tenure_testkit::EtcdCluster::start_or_skip(1) {
-                Some(etcd) => {
-                    run_backend(
-                        &mut rows,
-                        "etcd",
-                        &etcd.url(),
-                        Some("etcd"),
-                        &sizes,
-                        &budget,
-                    )
-                    .await
-                }
-                None => missing_rows(&mut rows, "etcd", &sizes, "etcd is not installed"),
-            }
-        }
-        if want("zookeeper") {
-            match tenure_testkit::ZkEnsemble::start_or_skip(1) {
-                Some(zk) => {
-                    run_backend(
-                        &mut rows,
-                        "zookeeper",
-                        // One connection per session: the test kit's server
-                        // takes any number (maxClientCnxns=0), and the URL
-                        // lifts the store's own default cap of 50.
-                        &format!("{}?max_sessions=0", zk.url()),
-                        Some("java"),
-                        &sizes,
-                        &budget,
-                    )
-                    .await
-                }
-                None => missing_rows(&mut rows, "zookeeper", &sizes, "ZooKeeper is not installed"),
             }
         }
         rows

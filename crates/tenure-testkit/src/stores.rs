@@ -107,6 +107,9 @@ pub struct StoreFixture {
     /// The network faults a bounded `tenure torture` run must inject on it
     /// (none for a store without a network).
     pub torture_network_faults: &'static [&'static str],
+    /// The name (`/proc/PID/comm`) of its server's processes, whose CPU time
+    /// the benches charge its runs with (none for an embedded store).
+    pub server_process: Option<&'static str>,
 }
 
 impl std::fmt::Debug for StoreFixture {
@@ -151,6 +154,7 @@ pub static STORES: &[StoreFixture] = &[
         bad_option_url: |_| "memory://?bogus=1".into(),
         differential_seeds: 0,
         torture_network_faults: &[],
+        server_process: None,
     },
     StoreFixture {
         backend: "sqlite",
@@ -171,6 +175,7 @@ pub static STORES: &[StoreFixture] = &[
         bad_option_url: |dir| format!("sqlite://{}?bogus=1", dir.join("b.db").display()),
         differential_seeds: 12,
         torture_network_faults: &[],
+        server_process: None,
     },
     StoreFixture {
         backend: "redis",
@@ -196,6 +201,7 @@ pub static STORES: &[StoreFixture] = &[
         bad_option_url: |_| "redis://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
         differential_seeds: 12,
         torture_network_faults: &["partition", "delay", "hold"],
+        server_process: Some("redis-server"),
     },
     StoreFixture {
         backend: "redlock",
@@ -237,6 +243,7 @@ pub static STORES: &[StoreFixture] = &[
         bad_option_url: |_| "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1".into(),
         differential_seeds: 8,
         torture_network_faults: &["partition-minority", "delay", "hold"],
+        server_process: Some("redis-server"),
     },
     StoreFixture {
         backend: "postgres",
@@ -284,6 +291,7 @@ pub static STORES: &[StoreFixture] = &[
         bad_option_url: |_| "postgres://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
         differential_seeds: 8,
         torture_network_faults: &["partition", "delay", "hold"],
+        server_process: Some("postgres"),
     },
     StoreFixture {
         backend: "mysql",
@@ -331,6 +339,7 @@ pub static STORES: &[StoreFixture] = &[
         bad_option_url: |_| "mysql://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
         differential_seeds: 8,
         torture_network_faults: &["partition", "delay", "hold"],
+        server_process: Some("mariadbd"),
     },
     StoreFixture {
         backend: "etcd",
@@ -371,6 +380,7 @@ pub static STORES: &[StoreFixture] = &[
         bad_option_url: |_| "etcd://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
         differential_seeds: 6,
         torture_network_faults: &["partition", "delay", "hold"],
+        server_process: Some("etcd"),
     },
     StoreFixture {
         backend: "zookeeper",
@@ -415,6 +425,7 @@ pub static STORES: &[StoreFixture] = &[
         bad_option_url: |_| "zk://u:hunter2@127.0.0.1:1?bogus=1".into(),
         differential_seeds: 6,
         torture_network_faults: &["partition", "delay", "hold"],
+        server_process: Some("java"),
     },
 ];
 
