@@ -23,6 +23,7 @@ mod once;
 mod registers;
 mod schedule;
 mod semaphore;
+mod unfair;
 
 pub use election::*;
 pub use faults::*;
@@ -32,6 +33,7 @@ pub use once::*;
 pub use registers::*;
 pub use schedule::*;
 pub use semaphore::*;
+pub use unfair::*;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
