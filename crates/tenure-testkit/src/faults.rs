@@ -1,7 +1,7 @@
 //! Server faults for `tenure torture` runs that the test drives as the
 //! nemesis (`--nemesis-exec`): each turn starts a fault, then stops it.
 //! A store's row in the table of stores names the scenarios it is tortured
-//! with ([`crate::stores::StoreFixture::torture_scenarios`]).
+//! with (the `torture_scenarios` of its `StoreFixture`).
 
 use std::path::PathBuf;
 

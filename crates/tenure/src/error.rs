@@ -76,7 +76,7 @@ pub enum Error {
 
     /// A fence refused a token lower than the highest it has seen: the
     /// holder that presented it may have lost its lock to a later holder
-    /// (see [`fencing`](crate::fencing)). Nothing was written through it.
+    /// (see the `fencing` module). Nothing was written through it.
     #[error("fence {fence:?} refused token {token}: it has seen {highest}")]
     StaleToken {
         /// The fence's name.
@@ -99,7 +99,7 @@ pub enum Error {
         current: Option<u64>,
     },
 
-    /// Another call is running the same idempotent job (see [`once`](crate::once)).
+    /// Another call is running the same idempotent job (see `tenure::once`).
     #[error("the job for key {0:?} is already running elsewhere")]
     InProgress(String),
 

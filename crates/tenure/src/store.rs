@@ -4,7 +4,7 @@
 //! session and lives as long as that session does. Its `seq`, handed out by the
 //! store in arrival order and never reused for the name, is the fencing token.
 //! Whether an entry is granted is a pure function of the queue
-//! ([`crate::queue::grants`]): the recipes (mutex, election, …) are written
+//! (`queue::grants`, in the module beside this one): the recipes (mutex, election, …) are written
 //! once over these operations.
 
 use std::fmt;

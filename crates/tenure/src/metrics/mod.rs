@@ -18,7 +18,7 @@
 //! Label values come from small fixed sets (`backend`, `op`, `kind`,
 //! `outcome`, `reason`, `to`), except `name`: the name of a lock, semaphore,
 //! election or schedule. A schedule's per-tick claim names (`job@1717171717`)
-//! and the keys of [`once`](crate::once) never become label values. Where an
+//! and the keys of `tenure::once` never become label values. Where an
 //! application makes names without bound (one lock per user, say), cut the
 //! `name` label to a prefix or turn it off with [`set_name_label`], once, at
 //! start-up.
