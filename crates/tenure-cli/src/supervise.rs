@@ -6,7 +6,7 @@
 //! too slow). It is plain blocking code on purpose: no runtime, no store, no
 //! threads, nothing that could itself stall.
 //!
-//! Its arguments (written by [`crate::child`]):
+//! Its arguments (written by the `child` module):
 //!
 //! ```text
 //! __supervise CTL_FD REPORT_FD PARENT_PID GRACE_NS DEADLINE_NS|- -- PROGRAM ARGS…
