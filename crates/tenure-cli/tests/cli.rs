@@ -904,17 +904,10 @@ fn bad_input_catalogue_exits_64_with_a_message_and_no_secret() {
         assert!(!stderr.contains("panicked"), "{:?}: {stderr}", &args[..2]);
     }
     // URLs and credentials: the password never reaches the output.
-    for url in [
-        "postgres://bob:hunter2@127.0.0.1:1/db?sslmode=sometimes",
-        "redis://:hunter2@127.0.0.1:1/db?prefix=",
-        "mysql://bob:hunter2@127.0.0.1:1/db?bogus=1",
-        "etcd://bob:hunter2@db",
-        "zk://bob:hunter2@127.0.0.1:1/path?max_sessions=lots",
-        "redlock://:hunter2@127.0.0.1:1",
-        "sqlite://",
-        "ftp://bob:hunter2@host/x",
-        "",
-    ] {
+    let every_store = tenure_testkit::stores::STORES
+        .iter()
+        .flat_map(|s| s.bad_value_urls.iter().copied());
+    for url in every_store.chain(["ftp://bob:hunter2@host/x", ""]) {
         let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
             .args(["--store", url, "status"])
             .output()

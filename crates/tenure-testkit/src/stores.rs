@@ -14,7 +14,9 @@ use crate::faults::{
     paused, paused_or_restarted, Alternate, ClockJump, Faulted, Keeping, LongRun, MemberKilled,
     TortureScenario, TwoNodesKilled, NETWORK_AND_CLIENT,
 };
-use crate::servers::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, ZkEnsemble};
+use crate::servers::{
+    ClockedServer, EtcdCluster, MariaDbServer, PostgresServer, RedisServer, ZkEnsemble,
+};
 use crate::Server;
 
 /// A Debian package a store's tests need, and a file or command that shows
@@ -102,6 +104,9 @@ pub struct StoreFixture {
     /// A URL that names an option no backend takes (`bogus`) and the
     /// password `hunter2`, with `dir` for a file store.
     pub bad_option_url: fn(&Path) -> String,
+    /// URLs the store refuses for an option's value or the URL's shape, each
+    /// with the password `hunter2` where the store takes one.
+    pub bad_value_urls: &'static [&'static str],
     /// How many random sequences the differential test compares with memory.
     pub differential_seeds: u64,
     /// The network faults a bounded `tenure torture` run must inject on it
@@ -152,6 +157,7 @@ pub static STORES: &[StoreFixture] = &[
         start: || Some(Running::embedded("memory://".into(), None)),
         down_url: None,
         bad_option_url: |_| "memory://?bogus=1".into(),
+        bad_value_urls: &[],
         differential_seeds: 0,
         torture_network_faults: &[],
         server_process: None,
@@ -173,6 +179,7 @@ pub static STORES: &[StoreFixture] = &[
         },
         down_url: None,
         bad_option_url: |dir| format!("sqlite://{}?bogus=1", dir.join("b.db").display()),
+        bad_value_urls: &["sqlite://"],
         differential_seeds: 12,
         torture_network_faults: &[],
         server_process: None,
@@ -199,6 +206,7 @@ pub static STORES: &[StoreFixture] = &[
         start: || RedisServer::start_or_skip().map(Running::server),
         down_url: Some(|port| format!("redis://127.0.0.1:{port}/0")),
         bad_option_url: |_| "redis://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
+        bad_value_urls: &["redis://:hunter2@127.0.0.1:1/db?prefix="],
         differential_seeds: 12,
         torture_network_faults: &["partition", "delay", "hold"],
         server_process: Some("redis-server"),
@@ -216,7 +224,7 @@ pub static STORES: &[StoreFixture] = &[
                 ttl: "1s",
                 start: || {
                     let mut nodes = redis_nodes(3)?;
-                    let url = RedisServer::redlock_url(&nodes);
+                    let url = redlock_url(&nodes);
                     let node = nodes.remove(0);
                     Some(Faulted::new(url, Keeping(paused(node), Box::new(nodes))))
                 },
@@ -236,11 +244,12 @@ pub static STORES: &[StoreFixture] = &[
             let nodes: Vec<RedisServer> = (0..3)
                 .map(|_| RedisServer::start_or_skip())
                 .collect::<Option<_>>()?;
-            let url = RedisServer::redlock_url(&nodes);
+            let url = redlock_url(&nodes);
             Some(Running::embedded(url, Some(Box::new(nodes))))
         },
         down_url: None,
         bad_option_url: |_| "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1".into(),
+        bad_value_urls: &["redlock://:hunter2@127.0.0.1:1"],
         differential_seeds: 8,
         torture_network_faults: &["partition-minority", "delay", "hold"],
         server_process: Some("redis-server"),
@@ -251,44 +260,16 @@ pub static STORES: &[StoreFixture] = &[
             name: "postgresql",
             provides: "/usr/lib/postgresql/*/bin/initdb",
         }],
-        torture_scenarios: &[
-            TortureScenario {
-                name: "server_paused_and_restarted",
-                ttl: "1s",
-                start: || {
-                    PostgresServer::start_or_skip()
-                        .map(|s| Faulted::new(s.url(), paused_or_restarted(s)))
-                },
-            },
-            TortureScenario {
-                name: "clock_jumps",
-                ttl: "1s",
-                start: || {
-                    let s = PostgresServer::start_with_clock_or_skip()?;
-                    let clock = s.clock()?.file().to_path_buf();
-                    Some(Faulted::new(
-                        s.url(),
-                        Keeping(ClockJump(clock), Box::new(s)),
-                    ))
-                },
-            },
-        ],
+        torture_scenarios: &clocked_server_scenarios::<PostgresServer>(),
         long_run: LongRun {
             ttl: "1s",
             faults: NETWORK_AND_CLIENT,
-            scenario: Some(|| {
-                let s = PostgresServer::start_with_clock_or_skip()?;
-                let clock = s.clock()?.file().to_path_buf();
-                let url = s.url();
-                Some(Faulted::new(
-                    url,
-                    Alternate(paused_or_restarted(s), ClockJump(clock)),
-                ))
-            }),
+            scenario: Some(paused_restarted_or_clock_jumps::<PostgresServer>),
         },
         start: || PostgresServer::start_or_skip().map(Running::server),
         down_url: Some(|port| format!("postgres://postgres:x@127.0.0.1:{port}/postgres")),
         bad_option_url: |_| "postgres://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
+        bad_value_urls: &["postgres://bob:hunter2@127.0.0.1:1/db?sslmode=sometimes"],
         differential_seeds: 8,
         torture_network_faults: &["partition", "delay", "hold"],
         server_process: Some("postgres"),
@@ -299,44 +280,16 @@ pub static STORES: &[StoreFixture] = &[
             name: "mariadb-server",
             provides: "mariadbd",
         }],
-        torture_scenarios: &[
-            TortureScenario {
-                name: "server_paused_and_restarted",
-                ttl: "1s",
-                start: || {
-                    MariaDbServer::start_or_skip()
-                        .map(|s| Faulted::new(s.url(), paused_or_restarted(s)))
-                },
-            },
-            TortureScenario {
-                name: "clock_jumps",
-                ttl: "1s",
-                start: || {
-                    let s = MariaDbServer::start_with_clock_or_skip()?;
-                    let clock = s.clock()?.file().to_path_buf();
-                    Some(Faulted::new(
-                        s.url(),
-                        Keeping(ClockJump(clock), Box::new(s)),
-                    ))
-                },
-            },
-        ],
+        torture_scenarios: &clocked_server_scenarios::<MariaDbServer>(),
         long_run: LongRun {
             ttl: "1s",
             faults: NETWORK_AND_CLIENT,
-            scenario: Some(|| {
-                let s = MariaDbServer::start_with_clock_or_skip()?;
-                let clock = s.clock()?.file().to_path_buf();
-                let url = s.url();
-                Some(Faulted::new(
-                    url,
-                    Alternate(paused_or_restarted(s), ClockJump(clock)),
-                ))
-            }),
+            scenario: Some(paused_restarted_or_clock_jumps::<MariaDbServer>),
         },
         start: || MariaDbServer::start_or_skip().map(Running::server),
         down_url: Some(|port| format!("mysql://tenure:x@127.0.0.1:{port}/tenure")),
         bad_option_url: |_| "mysql://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
+        bad_value_urls: &["mysql://bob:hunter2@127.0.0.1:1/db?ssl-mode=sometimes"],
         differential_seeds: 8,
         torture_network_faults: &["partition", "delay", "hold"],
         server_process: Some("mariadbd"),
@@ -378,6 +331,7 @@ pub static STORES: &[StoreFixture] = &[
         start: || EtcdCluster::start_or_skip(1).map(Running::server),
         down_url: Some(|port| format!("etcd://127.0.0.1:{port}")),
         bad_option_url: |_| "etcd://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
+        bad_value_urls: &["etcd://bob:hunter2@db"],
         differential_seeds: 6,
         torture_network_faults: &["partition", "delay", "hold"],
         server_process: Some("etcd"),
@@ -423,6 +377,7 @@ pub static STORES: &[StoreFixture] = &[
         start: || ZkEnsemble::start_or_skip(1).map(Running::server),
         down_url: Some(|port| format!("zk://127.0.0.1:{port}")),
         bad_option_url: |_| "zk://u:hunter2@127.0.0.1:1?bogus=1".into(),
+        bad_value_urls: &["zk://bob:hunter2@127.0.0.1:1/path?max_sessions=lots"],
         differential_seeds: 6,
         torture_network_faults: &["partition", "delay", "hold"],
         server_process: Some("java"),
@@ -437,7 +392,7 @@ fn redis_nodes(n: usize) -> Option<Vec<RedisServer>> {
 /// Five Redlock nodes, two of them killed and restarted empty each turn.
 fn five_nodes_two_killed() -> Option<Faulted> {
     let nodes = redis_nodes(5)?;
-    let url = RedisServer::redlock_url(&nodes);
+    let url = redlock_url(&nodes);
     Some(Faulted::new(url, TwoNodesKilled(nodes)))
 }
 
@@ -467,7 +422,65 @@ fn zk_member_killed() -> Option<Faulted> {
     ))
 }
 
+/// A server with a steppable clock: paused or restarted now and then in one
+/// run, its clock stepped in the other.
+const fn clocked_server_scenarios<S: ClockedServer>() -> [TortureScenario; 2] {
+    [
+        TortureScenario {
+            name: "server_paused_and_restarted",
+            ttl: "1s",
+            start: paused_and_restarted::<S>,
+        },
+        TortureScenario {
+            name: "clock_jumps",
+            ttl: "1s",
+            start: clock_jumps::<S>,
+        },
+    ]
+}
+
+fn paused_and_restarted<S: ClockedServer>() -> Option<Faulted> {
+    S::start_or_skip().map(|s| Faulted::new(s.url(), paused_or_restarted(s)))
+}
+
+fn clock_jumps<S: ClockedServer>() -> Option<Faulted> {
+    let s = S::start_with_clock_or_skip()?;
+    let clock = s.clock()?.file().to_path_buf();
+    Some(Faulted::new(
+        s.url(),
+        Keeping(ClockJump(clock), Box::new(s)),
+    ))
+}
+
+/// The long run's: pauses, restarts and clock steps in turn, on one server.
+fn paused_restarted_or_clock_jumps<S: ClockedServer>() -> Option<Faulted> {
+    let s = S::start_with_clock_or_skip()?;
+    let clock = s.clock()?.file().to_path_buf();
+    let url = s.url();
+    Some(Faulted::new(
+        url,
+        Alternate(paused_or_restarted(s), ClockJump(clock)),
+    ))
+}
+
 /// The row of `backend`.
 pub fn store(backend: &str) -> Option<&'static StoreFixture> {
     STORES.iter().find(|s| s.backend == backend)
+}
+
+/// A `redlock://` URL over these servers (`redlocks://` with the first
+/// one's CA when they speak TLS).
+pub fn redlock_url(servers: &[RedisServer]) -> String {
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    match servers.first().and_then(|s| s.tls()) {
+        Some(tls) => format!(
+            "redlocks://{}/0?tls_ca={}",
+            hosts.join(","),
+            tls.ca.display()
+        ),
+        None => format!("redlock://{}/0", hosts.join(",")),
+    }
 }

@@ -138,40 +138,30 @@ async fn read_only_child() {
 
 #[tokio::test]
 async fn disabled_backends_name_their_feature_and_hide_passwords() {
-    for url in [
-        "postgres://bob:hunter2@db:5432/app",
-        "mysql://bob:hunter2@db/app",
-        "redis://:hunter2@localhost:6379/0",
-        "redlock://:hunter2@a:1,b:2,c:3",
-        "etcd://bob:hunter2@h:2379",
-        "zk://h:2181/chroot",
-    ] {
-        if tenure::backend_for(url).unwrap().is_built_in() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in tenure_testkit::stores::STORES {
+        let url = (store.bad_option_url)(dir.path());
+        if tenure::backend_for(&url).unwrap().is_built_in() {
             continue; // built in: its own tests cover bad credentials
         }
-        let e = open_err(url).await;
+        let e = open_err(&url).await;
         assert!(matches!(e, Error::BackendDisabled { .. }), "{url}: {e:?}");
         assert!(!e.to_string().contains("hunter2"));
         assert!(!format!("{e:?}").contains("hunter2"));
     }
 }
 
-/// Every backend in the table refuses an option it does not take, naming it,
+/// Every store of the table refuses an option it does not take, naming it,
 /// before any connection is tried (nothing listens on port 1).
 #[tokio::test]
 async fn every_backend_refuses_an_unknown_option_by_name_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    for backend in tenure::backends() {
-        if !backend.is_built_in() {
+    for store in tenure_testkit::stores::STORES {
+        let url = (store.bad_option_url)(&dir.path().join("missing-dir"));
+        if !tenure::backend_for(&url).unwrap().is_built_in() {
             continue;
         }
-        let scheme = backend.schemes[0];
-        let url = match backend.name {
-            "memory" => "memory://?bogus=1".to_string(),
-            "sqlite" => "sqlite:///nonexistent-dir/x.db?bogus=1".to_string(),
-            "redlock" => format!("{scheme}://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1"),
-            _ => format!("{scheme}://u:hunter2@127.0.0.1:1/db?bogus=1"),
-        };
         let e = open_err(&url).await;
         assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");
         let text = e.to_string();

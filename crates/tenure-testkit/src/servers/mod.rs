@@ -47,6 +47,29 @@ impl_server!(
     ZkEnsemble
 );
 
+/// A server whose clock the kit can step (under libfaketime), beside the
+/// faults every server takes.
+pub trait ClockedServer: Server + Send + Sized + 'static {
+    /// Starts one, or `None` when it is not installed (and this is not CI).
+    fn start_or_skip() -> Option<Self>;
+    /// Starts one whose clock [`ClockedServer::clock`] steps.
+    fn start_with_clock_or_skip() -> Option<Self>;
+    /// Its clock, when it was started with one.
+    fn clock(&self) -> Option<&crate::SteppableClock>;
+}
+
+macro_rules! impl_clocked_server {
+    ($($t:ty),*) => {$(
+        impl ClockedServer for $t {
+            fn start_or_skip() -> Option<Self> { <$t>::start_or_skip() }
+            fn start_with_clock_or_skip() -> Option<Self> { <$t>::start_with_clock_or_skip() }
+            fn clock(&self) -> Option<&crate::SteppableClock> { <$t>::clock(self) }
+        }
+    )*};
+}
+
+impl_clocked_server!(PostgresServer, MariaDbServer);
+
 /// A replicated store whose members a test kills one by one.
 pub trait Cluster {
     /// A URL over every member.

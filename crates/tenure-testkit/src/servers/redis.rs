@@ -1,4 +1,4 @@
-//! `redis-server`, alone or as Redlock's nodes.
+//! `redis-server`: one server, or several side by side.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -63,23 +63,6 @@ impl RedisServer {
         };
         server.launch();
         Some(server)
-    }
-
-    /// A `redlock://` URL over these servers (`redlocks://` with the first
-    /// one's CA when they speak TLS).
-    pub fn redlock_url(servers: &[RedisServer]) -> String {
-        let hosts: Vec<String> = servers
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect();
-        match servers.first().and_then(|s| s.tls.as_ref()) {
-            Some(tls) => format!(
-                "redlocks://{}/0?tls_ca={}",
-                hosts.join(","),
-                tls.ca.display()
-            ),
-            None => format!("redlock://{}/0", hosts.join(",")),
-        }
     }
 
     /// The TLS files, for a server started with [`RedisServer::start_tls_or_skip`].

@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 /// Remembers when connecting last failed, so that a connection is tried
-/// again at most once per interval (a notification connection, a Redlock
-/// node) instead of by every caller that needs it.
+/// again at most once per interval (a notification connection, one node of
+/// several) instead of by every caller that needs it.
 #[derive(Default)]
 pub(crate) struct ReconnectGate(std::sync::Mutex<Option<std::time::Instant>>);
 

@@ -14,7 +14,7 @@ fn start(n: usize) -> Option<Vec<RedisServer>> {
 }
 
 fn url(servers: &[RedisServer]) -> String {
-    RedisServer::redlock_url(servers)
+    tenure_testkit::stores::redlock_url(servers)
 }
 
 async fn session(store: &std::sync::Arc<dyn tenure::Store>, ttl: Duration) -> Session {
