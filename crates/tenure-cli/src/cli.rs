@@ -21,7 +21,8 @@ use crate::{console, torture};
 #[derive(Parser, Debug)]
 #[command(
     name = "tenure",
-    version,
+    version = crate::version::short(),
+    long_version = crate::version::long(),
     about = "Distributed locks and leader election on the stores you already run",
     long_about = "Distributed locks and leader election on the stores you already run.\n\n\
                   The store is --store, else $TENURE_STORE, else an SQLite file in your state \

@@ -26,6 +26,7 @@ mod output;
 mod process_metrics;
 mod supervise;
 mod torture;
+mod version;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -284,6 +284,48 @@ fn default_store_is_created_in_the_state_directory() {
     assert!(state.path().join("tenure/tenure.db").exists());
 }
 
+/// `--version` names the release, the commit it was built from and the
+/// format of every store built in; `-V` the first two.
+#[test]
+fn version_names_release_commit_and_store_formats() {
+    let run = |flag: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .arg(flag)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let first = format!("tenure {} (commit {head})", env!("CARGO_PKG_VERSION"));
+    assert_eq!(run("-V").trim_end(), first);
+    let long = run("--version");
+    let mut lines = long.lines();
+    assert_eq!(lines.next(), Some(first.as_str()), "{long}");
+    let formats = lines.next().unwrap_or_default();
+    let mut named = 0;
+    for b in tenure::backends() {
+        if let Some(f) = b.format() {
+            assert!(
+                formats.contains(&format!("{} {f}", b.name)),
+                "{b:?}: {long}"
+            );
+            named += 1;
+        }
+    }
+    assert!(
+        named >= 1 && formats.starts_with("store formats: "),
+        "{long}"
+    );
+}
+
 #[test]
 fn backends_lists_the_capability_matrix() {
     let out = Command::new(env!("CARGO_BIN_EXE_tenure"))

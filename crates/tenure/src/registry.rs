@@ -19,6 +19,15 @@ impl Backend {
         self.built.is_some()
     }
 
+    /// The version of what this build keeps in the store — its tables and
+    /// routines, script, or key and node layout — when built in and the
+    /// store keeps anything across processes (`tenure --version` lists
+    /// them). Two builds that share a store speak formats that the upgrade
+    /// rule lets live side by side (docs/operations/upgrades.md).
+    pub fn format(&self) -> Option<&'static str> {
+        self.built.map(|b| b.format).filter(|f| !f.is_empty())
+    }
+
     /// What the backend can do, when built in.
     pub fn capabilities(&self) -> Option<Capabilities> {
         self.built.map(|b| (b.capabilities)())

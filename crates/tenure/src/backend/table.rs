@@ -32,6 +32,9 @@ pub(crate) struct Built {
     pub(crate) capabilities: fn() -> Capabilities,
     pub(crate) url: &'static UrlRules,
     pub(crate) open: fn(StoreUrl) -> Opening,
+    /// The version of what this build keeps in the store ("" for one that
+    /// keeps nothing across processes).
+    pub(crate) format: &'static str,
 }
 
 impl std::fmt::Debug for Backend {
@@ -72,6 +75,7 @@ macro_rules! stores {
                         let store = $always::$always_store::open_url(url)?;
                         Ok(std::sync::Arc::new(store) as std::sync::Arc<dyn crate::store::Store>)
                     }),
+                    format: "",
                 }),
             },
             $(table::Backend {
@@ -87,6 +91,7 @@ macro_rules! stores {
                         let store = $module::$store::open_url(url).await?;
                         Ok(std::sync::Arc::new(store) as std::sync::Arc<dyn crate::store::Store>)
                     }),
+                    format: $module::FORMAT,
                 }),
                 #[cfg(not(feature = $feature))]
                 built: None,

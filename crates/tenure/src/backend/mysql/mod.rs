@@ -41,6 +41,10 @@ const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const RETRIES: usize = 5;
 
+/// The version of what this build keeps in a MySQL database (its *format*:
+/// the meta table's `schema` row).
+pub(crate) const FORMAT: &str = SCHEMA_VERSION;
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 // Besides our own options, the driver's own that we pass on.
 pub(crate) const URL: UrlRules = UrlRules::servers(&[

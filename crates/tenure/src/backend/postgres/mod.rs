@@ -41,6 +41,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Deadlocks and serialization failures are retried this many times.
 const RETRIES: usize = 5;
 
+/// The version of what this build keeps in a PostgreSQL schema (its
+/// *format*: the `meta` table's `schema` row).
+pub(crate) const FORMAT: &str = schema::SCHEMA_VERSION;
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 // Besides our own options, the driver's own that we pass on.
 pub(crate) const URL: UrlRules = UrlRules::servers(&[

@@ -38,6 +38,10 @@ const BACKEND: &str = "redis";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 
+/// The version of what this build keeps in Redis (its *format*: the value
+/// of the `PREFIX:sessions` key).
+pub(crate) const FORMAT: &str = layout::KEY_LAYOUT;
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_fragment();
 

@@ -61,6 +61,9 @@ const BACKEND: &str = "redlock";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 
+/// The version of what this build keeps on each node: the Redis store's.
+pub(crate) const FORMAT: &str = super::redis::FORMAT;
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "node_timeout", "tls_ca"]);
 

@@ -47,6 +47,11 @@ const POLL_MIN: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The version of what this build keeps in an SQLite file (its *format*:
+/// `tenure_meta`'s `schema` row).
+pub(crate) const FORMAT: &str = "1";
+const _: () = assert!(layout::SCHEMA_VERSION == 1, "FORMAT names the schema version");
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::file(&["synchronous"]);
 

@@ -131,6 +131,10 @@ const BACKEND: &str = "zookeeper";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The version of this build's node layout. ZooKeeper keeps no marker of
+/// it: `1` is the layout every release so far has written.
+pub(crate) const FORMAT: &str = "1";
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["max_sessions", "tls_ca"]);
 
