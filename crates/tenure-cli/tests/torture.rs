@@ -389,3 +389,102 @@ fn long_run() {
     };
     keep_long_report(&backend, &ran);
 }
+
+// Builds side by side (`--mixed-with`): workers of two builds share the
+// store, each worker's lives alternating between them.
+
+/// Workers of two builds (here this binary twice, so the run is about the
+/// harness): both are granted, and the report counts each build's part.
+#[test]
+fn mixed_builds_take_turns() {
+    let exe = env!("CARGO_BIN_EXE_tenure");
+    let ran = torture_run(
+        Env::sqlite().url.clone(),
+        21,
+        "1s",
+        &["--mixed-with", exe, "--duration", "12s"],
+    );
+    let report: serde_json::Value = serde_json::from_str(&ran.report).unwrap();
+    let builds = report["builds"].as_array().unwrap();
+    assert_eq!(builds.len(), 2, "{report}");
+    for b in builds {
+        assert!(b["grants"].as_u64().unwrap() > 0, "{report}");
+        assert_eq!(b["exits"], 0, "{report}");
+    }
+}
+
+/// A build the store refuses (its workers exit at once, as an old build
+/// facing a schema it does not know did) fails the run, named.
+#[test]
+fn mixed_builds_fail_when_one_is_refused() {
+    let env = Env::sqlite();
+    let refused = env.path("refused.sh");
+    std::fs::write(
+        &refused,
+        "#!/bin/sh\n[ \"$1\" = -V ] && { echo 'tenure refused-build'; exit 0; }\necho refused >&2\nexit 64\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&refused, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cmd = env.cmd(&[
+        "torture",
+        "--clients",
+        "2",
+        "--ttl",
+        "1s",
+        "--duration",
+        "4s",
+        "--faults",
+        "none",
+        "--mixed-with",
+    ]);
+    cmd.arg(&refused);
+    let out = output_within(cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tenure refused-build") && stderr.contains("exited on their own"),
+        "{stderr}"
+    );
+}
+
+/// The rolling upgrade under faults (`scripts/mixed-torture`, not CI): the
+/// store named by `TORTURE_STORE`, workers of this build and of
+/// `TORTURE_OLD_EXE` (the previous release's binary), the client faults and
+/// the store's network faults; its report goes to
+/// `torture/mixed/STORE.json`.
+#[test]
+#[ignore = "the mixed-build run: scripts/mixed-torture"]
+fn mixed_builds() {
+    let backend = std::env::var("TORTURE_STORE").expect("TORTURE_STORE names a store");
+    let old = std::env::var("TORTURE_OLD_EXE").expect("TORTURE_OLD_EXE: the older build");
+    let duration = std::env::var("TORTURE_MIXED_DURATION").unwrap_or_else(|_| "60s".into());
+    let store = tenure_testkit::stores::store(&backend).expect("a store of the table");
+    let running = (store.start)().expect("the store's server");
+    let faults = [&["kill", "pause"][..], store.torture_network_faults]
+        .concat()
+        .join(",");
+    let ran = torture_run(
+        running.url.clone(),
+        300,
+        "1s",
+        &[
+            "--mixed-with",
+            &old,
+            "--duration",
+            &duration,
+            "--faults",
+            &faults,
+            "--fault-interval",
+            "2s",
+        ],
+    );
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../torture/mixed");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{backend}.json")), &ran.report).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ran.report).unwrap();
+    for b in report["builds"].as_array().unwrap() {
+        assert!(b["grants"].as_u64().unwrap() > 0, "{report}");
+        assert_eq!(b["exits"], 0, "{report}");
+    }
+}

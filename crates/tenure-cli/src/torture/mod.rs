@@ -14,6 +14,7 @@
 //! session is never closed, so it expires), a pause holds the task's store
 //! calls and its lines until it ends.
 
+mod builds;
 pub mod check;
 mod faults;
 mod gate;
@@ -106,12 +107,14 @@ struct Shared {
     /// A network fault is in force (one at a time: a second one's end
     /// would cut the first short).
     network_busy: AtomicBool,
+    /// The builds the workers run (two with `--mixed-with`).
+    builds: builds::Builds,
 }
 
 impl Shared {
     /// The state of a run starting now, with each worker's proxies (network
     /// faults only).
-    fn new(links: HashMap<u32, Vec<proxy::Proxy>>) -> Shared {
+    fn new(links: HashMap<u32, Vec<proxy::Proxy>>, builds: builds::Builds) -> Shared {
         Shared {
             start: Instant::now(),
             start_ns: mono_ns(),
@@ -125,6 +128,7 @@ impl Shared {
             links,
             partitions: AtomicU64::new(0),
             network_busy: AtomicBool::new(false),
+            builds,
         }
     }
 

@@ -65,6 +65,14 @@ pub struct TortureArgs {
     /// during it must be 0.
     #[arg(long, value_name = "CMD")]
     pub nemesis_exec: Option<String>,
+    /// Another build of tenure (the previous release's binary) for half the
+    /// workers: each worker's lives alternate between this build and that
+    /// one, so both hold the lock side by side and a killed worker comes
+    /// back as the other build — a rolling upgrade under faults. Fails if a
+    /// build's workers exit on their own (refused by the store, or dead of
+    /// an error) or are never granted.
+    #[arg(long, value_name = "EXE")]
+    pub mixed_with: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -122,6 +130,12 @@ impl Plan {
                     NETWORK_FAULTS.join(", ")
                 ));
             }
+        }
+        if in_process && args.mixed_with.is_some() {
+            return Err(format!(
+                "the {} store lives in this process: --mixed-with needs workers that are processes",
+                store.capabilities().backend
+            ));
         }
         let network = faults.iter().any(|f| NETWORK_FAULTS.contains(&f.as_str()));
         if in_process && network {

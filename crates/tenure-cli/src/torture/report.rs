@@ -77,6 +77,8 @@ pub(super) struct Report {
     pub(super) recovery_bound_ms: u64,
     pub(super) findings: Findings,
     pub(super) leaked_names: usize,
+    /// What each build's workers did (two with `--mixed-with`).
+    pub(super) builds: Vec<super::builds::BuildReport>,
     pub(super) verdict: &'static str,
 }
 

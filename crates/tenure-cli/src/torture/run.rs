@@ -32,22 +32,35 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     } else {
         (HashMap::new(), HashMap::new())
     };
-    let shared = Arc::new(Shared::new(links));
+    let builds = super::builds::Builds::new(args.mixed_with.as_ref())?;
+    let shared = Arc::new(Shared::new(links, builds));
     let tasks = spawn_workers(&shared, &store, url, urls, &name, &args, &plan)?;
     drive(&shared, &args, &plan.faults).await;
     stop_workers(&shared, tasks).await;
     let leaked = leaks(&store, &prefix, args.ttl).await?;
     let history = shared.history();
     let findings = check::check(&history, bound(args.ttl).as_micros() as u64);
+    let build_failure = shared.builds.failure();
     let code = if findings.unsafe_run() {
         1
-    } else if findings.slow_recoveries > 0 || leaked > 0 {
+    } else if findings.slow_recoveries > 0 || leaked > 0 || build_failure.is_some() {
         2
     } else {
         0
     };
     let verdict = ["pass", "safety violation", "liveness or leak failure"][code as usize];
     print_summary(&findings, leaked, args.ttl, verdict);
+    if shared.builds.mixed() {
+        for b in shared.builds.report() {
+            println!(
+                "  {}: {} worker lives, {} grants, {} exited on their own",
+                b.build, b.lives, b.grants, b.exits
+            );
+        }
+    }
+    if let Some(why) = &build_failure {
+        eprintln!("torture: a build did not take its part: {why}");
+    }
     if let Some(path) = &args.history {
         write_history(path, &history)?;
     }
@@ -64,6 +77,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             recovery_bound_ms: bound(args.ttl).as_millis() as u64,
             findings,
             leaked_names: leaked,
+            builds: shared.builds.report(),
             verdict,
         };
         let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
@@ -114,11 +128,10 @@ fn spawn_workers(
     args: &TortureArgs,
     plan: &Plan,
 ) -> Result<Vec<JoinHandle<()>>, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let mut tasks = Vec::new();
     for id in 0..args.clients {
         let url = urls.remove(&id).unwrap_or_else(|| url.to_string());
-        let (shared, exe, name) = (shared.clone(), exe.clone(), name.to_string());
+        let (shared, name) = (shared.clone(), name.to_string());
         let (ttl, seed) = (args.ttl, args.seed);
         let skew = (plan.skewed && id == 0).then_some(SQLITE_SKEW_S);
         if plan.in_process {
@@ -129,7 +142,7 @@ fn spawn_workers(
             continue;
         }
         tasks.push(tokio::spawn(async move {
-            keep_worker(shared, exe, url, name, ttl, seed, id, skew).await
+            keep_worker(shared, url, name, ttl, seed, id, skew).await
         }));
     }
     Ok(tasks)

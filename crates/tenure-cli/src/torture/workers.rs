@@ -19,12 +19,11 @@ use super::worker::worker_loop;
 use super::{gate, mono_ns, Rng, Shared};
 
 /// Runs worker `id`, and again whenever its process dies, until the harness
-/// stops; with `skew`, in a time namespace whose CLOCK_BOOTTIME is that
-/// many seconds ahead.
-#[allow(clippy::too_many_arguments)]
+/// stops, each life with the build [`super::builds::Builds`] picks; with
+/// `skew`, in a time namespace whose CLOCK_BOOTTIME is that many seconds
+/// ahead.
 pub(super) async fn keep_worker(
     shared: Arc<Shared>,
-    exe: std::path::PathBuf,
     url: String,
     name: String,
     ttl: Duration,
@@ -35,6 +34,7 @@ pub(super) async fn keep_worker(
     let mut life = 0u64;
     while !shared.stopping.load(Ordering::SeqCst) {
         life += 1;
+        let exe = shared.builds.start_life(id, life);
         let mut command = match skew {
             Some(s) => {
                 // `unshare` forks the worker into the new namespace (and
@@ -85,7 +85,14 @@ pub(super) async fn keep_worker(
         if let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) {
             serve(&shared, id, Control::Process(pid), ttl, stdout, stdin).await;
         }
-        let _ = child.wait().await;
+        let status = child.wait().await;
+        // Exited on its own (a kill fault ends it by a signal; the harness
+        // stopping it is not counted).
+        if let Ok(Some(code)) = status.map(|s| s.code()) {
+            if !shared.stopping.load(Ordering::SeqCst) {
+                shared.builds.exited(id, code);
+            }
+        }
         worker_gone(&shared, id);
     }
 }
@@ -198,6 +205,7 @@ async fn serve(
             (Some("req"), _, _) => shared.record_at(stamp, Some(id), Op::Request),
             (Some("grant"), Some(token), _) => {
                 shared.grants.fetch_add(1, Ordering::Relaxed);
+                shared.builds.granted(id);
                 set_token(shared, id, token);
                 shared.record_at(stamp, Some(id), Op::Grant { token });
             }
