@@ -99,6 +99,11 @@ impl Store for Metered {
             .await
     }
 
+    async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        self.timed("session_builds", self.inner.session_builds())
+            .await
+    }
+
     async fn close_session(&self, session: &SessionKey) -> Result<()> {
         self.timed("close_session", self.inner.close_session(session))
             .await

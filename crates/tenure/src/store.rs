@@ -168,6 +168,62 @@ impl OpenedSession {
     }
 }
 
+/// The release of tenure and the store format a session's process speaks,
+/// as the session recorded it when it opened (see
+/// [`Store::session_builds`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Build {
+    /// The release of tenure, such as `0.2.0`.
+    pub release: String,
+    /// The version of what that build keeps in the store
+    /// ([`Backend::format`](crate::Backend::format)).
+    pub format: String,
+}
+
+impl Build {
+    /// This build of tenure, speaking `format`.
+    pub fn this(format: &str) -> Build {
+        Build {
+            release: env!("CARGO_PKG_VERSION").to_string(),
+            format: format.to_string(),
+        }
+    }
+
+    /// As a store keeps it: `RELEASE FORMAT`.
+    pub fn encode(&self) -> String {
+        format!("{} {}", self.release, self.format)
+    }
+
+    /// Back from [`Build::encode`]'s form; `None` for anything else.
+    pub fn decode(text: &str) -> Option<Build> {
+        let (release, format) = text.split_once(' ')?;
+        (!release.is_empty() && !format.is_empty() && !format.contains(' ')).then(|| Build {
+            release: release.to_string(),
+            format: format.to_string(),
+        })
+    }
+}
+
+/// A session the store has not ended, with the build that opened it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionBuild {
+    /// Its public tag ([`Entry::session_tag`]).
+    pub tag: String,
+    /// Its label ([`SessionSpec::label`]).
+    pub label: String,
+    /// What it recorded when it opened; `None` for a session that recorded
+    /// nothing: a build of release 0.1.0, which records no build.
+    pub build: Option<Build>,
+}
+
+impl SessionBuild {
+    /// A session's record, for a store to return.
+    pub fn new(tag: String, label: String, build: Option<Build>) -> SessionBuild {
+        SessionBuild { tag, label, build }
+    }
+}
+
 /// What an entry asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EntryKind {
@@ -570,6 +626,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn evict_session(&self, tag: &str) -> Result<bool> {
         let _ = tag;
         Err(unsupported(self, "ending one session"))
+    }
+
+    /// Every session the store has not ended — a lease that lapsed but whose
+    /// end the store has not confirmed yet counts — with the build and
+    /// format it recorded when it opened (each built-in backend records
+    /// them in [`Store::open_session`], beside what older builds read).
+    /// `tenure status` shows which builds use the store from it. A store
+    /// that cannot list them says [`Error::Unsupported`].
+    async fn session_builds(&self) -> Result<Vec<SessionBuild>> {
+        Err(unsupported(self, "listing the builds of its sessions"))
     }
 
     /// Reads the fence `name`, or admits a token through it, in one atomic

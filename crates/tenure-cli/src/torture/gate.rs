@@ -83,6 +83,9 @@ impl Store for Gated {
     async fn close_session(&self, session: &SessionKey) -> Result<()> {
         self.call(self.inner.close_session(session)).await
     }
+    async fn session_builds(&self) -> Result<Vec<tenure::store::SessionBuild>> {
+        self.call(self.inner.session_builds()).await
+    }
     async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
         self.call(self.inner.join(session, request)).await
     }

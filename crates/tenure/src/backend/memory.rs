@@ -25,8 +25,8 @@ use super::url::{StoreUrl, UrlRules};
 use crate::error::{Error, Result};
 use crate::queue;
 use crate::store::{
-    kind_conflict, Capabilities, CellWrite, Entry, EntryKind, Expect, FenceOp, FenceState,
-    JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue, SessionKey, SessionSpec, Store,
+    kind_conflict, Build, Capabilities, CellWrite, Entry, EntryKind, Expect, FenceOp, FenceState,
+    JoinMode, JoinRequest, Joined, Name, OpenedSession, Queue, SessionBuild, SessionKey, SessionSpec, Store,
     Versioned,
 };
 
@@ -126,6 +126,9 @@ struct SessionRec {
     label: String,
     ttl: Duration,
     expires: Instant,
+    /// The build that opened it (always this one: the store lives in this
+    /// process).
+    build: Build,
     /// The names this session has an entry on.
     names: HashSet<Name>,
 }
@@ -370,6 +373,7 @@ impl Store for MemoryStore {
                 label: spec.label.clone(),
                 ttl: spec.ttl,
                 expires,
+                build: Build::this(""),
                 names: HashSet::new(),
             },
         );
@@ -392,6 +396,17 @@ impl Store for MemoryStore {
         state.by_expiry.remove(&was);
         state.by_expiry.insert(now, session.clone());
         Ok(())
+    }
+
+    async fn session_builds(&self) -> Result<Vec<SessionBuild>> {
+        let state = self.lock();
+        let mut all: Vec<SessionBuild> = state
+            .sessions
+            .values()
+            .map(|s| SessionBuild::new(s.tag.clone(), s.label.clone(), Some(s.build.clone())))
+            .collect();
+        all.sort_by(|a, b| a.tag.cmp(&b.tag));
+        Ok(all)
     }
 
     async fn close_session(&self, session: &SessionKey) -> Result<()> {

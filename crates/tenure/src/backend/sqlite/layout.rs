@@ -5,6 +5,11 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 pub(super) const SCHEMA_VERSION: i64 = 1;
 
+/// What format 2 adds to format 1: the build that opened each session.
+const SESSION_BUILDS: &str = "CREATE TABLE IF NOT EXISTS tenure_session_builds (
+            session TEXT PRIMARY KEY REFERENCES tenure_sessions(id) ON DELETE CASCADE,
+            build TEXT NOT NULL) WITHOUT ROWID;";
+
 /// The store's clock for expiry: this machine's boot time in milliseconds
 /// (`CLOCK_BOOTTIME`, shared by every process, never set by anyone), through
 /// a function each connection registers.
@@ -50,6 +55,10 @@ pub(super) fn create_tables(
             value BLOB,
             owner TEXT) WITHOUT ROWID;",
     )?;
+    // Format 2, beside format 1 (which builds of 0.1.0 read and write, and
+    // which stays as it is): the build each session was opened by. A
+    // session's row goes with the session.
+    tx.execute_batch(SESSION_BUILDS)?;
     let version: Option<i64> = tx
         .query_row(
             "SELECT value FROM tenure_meta WHERE key = 'schema'",

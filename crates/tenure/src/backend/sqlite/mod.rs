@@ -47,10 +47,10 @@ const POLL_MIN: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The version of what this build keeps in an SQLite file (its *format*:
-/// `tenure_meta`'s `schema` row).
-pub(crate) const FORMAT: &str = "1";
-const _: () = assert!(layout::SCHEMA_VERSION == 1, "FORMAT names the schema version");
+/// The version of what this build keeps in an SQLite file (its *format*):
+/// 2, format 1 (`tenure_meta`'s `schema` row says 1, which builds of 0.1.0
+/// require) and beside it the build each session was opened by.
+pub(crate) const FORMAT: &str = "2";
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::file(&["synchronous"]);

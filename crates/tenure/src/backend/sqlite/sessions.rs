@@ -8,7 +8,7 @@ use super::calls::{db_err, Tx};
 use super::layout::NOW;
 use super::settle::settle;
 use crate::error::{Error, Result};
-use crate::store::{Name, SessionKey};
+use crate::store::{Build, Name, SessionBuild, SessionKey};
 
 /// Records a new session, with its expiry by the store's clock; answers
 /// the names to settle.
@@ -40,7 +40,31 @@ pub(super) fn open(
     ))
     .and_then(|mut s| s.execute(params![k, t, label, ttl_ms]))
     .map_err(db_err)?;
+    tx.prepare_cached("INSERT INTO tenure_session_builds (session, build) VALUES (?1, ?2)")
+        .and_then(|mut s| s.execute(params![k, Build::this(super::FORMAT).encode()]))
+        .map_err(db_err)?;
     Ok(((), names))
+}
+
+/// Every session the file holds (ended ones are deleted), with the build
+/// that opened it, if it recorded one.
+pub(super) fn builds(conn: &Connection) -> Result<Vec<SessionBuild>> {
+    conn.prepare_cached(
+        "SELECT s.tag, s.label, b.build FROM tenure_sessions s
+           LEFT JOIN tenure_session_builds b ON b.session = s.id ORDER BY s.tag",
+    )
+    .and_then(|mut s| {
+        s.query_map([], |r| {
+            let build: Option<String> = r.get(2)?;
+            Ok(SessionBuild::new(
+                r.get(0)?,
+                r.get(1)?,
+                build.as_deref().and_then(Build::decode),
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()
+    })
+    .map_err(db_err)
 }
 
 /// Extends a live session by its TTL.

@@ -28,6 +28,10 @@ impl Store for SqliteStore {
         Ok(opened)
     }
 
+    async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        self.run(|conn| sessions::builds(conn)).await
+    }
+
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
         let key = session.clone();
         self.run(move |conn| sessions::renew(conn, &key)).await

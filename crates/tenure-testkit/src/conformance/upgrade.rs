@@ -1,0 +1,44 @@
+//! Conformance: what a rolling upgrade reads from the store — every
+//! session not yet ended, with the build and format that opened it.
+
+use super::*;
+
+/// A session lists itself with this build's release and the store's format
+/// from the moment it opens, and is gone from the list once closed; the
+/// other sessions of the store stay listed.
+pub async fn check_session_builds(t: &Target) {
+    let backend = t.store.capabilities().backend;
+    let format = tenure::backends()
+        .iter()
+        .find(|b| b.name == backend)
+        .and_then(|b| b.format())
+        .unwrap_or("");
+    let a = Session::new(&t.store).await.unwrap();
+    let b = Session::new(&t.store).await.unwrap();
+    let listed = match t.store.session_builds().await {
+        // A store of your own may keep no builds; tenure's own all do.
+        Err(Error::Unsupported { .. }) if !tenure::backends().iter().any(|b| b.name == backend) => {
+            eprintln!("{backend}: sessions' builds are not listed (Unsupported)");
+            return;
+        }
+        other => other.unwrap(),
+    };
+    for s in [&a, &b] {
+        let mine = listed
+            .iter()
+            .find(|l| l.tag == s.tag())
+            .unwrap_or_else(|| panic!("{backend}: session {} not listed: {listed:?}", s.tag()));
+        let build = mine.build.as_ref().expect("a build recorded");
+        assert_eq!(build.release, env!("CARGO_PKG_VERSION"), "{mine:?}");
+        assert_eq!(build.format, format, "{mine:?}");
+        assert_eq!(mine.label, s.label(), "{mine:?}");
+    }
+    a.close().await.unwrap();
+    let listed = t.store.session_builds().await.unwrap();
+    assert!(
+        !listed.iter().any(|l| l.tag == a.tag()),
+        "{backend}: a closed session is still listed: {listed:?}"
+    );
+    assert!(listed.iter().any(|l| l.tag == b.tag()), "{listed:?}");
+    b.close().await.unwrap();
+}
