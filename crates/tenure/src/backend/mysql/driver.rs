@@ -85,6 +85,38 @@ impl SqlDriver for Mysql {
         self.call("open", &args).await.map(|_| ())
     }
 
+    fn format(&self) -> &'static str {
+        super::FORMAT
+    }
+
+    async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
+        let p = &self.inner.prefix;
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!("INSERT INTO {p}session_builds (session, build) VALUES (?, ?) ON DUPLICATE KEY UPDATE build = VALUES(build)"),
+            (secret, build),
+        )
+        .await
+        .map_err(my_err)
+    }
+
+    async fn session_builds(&self) -> Result<Vec<(String, String, Option<String>)>> {
+        let p = &self.inner.prefix;
+        let rows = self
+            .rows_of(
+                format!(
+                    "SELECT s.tag, s.label, b.build FROM {p}sessions s
+                       LEFT JOIN {p}session_builds b ON b.session = s.id
+                      WHERE s.expires_ms > 0 ORDER BY s.tag"
+                ),
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.text(0)?, r.text(1)?, r.opt_text(2)?)))
+            .collect()
+    }
+
     async fn keep_alive(&self, secret: &str) -> Result<bool> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;

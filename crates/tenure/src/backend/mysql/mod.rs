@@ -41,9 +41,11 @@ const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const RETRIES: usize = 5;
 
-/// The version of what this build keeps in a MySQL database (its *format*:
-/// the meta table's `schema` row).
-pub(crate) const FORMAT: &str = SCHEMA_VERSION;
+/// The version of what this build keeps in the database (its *format*):
+/// 11, format 10 (whose marker, the meta table's `schema` row, says 10: what
+/// builds of 0.1.0 require) and beside it the build each session was opened
+/// by.
+pub(crate) const FORMAT: &str = "11";
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 // Besides our own options, the driver's own that we pass on.
@@ -129,6 +131,7 @@ impl MysqlStore {
         };
         crate::backend::sql::ensure_schema(&mut schema, SCHEMA_VERSION, UPGRADES_FROM, mismatch)
             .await?;
+        crate::backend::sql::ensure_additions(&mut schema).await?;
         Ok(SqlStore {
             driver,
             caps: capabilities(),

@@ -13,6 +13,15 @@ use crate::error::Result;
 
 const SCHEMA_SQL: &str = include_str!("mysql.sql");
 pub(super) const SCHEMA_VERSION: &str = "10";
+
+/// What format 11 adds beside format 10, whose marker (`meta.schema` =
+/// `10`) builds of 0.1.0 require and which stays as it is: the build that
+/// opened each session, gone with the session.
+const FORMAT_11_SQL: &str = "CREATE TABLE IF NOT EXISTS @psession_builds (
+    session CHAR(32) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+    build VARCHAR(64) NOT NULL,
+    FOREIGN KEY (session) REFERENCES @psessions (id) ON DELETE CASCADE
+) ENGINE=InnoDB";
 /// Schema versions this build upgrades in place (the procedures are
 /// replaced; version 4 adds the fences' and cells' table, 5 a renewal
 /// counter, and ends a session only when a watcher confirms it, never by
@@ -99,5 +108,27 @@ impl SqlSchema for MysqlSchema<'_> {
         let name = self.lock_name();
         let _ = self.conn.exec_drop("DO RELEASE_LOCK(?)", (name,)).await;
         Ok(())
+    }
+
+    async fn additions_present(&mut self) -> Result<bool> {
+        let table = format!("{}session_builds", self.prefix);
+        let row: Option<Row> = self
+            .conn
+            .exec_first(
+                "SELECT COUNT(*) FROM information_schema.TABLES
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+                (table,),
+            )
+            .await
+            .map_err(my_err)?;
+        match row {
+            Some(row) => Ok(to_row(row)?.int(0)? > 0),
+            None => Ok(false),
+        }
+    }
+
+    async fn add_additions(&mut self) -> Result<()> {
+        let ddl = with_prefix(FORMAT_11_SQL, self.prefix);
+        self.conn.query_drop(ddl).await.map_err(my_err)
     }
 }

@@ -235,16 +235,13 @@ impl Postgres {
             found: format!("schema {s} has tenure schema version {v}"),
             expected: format!("version {SCHEMA_VERSION}"),
         };
-        crate::backend::sql::ensure_schema(
-            &mut PgSchema {
-                client: &client,
-                schema: s,
-            },
-            SCHEMA_VERSION,
-            UPGRADES_FROM,
-            mismatch,
-        )
-        .await?;
+        let mut schema = PgSchema {
+            client: &client,
+            schema: s,
+        };
+        crate::backend::sql::ensure_schema(&mut schema, SCHEMA_VERSION, UPGRADES_FROM, mismatch)
+            .await?;
+        crate::backend::sql::ensure_additions(&mut schema).await?;
         let stmts = Statements::prepare(&client, s).await?;
         let connected = Connected {
             client: Arc::new(client),

@@ -172,6 +172,24 @@ impl SqlDriver for Postgres {
         self.texts(|s| &s.names_of_tag, tag).await
     }
 
+    fn format(&self) -> &'static str {
+        super::FORMAT
+    }
+
+    async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
+        self.query(|s| Ok(&s.record_build), &[Arg::Text(secret), Arg::Text(build)])
+            .await
+            .map(|_| ())
+    }
+
+    async fn session_builds(&self) -> Result<Vec<(String, String, Option<String>)>> {
+        let rows = self.query(|s| Ok(&s.session_builds), &[]).await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect::<std::result::Result<Vec<_>, tokio_postgres::Error>>()
+            .map_err(|e| Error::backend(BACKEND, e))
+    }
+
     async fn listen(&self) -> bool {
         self.listen_for_notifications().await
     }

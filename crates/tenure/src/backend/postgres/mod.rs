@@ -41,9 +41,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Deadlocks and serialization failures are retried this many times.
 const RETRIES: usize = 5;
 
-/// The version of what this build keeps in a PostgreSQL schema (its
-/// *format*: the `meta` table's `schema` row).
-pub(crate) const FORMAT: &str = schema::SCHEMA_VERSION;
+/// The version of what this build keeps in the database (its *format*):
+/// 11, format 10 (whose marker, the meta table's `schema` row, says 10: what
+/// builds of 0.1.0 require) and beside it the build each session was opened
+/// by.
+pub(crate) const FORMAT: &str = "11";
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 // Besides our own options, the driver's own that we pass on.

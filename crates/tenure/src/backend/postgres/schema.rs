@@ -12,6 +12,13 @@ use crate::error::{Error, Result};
 
 const SCHEMA_SQL: &str = include_str!("postgres.sql");
 pub(super) const SCHEMA_VERSION: &str = "10";
+
+/// What format 11 adds beside format 10, whose marker (`meta.schema` =
+/// `10`) builds of 0.1.0 require and which stays as it is: the build that
+/// opened each session, gone with the session.
+const FORMAT_11_SQL: &str = "CREATE TABLE IF NOT EXISTS @s.session_builds (
+    session text PRIMARY KEY REFERENCES @s.sessions (id) ON DELETE CASCADE,
+    build text NOT NULL);";
 /// Schema versions this build upgrades in place: the schema's DDL is
 /// idempotent (tables `IF NOT EXISTS`, functions `CREATE OR REPLACE`), and
 /// versions 1 and 2 differ only in their functions (2: fast paths; 3: the
@@ -77,5 +84,23 @@ impl SqlSchema for PgSchema<'_> {
         // After a failed `apply` the transaction is aborted, and COMMIT
         // rolls it back.
         self.client.batch_execute("COMMIT").await.map_err(pg_err)
+    }
+
+    async fn additions_present(&mut self) -> Result<bool> {
+        let s = self.schema;
+        let row = self
+            .client
+            .query_one(
+                &format!("SELECT to_regclass('{s}.session_builds') IS NOT NULL"),
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        row.try_get(0).map_err(|e| Error::backend(BACKEND, e))
+    }
+
+    async fn add_additions(&mut self) -> Result<()> {
+        let ddl = FORMAT_11_SQL.replace("@s", self.schema);
+        self.client.batch_execute(&ddl).await.map_err(pg_err)
     }
 }

@@ -82,6 +82,8 @@ pub(super) struct Statements {
     cell_put: Statement,
     cell_delete: Statement,
     expire: Statement,
+    pub(super) record_build: Statement,
+    pub(super) session_builds: Statement,
 }
 
 impl Statements {
@@ -178,6 +180,18 @@ impl Statements {
             cell_put: prep(format!("SELECT * FROM {s}.cell_put($1, $2, $3, $4)")).await?,
             cell_delete: prep(format!("SELECT * FROM {s}.cell_delete($1, $2)")).await?,
             expire: prep(format!("SELECT 'ok', {s}.expire($1, $2)")).await?,
+            // Format 11's, beside format 10's.
+            record_build: prep(format!(
+                "INSERT INTO {s}.session_builds (session, build) VALUES ($1, $2)
+                 ON CONFLICT (session) DO UPDATE SET build = EXCLUDED.build"
+            ))
+            .await?,
+            session_builds: prep(format!(
+                "SELECT s.tag, s.label, b.build FROM {s}.sessions s
+                   LEFT JOIN {s}.session_builds b ON b.session = s.id
+                  WHERE s.expires_ms > 0 ORDER BY s.tag"
+            ))
+            .await?,
         })
     }
 }

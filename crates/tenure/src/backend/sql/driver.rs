@@ -18,6 +18,27 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
     /// Records a new session of `ttl_ms`, by the server's clock.
     async fn open(&self, secret: &str, tag: &str, label: &str, ttl_ms: i64) -> Result<()>;
 
+    /// The version of what this build keeps in the database.
+    fn format(&self) -> &'static str {
+        ""
+    }
+
+    /// Records the build that opened the session `secret` (`RELEASE
+    /// FORMAT`), beside what older builds read.
+    async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
+        let _ = (secret, build);
+        Ok(())
+    }
+
+    /// Every session not yet ended (a lapsed one whose end no watcher has
+    /// confirmed counts): its tag, label and recorded build, if any.
+    async fn session_builds(&self) -> Result<Vec<(String, String, Option<String>)>> {
+        Err(crate::error::Error::Unsupported {
+            backend: self.backend(),
+            what: "listing the builds of its sessions",
+        })
+    }
+
     /// Extends a live session by its TTL; `false` when there is none.
     async fn keep_alive(&self, secret: &str) -> Result<bool>;
 

@@ -25,7 +25,7 @@ mod tests;
 pub use driver::SqlDriver;
 pub(crate) use hints::FastHints;
 pub use row::{Arg, Cell, SqlRow};
-pub(crate) use schema::ensure_schema;
+pub(crate) use schema::{ensure_additions, ensure_schema};
 pub use schema::SqlSchema;
 
 /// A store over a SQL database: [`PostgresStore`](super::postgres::PostgresStore)

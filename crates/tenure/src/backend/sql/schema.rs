@@ -17,6 +17,35 @@ pub trait SqlSchema: Send + Sync {
     async fn apply(&mut self, version: &str) -> Result<()>;
     /// Gives the lock back (committing what `apply` did).
     async fn unlock(&mut self) -> Result<()>;
+    /// Whether what this build's format adds beside the recorded version
+    /// (tables older builds neither read nor write) is there (by default
+    /// there is nothing to add).
+    async fn additions_present(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+    /// Creates those additions (idempotently), under the lock.
+    async fn add_additions(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Creates what this build's format adds beside the recorded version, once,
+/// under the schema's lock. The recorded version stays what older builds
+/// require, so they keep working beside this one.
+pub(crate) async fn ensure_additions(schema: &mut dyn SqlSchema) -> Result<()> {
+    if schema.additions_present().await? {
+        return Ok(());
+    }
+    schema.lock().await?;
+    let result = async {
+        if !schema.additions_present().await? {
+            schema.add_additions().await?;
+        }
+        Ok(())
+    }
+    .await;
+    let unlocked = schema.unlock().await;
+    result.and(unlocked)
 }
 
 /// Creates the schema once, or upgrades one of a version in `upgrades_from`,

@@ -24,7 +24,27 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         self.driver
             .open(opened.key.secret(), &opened.tag, &label, spec.ttl_ms())
             .await?;
+        let build = crate::store::Build::this(self.driver.format()).encode();
+        self.driver
+            .record_build(opened.key.secret(), &build)
+            .await?;
         Ok(opened)
+    }
+
+    async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        Ok(self
+            .driver
+            .session_builds()
+            .await?
+            .into_iter()
+            .map(|(tag, label, build)| {
+                crate::store::SessionBuild::new(
+                    tag,
+                    label,
+                    build.as_deref().and_then(crate::store::Build::decode),
+                )
+            })
+            .collect())
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
