@@ -14,6 +14,14 @@ use crate::store::Name;
 pub(super) const KEY_LAYOUT: &str = "4";
 
 /// The prefix's sessions key (the one key the script is called with).
+/// Format 5's key, beside format 4's (whose marker stays "4", what builds
+/// of 0.1.0 require): hash secret -> the build that opened the session
+/// (`RELEASE FORMAT`). A field outlives its session until a listing of
+/// this build's prunes it (format 4's script does not know the key).
+pub(super) fn builds_key(prefix: &str) -> String {
+    format!("{prefix}:sb")
+}
+
 pub(super) fn sessions_key(prefix: &str) -> String {
     format!("{prefix}:sessions")
 }

@@ -38,9 +38,10 @@ const BACKEND: &str = "redis";
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(100);
 
-/// The version of what this build keeps in Redis (its *format*: the value
-/// of the `PREFIX:sessions` key).
-pub(crate) const FORMAT: &str = layout::KEY_LAYOUT;
+/// The version of what this build keeps in Redis (its *format*): 5,
+/// format 4 (whose marker, the `PREFIX:sessions` key, says 4: what builds
+/// of 0.1.0 require) and beside it the build each session was opened by.
+pub(crate) const FORMAT: &str = "5";
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_fragment();

@@ -85,6 +85,58 @@ impl RedisStore {
         .map(|_| ())
     }
 
+    /// Records the build that opened `session` on this node (format 5).
+    pub(crate) async fn record_build(&self, session: &SessionKey) -> Result<()> {
+        let build = crate::store::Build::this(super::FORMAT).encode();
+        let mut conn = self.inner.conn.clone();
+        redis::cmd("HSET")
+            .arg(super::layout::builds_key(&self.inner.prefix))
+            .arg(session.secret())
+            .arg(build)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(redis_err)
+    }
+
+    /// This node's sessions not yet ended, by secret: (tag, label, build).
+    /// Builds recorded for sessions that have ended are pruned.
+    pub(crate) async fn session_builds_by_secret(
+        &self,
+    ) -> Result<std::collections::HashMap<String, (String, String, Option<String>)>> {
+        let mut conn = self.inner.conn.clone();
+        let (info, builds): (
+            std::collections::HashMap<String, String>,
+            std::collections::HashMap<String, String>,
+        ) = redis::pipe()
+            .cmd("HGETALL")
+            .arg(format!("{}:sinfo", self.inner.prefix))
+            .cmd("HGETALL")
+            .arg(super::layout::builds_key(&self.inner.prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_err)?;
+        let ended: Vec<&String> = builds.keys().filter(|s| !info.contains_key(*s)).collect();
+        if !ended.is_empty() {
+            redis::cmd("HDEL")
+                .arg(super::layout::builds_key(&self.inner.prefix))
+                .arg(ended)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(redis_err)?;
+        }
+        Ok(info
+            .into_iter()
+            .map(|(secret, record)| {
+                // "tag\tttl_ms\tlabel", as format 4 keeps it.
+                let mut fields = record.splitn(3, '\t');
+                let tag = fields.next().unwrap_or_default().to_string();
+                let label = fields.nth(1).unwrap_or_default().to_string();
+                let build = builds.get(&secret).cloned();
+                (secret, (tag, label, build))
+            })
+            .collect())
+    }
+
     /// Joins with the seq the node picks (`proposed` = `None`) or with
     /// `proposed`, which the node takes only if it is above every seq it has
     /// seen for the name.

@@ -23,7 +23,25 @@ impl Store for RedisStore {
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         let opened = OpenedSession::random()?;
         self.open_session_as(&opened, spec).await?;
+        self.record_build(&opened.key).await?;
         Ok(opened)
+    }
+
+    async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        let mut all: Vec<crate::store::SessionBuild> = self
+            .session_builds_by_secret()
+            .await?
+            .into_values()
+            .map(|(tag, label, build)| {
+                crate::store::SessionBuild::new(
+                    tag,
+                    label,
+                    build.as_deref().and_then(crate::store::Build::decode),
+                )
+            })
+            .collect();
+        all.sort_by(|a, b| a.tag.cmp(&b.tag));
+        Ok(all)
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {

@@ -38,7 +38,47 @@ impl Store for RedlockStore {
         // Nodes that did not take the session never see it again.
         let dead = self.inner.all & !tally.ok;
         self.with_session(&opened.key, |state| state.dead = dead);
+        // The build, on the nodes that took the session: a node that misses
+        // it only makes the session look older to a listing (see
+        // `session_builds`), never newer.
+        let key = &opened.key;
+        let _ = self
+            .tally(tally.ok, |node| async move { node.record_build(key).await })
+            .await;
         Ok(opened)
+    }
+
+    /// Every session a majority of nodes answered for, as any node that
+    /// answered knows it (a session on one node only counts), with the build
+    /// any of them recorded.
+    async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        let (answers, tally) = self
+            .tally(self.inner.all, |node| async move {
+                node.session_builds_by_secret().await
+            })
+            .await;
+        self.majority_or_error(&tally)?;
+        let mut merged: HashMap<String, (String, String, Option<String>)> = HashMap::new();
+        for (_, sessions) in answers {
+            for (secret, (tag, label, build)) in sessions {
+                let slot = merged.entry(secret).or_insert((tag, label, None));
+                if slot.2.is_none() {
+                    slot.2 = build;
+                }
+            }
+        }
+        let mut all: Vec<crate::store::SessionBuild> = merged
+            .into_values()
+            .map(|(tag, label, build)| {
+                crate::store::SessionBuild::new(
+                    tag,
+                    label,
+                    build.as_deref().and_then(crate::store::Build::decode),
+                )
+            })
+            .collect();
+        all.sort_by(|a, b| a.tag.cmp(&b.tag));
+        Ok(all)
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
