@@ -132,6 +132,12 @@ impl EtcdStore {
         self.key(&format!("si/{lease:016x}"))
     }
 
+    /// Format 2's key, beside format 1's: the build that opened the
+    /// session, on its lease (builds of 0.1.0 neither read nor write it).
+    pub(super) fn build_key(&self, lease: i64) -> Vec<u8> {
+        self.key(&format!("sb/{lease:016x}"))
+    }
+
     /// Every key of a name (its entries and, in tenure's layout, hold
     /// counts) starts with this.
     pub(super) fn name_prefix(&self, name: &Name) -> Vec<u8> {

@@ -73,9 +73,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts of a compare-and-swap that lost a race with another writer.
 const CAS_ATTEMPTS: usize = 16;
 
-/// The version of this build's key layout. etcd keeps no marker of it: `1`
-/// is the layout every release so far has written.
-pub(crate) const FORMAT: &str = "1";
+/// The version of this build's key layout (its *format*): 2, format 1
+/// (which builds of 0.1.0 read and write; etcd keeps no marker of it) and
+/// beside it `PREFIX/sb/<lease>`, the build that opened each session.
+pub(crate) const FORMAT: &str = "2";
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca", "layout"]);

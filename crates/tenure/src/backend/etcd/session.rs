@@ -51,6 +51,11 @@ impl EtcdStore {
                 format!("{tag}\t{}\t{label}", spec.ttl.as_millis()),
                 on_lease(),
             ),
+            TxnOp::put(
+                self.build_key(lease),
+                crate::store::Build::this(super::FORMAT).encode(),
+                on_lease(),
+            ),
         ]);
         if let Err(e) = retrying(|| self.txn(txn.clone())).await {
             let _ = call(client.lease_revoke(lease)).await;
@@ -162,6 +167,67 @@ impl EtcdStore {
             Ok(Err(e)) => Err(etcd_err(e)),
             Err(_) => Err(Error::unavailable(BACKEND, "no answer to the revoke")),
         }
+    }
+
+    /// Every key under `PREFIX/<head>` that is exactly a lease id and on
+    /// that lease (a key put by hand, or of a longer prefix, is none of
+    /// ours), by lease, read a page at a time.
+    async fn on_leases(&self, head: &str) -> Result<std::collections::HashMap<i64, Vec<u8>>> {
+        let head = self.key(head);
+        let end = rpc::prefix_end(&head);
+        let mut from = head.clone();
+        let mut found = std::collections::HashMap::new();
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(SCAN_PAGE);
+            let resp = retrying(|| {
+                let (mut client, from, options) = (self.client(), from.clone(), options.clone());
+                async move { call(client.get(from, Some(options))).await }
+            })
+            .await?;
+            let kvs = resp.kvs();
+            for kv in kvs {
+                let Some(hex) = kv.key().strip_prefix(head.as_slice()) else {
+                    continue;
+                };
+                let Ok(lease) = lease_of(hex) else { continue };
+                if hex.len() == 16 && lease != 0 && kv.lease() == lease {
+                    found.insert(lease, kv.value().to_vec());
+                }
+            }
+            match kvs.last() {
+                Some(last) if kvs.len() as i64 >= SCAN_PAGE => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    /// [`Store::session_builds`]: every session's info key (on its lease,
+    /// so gone once etcd ends the lease), with its build key.
+    pub(super) async fn list_session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        let info = self.on_leases("si/").await?;
+        let builds = self.on_leases("sb/").await?;
+        let mut all: Vec<crate::store::SessionBuild> = info
+            .into_iter()
+            .map(|(lease, value)| {
+                // "tag\tttl_ms\tlabel", as format 1 keeps it.
+                let text = String::from_utf8_lossy(&value).into_owned();
+                let mut fields = text.splitn(3, '\t');
+                let tag = fields.next().unwrap_or_default().to_string();
+                let label = fields.nth(1).unwrap_or_default().to_string();
+                let build = builds
+                    .get(&lease)
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .and_then(crate::store::Build::decode);
+                crate::store::SessionBuild::new(tag, label, build)
+            })
+            .collect();
+        all.sort_by(|a, b| a.tag.cmp(&b.tag));
+        Ok(all)
     }
 
     /// The lease of the live session tagged `tag`, if any. It is found

@@ -25,6 +25,10 @@ impl Store for EtcdStore {
         self.renew_session(session).await
     }
 
+    async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        self.list_session_builds().await
+    }
+
     async fn close_session(&self, session: &SessionKey) -> Result<()> {
         self.revoke_session(session).await
     }
