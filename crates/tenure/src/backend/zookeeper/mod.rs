@@ -131,9 +131,11 @@ const BACKEND: &str = "zookeeper";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The version of this build's node layout. ZooKeeper keeps no marker of
-/// it: `1` is the layout every release so far has written.
-pub(crate) const FORMAT: &str = "1";
+/// The version of this build's node layout (its *format*): 2, format 1
+/// (which builds of 0.1.0 read and write; ZooKeeper keeps no marker of it)
+/// with the build that opened each session and its label as the data of the
+/// session's node, which format 1 leaves empty and never reads.
+pub(crate) const FORMAT: &str = "2";
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["max_sessions", "tls_ca"]);

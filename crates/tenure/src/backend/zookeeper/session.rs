@@ -11,7 +11,7 @@ use zookeeper_client as zk;
 use super::call::{call, call_raw, lost, zk_err};
 use super::connect::connect;
 use super::{ZkStore, BACKEND};
-use crate::backend::poll::RETRY_FOR;
+use crate::backend::poll::{retrying, RETRY_FOR};
 use crate::error::{Error, Result};
 use crate::store::{EntryKind, Name, OpenedSession, SessionKey, SessionSpec};
 
@@ -127,12 +127,12 @@ impl ZkStore {
     /// Makes the node of a new session with the session's own client (and
     /// `PATH/s` on first use). A create tried again after a lost answer may
     /// find the node there: it is this session's if it is its ephemeral.
-    async fn create_session_node(&self, client: &zk::Client, tag: &str) -> Result<()> {
+    async fn create_session_node(&self, client: &zk::Client, tag: &str, data: &[u8]) -> Result<()> {
         let path = self.session_path(tag);
         let ephemeral = zk::CreateMode::Ephemeral.with_acls(self.acls());
         let deadline = tokio::time::Instant::now() + RETRY_FOR;
         loop {
-            let failure = match call_raw(client.create(&path, &[], &ephemeral)).await {
+            let failure = match call_raw(client.create(&path, data, &ephemeral)).await {
                 Ok(Ok(_)) => return Ok(()),
                 Ok(Err(zk::Error::NodeExists)) => {
                     let stat = call(client.check_stat(&path)).await?;
@@ -162,6 +162,49 @@ impl ZkStore {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// [`Store::session_builds`](crate::store::Store::session_builds):
+    /// every session node (each there until its session ends), with the
+    /// build and label a session of format 2 keeps in it.
+    pub(super) async fn list_session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        const BATCH: usize = 256;
+        let admin = &self.inner.admin;
+        let dir = format!("{}/s", self.inner.base);
+        let tags = retrying(|| async {
+            match call_raw(admin.list_children(&dir)).await? {
+                Ok(tags) => Ok(tags),
+                Err(zk::Error::NoNode) => Ok(Vec::new()),
+                Err(e) => Err(zk_err(e)),
+            }
+        })
+        .await?;
+        let mut all = Vec::new();
+        for batch in tags.chunks(BATCH) {
+            let results = retrying(|| async {
+                let mut reader = admin.new_multi_reader();
+                for tag in batch {
+                    reader.add_get_data(&self.session_path(tag)).map_err(zk_err)?;
+                }
+                call(reader.commit()).await
+            })
+            .await?;
+            for (tag, result) in batch.iter().zip(results) {
+                // A session that ended between the listing and the read is gone.
+                let zk::MultiReadResult::Data { data, .. } = result else {
+                    continue;
+                };
+                let text = String::from_utf8_lossy(&data).into_owned();
+                let (build, label) = text.split_once('\n').unwrap_or((text.as_str(), ""));
+                all.push(crate::store::SessionBuild::new(
+                    tag.clone(),
+                    label.to_string(),
+                    crate::store::Build::decode(build),
+                ));
+            }
+        }
+        all.sort_by(|a, b| a.tag.cmp(&b.tag));
+        Ok(all)
     }
 
     /// Deletes the node of the session `tag` (with the store's client: any
@@ -212,8 +255,13 @@ impl ZkStore {
         let OpenedSession { key, tag } = OpenedSession::random()?;
         // Until this node goes, the session is live: `evict_session` finds
         // a session by it, and deletes it to tell its renewals.
-        self.create_session_node(&client, &tag).await?;
         let label = crate::backend::poll::printable(&spec.label);
+        // Format 2: the node's data is the build that opened the session and
+        // its label (format 1 left it empty, and never reads it).
+        let build = crate::store::Build::this(super::FORMAT).encode();
+        let data = format!("{build}\n{label}");
+        self.create_session_node(&client, &tag, data.as_bytes())
+            .await?;
         let session = Arc::new(ZkSession {
             client,
             tag: tag.clone(),

@@ -24,6 +24,10 @@ impl Store for ZkStore {
         self.renew_session(key).await
     }
 
+    async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
+        self.list_session_builds().await
+    }
+
     async fn close_session(&self, key: &SessionKey) -> Result<()> {
         self.end_session(key).await
     }
