@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::commands::{
     cell::CellCommand, completions::CompletionsArgs, cron::CronArgs, elect::ElectArgs,
     fence::FenceArgs, leader::LeaderArgs, lock::LockArgs, release::ReleaseArgs,
-    schedule::ScheduleCommand, status::StatusArgs,
+    schedule::ScheduleCommand, status::StatusArgs, upgrade::UpgradeCommand,
 };
 use crate::exit::EXIT_CODES;
 use crate::{console, torture};
@@ -120,6 +120,9 @@ pub(crate) enum Command {
     /// List schedules, or pause and resume one on every instance.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
+    /// Rolling upgrades: which builds use the store, and finishing an upgrade.
+    #[command(subcommand)]
+    Upgrade(UpgradeCommand),
     /// Contend for one lock from many worker processes while injecting faults, and check the history.
     #[command(
         after_help = "Example:\n  tenure torture --store postgres://… --clients 6 --duration 2m --report torture.json\n\n\

@@ -71,7 +71,8 @@ fn exit_code(e: &Error) -> u8 {
         Error::Timeout(_)
         | Error::Conflict { .. }
         | Error::StaleToken { .. }
-        | Error::VersionMismatch { .. } => NOT_ACQUIRED,
+        | Error::VersionMismatch { .. }
+        | Error::UpgradeUnfinished { .. } => NOT_ACQUIRED,
         Error::SessionLost(_) => LEASE_LOST,
         _ => SOFTWARE,
     }

@@ -146,6 +146,17 @@ pub enum Error {
         expected: String,
     },
 
+    /// An upgrade cannot be finished yet: sessions of older builds (or of
+    /// builds that recorded none) are still live on the store. Nothing was
+    /// changed; finish again once they have ended.
+    #[error("{backend} store: {} session(s) of older builds still live ({}); finish the upgrade once they have ended", sessions.len(), sessions.join(", "))]
+    UpgradeUnfinished {
+        /// The backend's name.
+        backend: &'static str,
+        /// Each such session: its tag, label and build.
+        sessions: Vec<String>,
+    },
+
     /// The store answered with an error that fits no other variant.
     #[error("{backend} store error: {source}")]
     Backend {

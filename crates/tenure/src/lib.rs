@@ -48,6 +48,7 @@ mod semaphore;
 mod session;
 pub mod store;
 mod task;
+pub mod upgrade;
 
 pub use backend::url::mask_password;
 pub use cell::Cell;

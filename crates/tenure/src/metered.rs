@@ -99,6 +99,11 @@ impl Store for Metered {
             .await
     }
 
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        self.timed("retire_older_formats", self.inner.retire_older_formats())
+            .await
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         self.timed("session_builds", self.inner.session_builds())
             .await

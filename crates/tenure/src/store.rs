@@ -638,6 +638,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Err(unsupported(self, "listing the builds of its sessions"))
     }
 
+    /// Retires the formats older than this build's (the second half of
+    /// finishing an upgrade, after [`crate::upgrade::finish`] found no
+    /// session of an older build): marks the store so that builds of older
+    /// releases refuse it from their next connection on, and removes what
+    /// only they used. Returns what it changed, in words. A store with
+    /// nothing to retire returns nothing.
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        Err(unsupported(self, "finishing an upgrade"))
+    }
+
     /// Reads the fence `name`, or admits a token through it, in one atomic
     /// step: a token at least the highest admitted is admitted and becomes
     /// the highest (with its value, if one is given); a lower one changes

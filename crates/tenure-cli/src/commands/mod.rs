@@ -17,6 +17,7 @@ pub(crate) mod release;
 pub(crate) mod schedule;
 pub(crate) mod status;
 pub(crate) mod torture;
+pub(crate) mod upgrade;
 
 use std::path::PathBuf;
 
@@ -65,6 +66,7 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Cell(command) => cell::run(store, command).await,
         Command::Schedule(command) => schedule::run(store, command).await,
         Command::Console(args) => console::run(store, &url, args).await,
+        Command::Upgrade(command) => upgrade::run(store, command).await,
         Command::Backends(_) | Command::Completions(_) | Command::Man => Ok(0),
     }
 }

@@ -69,5 +69,16 @@ pub(super) async fn run(store: Arc<dyn Store>, args: StatusArgs) -> Result<u8, F
             );
         }
     }
+    // Which builds use the store (`tenure upgrade status` for more); a
+    // store of your own that lists none says nothing here.
+    match super::upgrade::builds_lines(&store).await {
+        Ok(lines) if !lines.is_empty() => {
+            outln!("builds in use:");
+            for line in lines {
+                outln!("  {}", escape_line(&line));
+            }
+        }
+        _ => {}
+    }
     Ok(0)
 }

@@ -86,6 +86,9 @@ impl Store for Gated {
     async fn session_builds(&self) -> Result<Vec<tenure::store::SessionBuild>> {
         self.call(self.inner.session_builds()).await
     }
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        self.call(self.inner.retire_older_formats()).await
+    }
     async fn join(&self, session: &SessionKey, request: JoinRequest<'_>) -> Result<Option<Joined>> {
         self.call(self.inner.join(session, request)).await
     }

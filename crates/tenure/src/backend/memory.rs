@@ -398,6 +398,11 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        // Every session of the store is of this process, so of this build.
+        Ok(Vec::new())
+    }
+
     async fn session_builds(&self) -> Result<Vec<SessionBuild>> {
         let state = self.lock();
         let mut all: Vec<SessionBuild> = state

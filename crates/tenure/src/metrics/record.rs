@@ -23,6 +23,7 @@ pub(crate) fn error_kind(e: &Error) -> &'static str {
         Error::Auth { .. } => "auth",
         Error::Unsupported { .. } => "unsupported",
         Error::SchemaMismatch { .. } => "schema_mismatch",
+        Error::UpgradeUnfinished { .. } => "upgrade_unfinished",
         Error::Backend { .. } => "backend",
     }
 }

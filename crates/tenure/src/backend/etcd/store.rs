@@ -25,6 +25,24 @@ impl Store for EtcdStore {
         self.renew_session(session).await
     }
 
+    /// etcd keeps no marker older builds read: this records that the
+    /// upgrade was finished (`PREFIX/format`), and older builds started
+    /// later are not refused.
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        let key = self.key("format");
+        let txn = super::rpc::Txn::new().and_then(vec![super::rpc::TxnOp::put(
+            key.clone(),
+            super::FORMAT,
+            None,
+        )]);
+        crate::backend::poll::retrying(|| self.txn(txn.clone())).await?;
+        Ok(vec![format!(
+            "{} = {} (builds of 0.1.0 do not read it: stop them all before finishing)",
+            String::from_utf8_lossy(&key),
+            super::FORMAT
+        )])
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         self.list_session_builds().await
     }

@@ -89,6 +89,26 @@ impl SqlDriver for Mysql {
         super::FORMAT
     }
 
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        let p = &self.inner.prefix;
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!("UPDATE {p}meta SET v = ? WHERE k = 'schema' AND v = ?"),
+            (super::FORMAT, super::schema::SCHEMA_VERSION),
+        )
+        .await
+        .map_err(my_err)?;
+        Ok(if conn.affected_rows() > 0 {
+            vec![format!(
+                "tables {p}*: marker {} -> {} (builds of 0.1.0 refuse them from their next start)",
+                super::schema::SCHEMA_VERSION,
+                super::FORMAT
+            )]
+        } else {
+            Vec::new()
+        })
+    }
+
     async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;

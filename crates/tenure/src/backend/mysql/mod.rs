@@ -129,7 +129,13 @@ impl MysqlStore {
             conn,
             prefix: &driver.inner.prefix,
         };
-        crate::backend::sql::ensure_schema(&mut schema, SCHEMA_VERSION, UPGRADES_FROM, mismatch)
+        crate::backend::sql::ensure_schema(
+            &mut schema,
+            SCHEMA_VERSION,
+            FORMAT,
+            UPGRADES_FROM,
+            mismatch,
+        )
             .await?;
         crate::backend::sql::ensure_additions(&mut schema).await?;
         Ok(SqlStore {

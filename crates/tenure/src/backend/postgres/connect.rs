@@ -239,7 +239,13 @@ impl Postgres {
             client: &client,
             schema: s,
         };
-        crate::backend::sql::ensure_schema(&mut schema, SCHEMA_VERSION, UPGRADES_FROM, mismatch)
+        crate::backend::sql::ensure_schema(
+            &mut schema,
+            SCHEMA_VERSION,
+            super::FORMAT,
+            UPGRADES_FROM,
+            mismatch,
+        )
             .await?;
         crate::backend::sql::ensure_additions(&mut schema).await?;
         let stmts = Statements::prepare(&client, s).await?;

@@ -176,6 +176,28 @@ impl SqlDriver for Postgres {
         super::FORMAT
     }
 
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        let c = self.connected().await?;
+        let s = &self.inner.schema;
+        let changed = c
+            .client
+            .execute(
+                &format!("UPDATE {s}.meta SET value = $1 WHERE key = 'schema' AND value = $2"),
+                &[&super::FORMAT, &super::schema::SCHEMA_VERSION],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(if changed > 0 {
+            vec![format!(
+                "schema {s}: marker {} -> {} (builds of 0.1.0 refuse it from their next connection)",
+                super::schema::SCHEMA_VERSION,
+                super::FORMAT
+            )]
+        } else {
+            Vec::new()
+        })
+    }
+
     async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
         self.query(|s| Ok(&s.record_build), &[Arg::Text(secret), Arg::Text(build)])
             .await

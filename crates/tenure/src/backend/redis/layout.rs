@@ -3,6 +3,7 @@
 
 use redis::Value;
 
+use super::connect::redis_err;
 use super::reply::text;
 use super::{RedisStore, BACKEND};
 use crate::error::{Error, Result};
@@ -34,9 +35,23 @@ impl RedisStore {
         // prefix holds another layout's keys. The answer is the keyspace's
         // id, which a release's grant message carries.
         let candidate = crate::store::random_hex(16)?;
-        let reply = self
+        let reply = match self
             .call("layout", &[KEY_LAYOUT.as_bytes(), candidate.as_bytes()])
-            .await?;
+            .await
+        {
+            Err(Error::SchemaMismatch { .. }) if self.marker().await? == super::FORMAT => {
+                // An upgrade to this build's format was finished: the
+                // marker refuses older builds, and this one reads on.
+                let mut conn = self.inner.conn.clone();
+                let id: Option<Vec<u8>> = redis::cmd("GET")
+                    .arg(format!("{}:id", self.inner.prefix))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(redis_err)?;
+                vec![Value::SimpleString("ok".into()), id.map_or(Value::Nil, Value::BulkString)]
+            }
+            other => other?,
+        };
         if let Some(Value::BulkString(id)) = reply.get(1) {
             // The id travels with the data (a copy of the keys into another
             // database, SWAPDB): a grant message names the database too.
@@ -46,6 +61,43 @@ impl RedisStore {
             let _ = self.inner.wakeups.keyspace.set(ours);
         }
         Ok(())
+    }
+
+    /// The layout marker as it is now.
+    async fn marker(&self) -> Result<String> {
+        let mut conn = self.inner.conn.clone();
+        let found: Option<String> = redis::cmd("GET")
+            .arg(sessions_key(&self.inner.prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_err)?;
+        Ok(found.unwrap_or_default())
+    }
+
+    /// Retires format 4 on this server or node: the marker becomes this
+    /// build's format, which builds of 0.1.0 refuse from their next
+    /// connection on. Says what changed (nothing when done already).
+    pub(crate) async fn retire_older_layouts(&self) -> Result<Vec<String>> {
+        let mut conn = self.inner.conn.clone();
+        let changed: i64 = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end return 0",
+        )
+        .key(sessions_key(&self.inner.prefix))
+        .arg(KEY_LAYOUT)
+        .arg(super::FORMAT)
+        .invoke_async(&mut conn)
+        .await
+        .map_err(redis_err)?;
+        Ok(if changed == 1 {
+            vec![format!(
+                "{} {}: layout marker {KEY_LAYOUT} -> {} (builds of 0.1.0 refuse it from their next connection)",
+                self.inner.url,
+                sessions_key(&self.inner.prefix),
+                super::FORMAT
+            )]
+        } else {
+            Vec::new()
+        })
     }
 
     /// The error for a prefix that holds keys of another layout (named in

@@ -27,6 +27,10 @@ impl Store for RedisStore {
         Ok(opened)
     }
 
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        self.retire_older_layouts().await
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         let mut all: Vec<crate::store::SessionBuild> = self
             .session_builds_by_secret()

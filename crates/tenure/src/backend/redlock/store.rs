@@ -48,6 +48,17 @@ impl Store for RedlockStore {
         Ok(opened)
     }
 
+    /// The marker retired on every node that answers; a majority must.
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        let (answers, tally) = self
+            .tally(self.inner.all, |node| async move {
+                node.retire_older_layouts().await
+            })
+            .await;
+        self.majority_or_error(&tally)?;
+        Ok(answers.into_iter().flat_map(|(_, changed)| changed).collect())
+    }
+
     /// Every session a majority of nodes answered for, as any node that
     /// answered knows it (a session on one node only counts), with the build
     /// any of them recorded.

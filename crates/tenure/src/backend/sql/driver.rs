@@ -39,6 +39,16 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Retires the formats older than this build's: the schema marker
+    /// becomes this build's format, which older builds refuse. Returns
+    /// what changed, in words (nothing when it was done already).
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        Err(crate::error::Error::Unsupported {
+            backend: self.backend(),
+            what: "finishing an upgrade",
+        })
+    }
+
     /// Extends a live session by its TTL; `false` when there is none.
     async fn keep_alive(&self, secret: &str) -> Result<bool>;
 

@@ -54,11 +54,14 @@ pub(crate) async fn ensure_additions(schema: &mut dyn SqlSchema) -> Result<()> {
 pub(crate) async fn ensure_schema(
     schema: &mut dyn SqlSchema,
     version: &str,
+    finished: &str,
     upgrades_from: &[&str],
     mismatch: impl Fn(&str) -> Error,
 ) -> Result<()> {
+    // `finished`: the marker once an upgrade to this build's format is
+    // finished (older builds refuse it); as current as `version`.
     let current = |v: &Option<String>| match v {
-        Some(v) if v == version => Ok(true),
+        Some(v) if v == version || v == finished => Ok(true),
         Some(v) if upgrades_from.contains(&v.as_str()) => Ok(false),
         Some(v) => Err(mismatch(v)),
         None => Ok(false),
@@ -78,7 +81,7 @@ pub(crate) async fn ensure_schema(
     let unlocked = schema.unlock().await;
     result.and(unlocked)?;
     match schema.stored_version().await? {
-        Some(v) if v == version => Ok(()),
+        Some(v) if v == version || v == finished => Ok(()),
         other => Err(mismatch(other.as_deref().unwrap_or("none"))),
     }
 }

@@ -31,6 +31,10 @@ impl<D: SqlDriver> Store for SqlStore<D> {
         Ok(opened)
     }
 
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        self.driver.retire_older_formats().await
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         Ok(self
             .driver

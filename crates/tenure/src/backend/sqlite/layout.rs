@@ -5,6 +5,10 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 pub(super) const SCHEMA_VERSION: i64 = 1;
 
+/// The schema marker once an upgrade to format 2 is finished
+/// ([`crate::upgrade::finish`]): builds of 0.1.0 refuse a file above 1.
+pub(super) const FINISHED_VERSION: i64 = 2;
+
 /// What format 2 adds to format 1: the build that opened each session.
 const SESSION_BUILDS: &str = "CREATE TABLE IF NOT EXISTS tenure_session_builds (
             session TEXT PRIMARY KEY REFERENCES tenure_sessions(id) ON DELETE CASCADE,
@@ -73,7 +77,7 @@ pub(super) fn create_tables(
                 [SCHEMA_VERSION],
             )?;
         }
-        Some(v) if v > SCHEMA_VERSION => {
+        Some(v) if v > FINISHED_VERSION => {
             return Ok(Err(format!("the file has tenure schema version {v}")));
         }
         Some(_) => {}

@@ -28,6 +28,27 @@ impl Store for SqliteStore {
         Ok(opened)
     }
 
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        let changed = self
+            .run(|conn| {
+                conn.execute(
+                    "UPDATE tenure_meta SET value = ?1 WHERE key = 'schema' AND value = ?2",
+                    [super::layout::FINISHED_VERSION, super::layout::SCHEMA_VERSION],
+                )
+                .map_err(super::calls::db_err)
+            })
+            .await?;
+        Ok(if changed > 0 {
+            vec![format!(
+                "schema marker {} -> {} (builds of 0.1.0 refuse the file from their next start)",
+                super::layout::SCHEMA_VERSION,
+                super::layout::FINISHED_VERSION
+            )]
+        } else {
+            Vec::new()
+        })
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         self.run(|conn| sessions::builds(conn)).await
     }

@@ -207,6 +207,28 @@ impl ZkStore {
         Ok(all)
     }
 
+    /// ZooKeeper keeps no marker older builds read: this records that the
+    /// upgrade was finished (`PATH/format`), and older builds started later
+    /// are not refused.
+    pub(super) async fn mark_format(&self) -> Result<Vec<String>> {
+        let admin = &self.inner.admin;
+        let path = format!("{}/format", self.inner.base);
+        let data = super::FORMAT.as_bytes();
+        retrying(|| async {
+            let persistent = zk::CreateMode::Persistent.with_acls(self.acls());
+            match call_raw(admin.create(&path, data, &persistent)).await? {
+                Ok(_) => Ok(()),
+                Err(zk::Error::NodeExists) => call(admin.set_data(&path, data, None)).await.map(|_| ()),
+                Err(e) => Err(zk_err(e)),
+            }
+        })
+        .await?;
+        Ok(vec![format!(
+            "{path} = {} (builds of 0.1.0 do not read it: stop them all before finishing)",
+            super::FORMAT
+        )])
+    }
+
     /// Deletes the node of the session `tag` (with the store's client: any
     /// client may delete another session's ephemeral node), and says
     /// whether it was there. Once a delete's answer was lost, a retry that

@@ -24,6 +24,10 @@ impl Store for ZkStore {
         self.renew_session(key).await
     }
 
+    async fn retire_older_formats(&self) -> Result<Vec<String>> {
+        self.mark_format().await
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         self.list_session_builds().await
     }
