@@ -35,7 +35,8 @@ Exit codes (the same in every subcommand):
   70  other failure (a store error of another kind, an internal error)
   75  not acquired: within --wait, at once with --no-wait, or the name is held
       in a conflicting way; a fence refused a stale token; a cell was not at
-      the version a write expected
+      the version a write expected; `tenure upgrade finish`: sessions of
+      older builds are still live
   79  the session's lease was lost: while waiting, while leading, or while the
       command ran (its process group was killed first)
   3   `tenure leader`: nobody leads; `tenure cell get`: the cell has no value;

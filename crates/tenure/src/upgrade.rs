@@ -48,15 +48,18 @@ fn format_number(build: Option<&Build>) -> Option<u64> {
     build.and_then(|b| b.format.parse().ok())
 }
 
-/// Whether a session's build speaks a format older than `ours`.
+/// Whether a session's build speaks a format older than `ours`: one that
+/// recorded none does, and one that is no number is taken to.
 fn older(session: &SessionBuild, ours: &str) -> bool {
-    match (
-        format_number(session.build.as_ref()),
-        ours.parse::<u64>().ok(),
-    ) {
-        (Some(theirs), Some(ours)) => theirs < ours,
-        (None, _) => true,
-        (Some(_), None) => false,
+    let Some(build) = &session.build else {
+        return true;
+    };
+    if build.format == ours {
+        return false;
+    }
+    match (build.format.parse::<u64>(), ours.parse::<u64>()) {
+        (Ok(theirs), Ok(ours)) => theirs < ours,
+        _ => true,
     }
 }
 

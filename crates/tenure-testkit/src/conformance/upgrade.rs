@@ -42,3 +42,42 @@ pub async fn check_session_builds(t: &Target) {
     assert!(listed.iter().any(|l| l.tag == b.tag()), "{listed:?}");
     b.close().await.unwrap();
 }
+
+/// With every session of this build, an upgrade finishes (and finishing
+/// again changes nothing more); the store then opens and grants as before,
+/// to a new connection too.
+pub async fn check_upgrade_finish(t: &Target) {
+    let backend = t.store.capabilities().backend;
+    let a = Session::new(&t.store).await.unwrap();
+    let finished = match tenure::upgrade::finish(&t.store).await {
+        Err(Error::Unsupported { .. }) if !tenure::backends().iter().any(|b| b.name == backend) => {
+            eprintln!("{backend}: upgrades are not finished here (Unsupported)");
+            a.close().await.unwrap();
+            return;
+        }
+        other => other.unwrap(),
+    };
+    assert_eq!(
+        finished.format,
+        tenure::upgrade::this_format(t.store.as_ref())
+    );
+    tenure::upgrade::finish(&t.store).await.unwrap();
+    // A new connection (the in-process store has no other).
+    let again = if t.store.capabilities().multi_process {
+        tenure::open(&t.url).await.unwrap()
+    } else {
+        t.store.clone()
+    };
+    let b = Session::new(&again).await.unwrap();
+    let name = unique("finished");
+    let g = Mutex::new(&b, &name).unwrap().lock().await.unwrap();
+    assert!(Mutex::new(&a, &name)
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
+    g.release().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
