@@ -673,6 +673,17 @@ fn the_page_follows_the_store_in_a_real_browser() {
         browser.js("return document.querySelectorAll('main img').length"),
         0
     );
+    // The builds using the store: this one, with the session just opened.
+    browser.until(
+        "const b = document.querySelector('#builds .build'); return b ? b.textContent.startsWith('tenure ') : null",
+        true.into(),
+        Duration::from_secs(5),
+    );
+    let line = browser.js("return document.querySelector('#builds .build').textContent");
+    assert!(
+        line.as_str().unwrap().contains(env!("CARGO_PKG_VERSION")),
+        "{line}"
+    );
     // Read-only: no action button anywhere.
     assert_eq!(
         browser.js("return document.querySelectorAll('button.action').length"),
@@ -937,6 +948,19 @@ fn console_on(url: String) {
     let schedules = http(&console.addr, "GET", "/api/schedules", &[], "");
     assert_eq!(schedules.status, 200, "{}", schedules.body);
     assert!(json(&schedules).is_array());
+    // The holder's build is among the builds using the store.
+    let builds = json(&http(&console.addr, "GET", "/api/builds", &[], ""));
+    assert!(
+        builds["builds"].as_array().unwrap().iter().any(|b| {
+            b["release"] == env!("CARGO_PKG_VERSION")
+                && b["sessions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|s| s["tag"] == tag.as_str())
+        }),
+        "{builds}"
+    );
     assert_eq!(http(&console.addr, "GET", "/metrics", &[], "").status, 200);
     let bearer = format!("Bearer {TOKEN}");
     let body = serde_json::json!({

@@ -209,6 +209,24 @@ function render() {
   }
   if (groups.size === 0) ul.append(el("li", "No sessions hold or wait for anything.", "muted"));
   renderSchedules(Array.isArray(snap.schedules) ? snap.schedules : []);
+  renderBuilds(snap.builds);
+}
+
+// Which builds and formats the store's live sessions speak (a session of
+// tenure 0.1.0 records none).
+function renderBuilds(builds) {
+  const ul = $("builds");
+  ul.replaceChildren();
+  if (!builds || !Array.isArray(builds.builds)) {
+    ul.append(el("li", "This store does not list its sessions' builds.", "muted"));
+    return;
+  }
+  for (const b of builds.builds) {
+    const which = b.release ? "tenure " + b.release + " (format " + b.format + ")" : "no build recorded (tenure 0.1.0)";
+    const n = Array.isArray(b.sessions) ? b.sessions.length : 0;
+    ul.append(el("li", which + ": " + n + " session" + (n === 1 ? "" : "s"), "build"));
+  }
+  if (builds.builds.length === 0) ul.append(el("li", "No live session.", "muted"));
 }
 
 function when(rfc3339) {

@@ -97,6 +97,9 @@ struct Snapshot {
     names: serde_json::Value,
     /// `tenure schedule list --json`'s array.
     schedules: serde_json::Value,
+    /// `tenure upgrade status --json`: the builds the store's sessions
+    /// speak (null where the store lists none).
+    builds: serde_json::Value,
     /// Why the last read failed, if it did.
     error: Option<String>,
     /// When it was read (Unix ms).
@@ -184,6 +187,7 @@ pub async fn run(cx: Context, args: ConsoleArgs) -> Result<u8, (u8, String)> {
         .route("/api/config", get(config))
         .route("/api/status", get(status))
         .route("/api/schedules", get(schedules))
+        .route("/api/builds", get(builds))
         .route("/api/events", get(events))
         .route("/metrics", get(metrics))
         .route("/api/release", post(act))
@@ -251,7 +255,11 @@ async fn read_loop(
             // The schedules' board apart: if it cannot be read, the names
             // still are.
             let schedules = crate::commands::schedule::schedules_json(&store, &prefix).await;
-            Ok::<_, tenure::Error>((names, schedules))
+            // Which builds use the store: shown when the store lists them.
+            let builds = crate::commands::upgrade::builds_json(&store)
+                .await
+                .unwrap_or(serde_json::Value::Null);
+            Ok::<_, tenure::Error>((names, schedules, builds))
         })
         .await;
         reads += 1;
@@ -260,7 +268,8 @@ async fn read_loop(
             ..Snapshot::default()
         };
         match read {
-            Ok(Ok((mut names, schedules))) => {
+            Ok(Ok((mut names, schedules, builds))) => {
+                snapshot.builds = builds;
                 match schedules {
                     Ok(schedules) => snapshot.schedules = schedules,
                     Err(e) => {
@@ -363,6 +372,7 @@ impl Console {
             "error": s.error,
             "names": s.names,
             "schedules": s.schedules,
+            "builds": s.builds,
         })
     }
 }
@@ -421,6 +431,10 @@ async fn status(State(c): State<Arc<Console>>) -> Response {
 
 async fn schedules(State(c): State<Arc<Console>>) -> Response {
     answer(&c, "schedules", |s| &s.schedules).await
+}
+
+async fn builds(State(c): State<Arc<Console>>) -> Response {
+    answer(&c, "builds", |s| &s.builds).await
 }
 
 /// A part of a fresh snapshot as JSON, or 503 while the store has never
