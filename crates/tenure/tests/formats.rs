@@ -86,7 +86,7 @@ fn keep_or_compare(store: &str, now: &Format) {
         let dir = fixtures().join(&release);
         std::fs::create_dir_all(&dir).unwrap();
         let header = format!(
-            "# The format tenure {release} left in a {store} store, as tests/formats.rs dumps it.\n"
+            "# The format tenure {release} left in this store, as tests/formats.rs dumps it.\n"
         );
         std::fs::write(dir.join(format!("{store}.txt")), header + &render(now)).unwrap();
         return;

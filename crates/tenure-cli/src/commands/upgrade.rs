@@ -23,8 +23,8 @@ pub(crate) enum UpgradeCommand {
         Refused (exit 75), changing nothing, while a session of an older build is live on the\n\
         store (a crashed process's lease counts until the store has ended it; `tenure release\n\
         --session TAG --force` ends one). Then older builds are refused by the store from their\n\
-        next connection on (on etcd and ZooKeeper, which keep no marker they read, they are not:\n\
-        stop them all first). Finishing again changes nothing.")]
+        next connection on (on a store that keeps no marker they read, they are not: its page in\n\
+        docs/stores/ says so; stop them all first). Finishing again changes nothing.")]
     Finish,
 }
 
