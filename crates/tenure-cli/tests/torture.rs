@@ -461,20 +461,29 @@ fn mixed_builds() {
     let duration = std::env::var("TORTURE_MIXED_DURATION").unwrap_or_else(|_| "60s".into());
     let store = tenure_testkit::stores::store(&backend).expect("a store of the table");
     let running = (store.start)().expect("the store's server");
-    let faults = [&["kill", "pause"][..], store.torture_network_faults]
-        .concat()
-        .join(",");
+    // The faults and TTL of the bounded run: the network faults where the
+    // store has a network, a TTL of 1 s or the store's shortest.
+    let faults = if store.torture_network_faults.is_empty() {
+        "kill,pause"
+    } else {
+        "partition,delay,hold,kill,pause"
+    };
+    let shortest = store
+        .registry()
+        .and_then(|b| b.capabilities())
+        .map_or(Duration::ZERO, |c| c.min_ttl);
+    let ttl = format!("{}s", shortest.as_secs_f64().ceil().max(1.0));
     let ran = torture_run(
         running.url.clone(),
         300,
-        "1s",
+        &ttl,
         &[
             "--mixed-with",
             &old,
             "--duration",
             &duration,
             "--faults",
-            &faults,
+            faults,
             "--fault-interval",
             "2s",
         ],
