@@ -39,7 +39,11 @@ impl RedisStore {
             .call("layout", &[KEY_LAYOUT.as_bytes(), candidate.as_bytes()])
             .await
         {
-            Err(Error::SchemaMismatch { .. }) if self.marker().await? == super::FORMAT => {
+            // (A marker that cannot be read as text, such as layout 1's
+            // zset, stays the mismatch it is.)
+            Err(Error::SchemaMismatch { .. })
+                if self.marker().await.ok().as_deref() == Some(super::FORMAT) =>
+            {
                 // An upgrade to this build's format was finished: the
                 // marker refuses older builds, and this one reads on.
                 let mut conn = self.inner.conn.clone();
