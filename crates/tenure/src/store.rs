@@ -222,6 +222,25 @@ impl SessionBuild {
     pub fn new(tag: String, label: String, build: Option<Build>) -> SessionBuild {
         SessionBuild { tag, label, build }
     }
+
+    /// Records as stores keep them (tag, label, [`Build::encode`]'s text or
+    /// none), in tag order.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) fn listed(
+        records: impl IntoIterator<Item = (String, String, Option<String>)>,
+    ) -> Vec<SessionBuild> {
+        let mut all: Vec<SessionBuild> = records
+            .into_iter()
+            .map(|(tag, label, build)| {
+                SessionBuild::new(tag, label, build.as_deref().and_then(Build::decode))
+            })
+            .collect();
+        all.sort_by(|a, b| a.tag.cmp(&b.tag));
+        all
+    }
 }
 
 /// What an entry asks for.

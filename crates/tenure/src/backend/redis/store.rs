@@ -32,20 +32,9 @@ impl Store for RedisStore {
     }
 
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
-        let mut all: Vec<crate::store::SessionBuild> = self
-            .session_builds_by_secret()
-            .await?
-            .into_values()
-            .map(|(tag, label, build)| {
-                crate::store::SessionBuild::new(
-                    tag,
-                    label,
-                    build.as_deref().and_then(crate::store::Build::decode),
-                )
-            })
-            .collect();
-        all.sort_by(|a, b| a.tag.cmp(&b.tag));
-        Ok(all)
+        Ok(crate::store::SessionBuild::listed(
+            self.session_builds_by_secret().await?.into_values(),
+        ))
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {

@@ -78,18 +78,7 @@ impl Store for RedlockStore {
                 }
             }
         }
-        let mut all: Vec<crate::store::SessionBuild> = merged
-            .into_values()
-            .map(|(tag, label, build)| {
-                crate::store::SessionBuild::new(
-                    tag,
-                    label,
-                    build.as_deref().and_then(crate::store::Build::decode),
-                )
-            })
-            .collect();
-        all.sort_by(|a, b| a.tag.cmp(&b.tag));
-        Ok(all)
+        Ok(crate::store::SessionBuild::listed(merged.into_values()))
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {

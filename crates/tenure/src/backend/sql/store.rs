@@ -36,19 +36,9 @@ impl<D: SqlDriver> Store for SqlStore<D> {
     }
 
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
-        Ok(self
-            .driver
-            .session_builds()
-            .await?
-            .into_iter()
-            .map(|(tag, label, build)| {
-                crate::store::SessionBuild::new(
-                    tag,
-                    label,
-                    build.as_deref().and_then(crate::store::Build::decode),
-                )
-            })
-            .collect())
+        Ok(crate::store::SessionBuild::listed(
+            self.driver.session_builds().await?,
+        ))
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
