@@ -78,28 +78,24 @@ pub struct Finished {
 /// older build is live (a lease that lapsed but whose end the store has not
 /// confirmed counts); otherwise retires the older formats
 /// ([`Store::retire_older_formats`]). Finishing again changes nothing more.
+/// A refusal is decided on two looks a second apart, so that a session of
+/// this build that has opened but not yet recorded its build is not taken
+/// for an older one.
 pub async fn finish(store: &Arc<dyn Store>) -> Result<Finished> {
     let ours = this_format(store.as_ref());
-    let blocking = |sessions: Vec<SessionBuild>| -> Vec<String> {
-        sessions
-            .iter()
-            .filter(|s| older(s, ours))
-            .map(|s| {
-                let build = s
-                    .build
-                    .as_ref()
-                    .map_or("no build recorded: 0.1.0".to_string(), |b| {
-                        format!("{} format {}", b.release, b.format)
-                    });
-                format!("{} {:?} ({build})", s.tag, s.label)
-            })
-            .collect()
-    };
-    let old = blocking(store.session_builds().await?);
+    let mut old = older_sessions(store.session_builds().await?, ours);
+    if !old.is_empty() {
+        // A session records its build one round trip after it opens: one
+        // of this build caught in between is listed with none. Looked at
+        // again a moment later, only a session still older blocks.
+        tokio::time::sleep(SETTLE).await;
+        let again = older_sessions(store.session_builds().await?, ours);
+        old.retain(|(tag, _)| again.iter().any(|(t, _)| t == tag));
+    }
     if !old.is_empty() {
         return Err(Error::UpgradeUnfinished {
             backend: store.capabilities().backend,
-            sessions: old,
+            sessions: old.into_iter().map(|(_, text)| text).collect(),
         });
     }
     let retired = store.retire_older_formats().await?;
@@ -107,4 +103,28 @@ pub async fn finish(store: &Arc<dyn Store>) -> Result<Finished> {
         format: ours.to_string(),
         retired,
     })
+}
+
+/// How long [`finish`] waits before it looks again at sessions listed as
+/// older: far longer than the round trip between a session's opening and
+/// the record of its build.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The sessions of a build older than `ours`, by tag, each with a line
+/// that names it for the operator.
+fn older_sessions(sessions: Vec<SessionBuild>, ours: &str) -> Vec<(String, String)> {
+    sessions
+        .into_iter()
+        .filter(|s| older(s, ours))
+        .map(|s| {
+            let build = s
+                .build
+                .as_ref()
+                .map_or("no build recorded: 0.1.0".to_string(), |b| {
+                    format!("{} format {}", b.release, b.format)
+                });
+            let text = format!("{} {:?} ({build})", s.tag, s.label);
+            (s.tag, text)
+        })
+        .collect()
 }

@@ -195,7 +195,8 @@ macro_rules! __conformance_checks {
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
             check_schedule_leader, check_schedule_paused_cluster_wide, check_fence, check_fence_values, check_fence_interleaved, check_cell,
             check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released,
-            check_metrics_same_as_memory, check_session_builds, check_upgrade_finish}
+            check_metrics_same_as_memory, check_session_builds, check_upgrade_finish,
+            check_upgrade_finish_while_sessions_open}
     };
     (@table [] $($check:ident),*) => {
         &[$($crate::conformance::Check {

@@ -81,3 +81,76 @@ pub async fn check_upgrade_finish(t: &Target) {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// Sessions open and close while builds are listed and the upgrade is
+/// finished: no session of this build is ever taken for an older one (an
+/// upgrade is not refused for it, nor is its record lost), and every
+/// session kept open is listed with its build at the end.
+pub async fn check_upgrade_finish_while_sessions_open(t: &Target) {
+    const OPENERS: usize = 3;
+    const EACH: usize = 12;
+    let backend = t.store.capabilities().backend;
+    if !tenure::backends().iter().any(|b| b.name == backend) {
+        eprintln!("{backend}: a store of your own; the upgrade checks above say what it keeps");
+        return;
+    }
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut openers = Vec::new();
+    for _ in 0..OPENERS {
+        let (store, done) = (t.store.clone(), done.clone());
+        openers.push(tokio::spawn(async move {
+            // Every other session is kept to the end, the rest closed at once.
+            let mut kept = Vec::new();
+            for i in 0..EACH {
+                let s = Session::new(&store).await.unwrap();
+                if i % 2 == 0 {
+                    kept.push(s);
+                } else {
+                    s.close().await.unwrap();
+                }
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+            kept
+        }));
+    }
+    // Bounded: the openers end after OPENERS × EACH sessions, or the
+    // deadline fails the check.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut looks = 0;
+    while done.load(Ordering::SeqCst) < OPENERS || looks < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "openers did not finish in 60 s"
+        );
+        t.store.session_builds().await.unwrap();
+        let finished = tenure::upgrade::finish(&t.store).await;
+        assert!(
+            finished.is_ok(),
+            "{backend}: finishing refused while only this build opens sessions: {finished:?}"
+        );
+        looks += 1;
+    }
+    let mut kept = Vec::new();
+    for opener in openers {
+        kept.extend(opener.await.unwrap());
+    }
+    let listed = t.store.session_builds().await.unwrap();
+    for s in &kept {
+        let mine = listed
+            .iter()
+            .find(|l| l.tag == s.tag())
+            .unwrap_or_else(|| panic!("{backend}: session {} not listed", s.tag()));
+        assert!(
+            mine.build.is_some(),
+            "{backend}: a session of this build lost its build record: {mine:?}"
+        );
+    }
+    tenure::upgrade::finish(&t.store).await.unwrap();
+    for s in kept {
+        s.close().await.unwrap();
+    }
+    eprintln!(
+        "{backend}: {looks} looks while {} sessions opened",
+        OPENERS * EACH
+    );
+}

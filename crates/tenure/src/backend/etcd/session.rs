@@ -171,8 +171,14 @@ impl EtcdStore {
 
     /// Every key under `PREFIX/<head>` that is exactly a lease id and on
     /// that lease (a key put by hand, or of a longer prefix, is none of
-    /// ours), by lease, read a page at a time.
-    async fn on_leases(&self, head: &str) -> Result<std::collections::HashMap<i64, Vec<u8>>> {
+    /// ours), by lease, read a page at a time; all pages at `revision`
+    /// (0: the first page's, returned), so that several reads see one
+    /// moment.
+    async fn on_leases(
+        &self,
+        head: &str,
+        mut revision: i64,
+    ) -> Result<(std::collections::HashMap<i64, Vec<u8>>, i64)> {
         let head = self.key(head);
         let end = rpc::prefix_end(&head);
         let mut from = head.clone();
@@ -180,12 +186,16 @@ impl EtcdStore {
         loop {
             let options = GetOptions::new()
                 .with_range(end.clone())
-                .with_limit(SCAN_PAGE);
+                .with_limit(SCAN_PAGE)
+                .with_revision(revision);
             let resp = retrying(|| {
                 let (mut client, from, options) = (self.client(), from.clone(), options.clone());
                 async move { call(client.get(from, Some(options))).await }
             })
             .await?;
+            if revision == 0 {
+                revision = resp.header().map_or(0, |h| h.revision());
+            }
             let kvs = resp.kvs();
             for kv in kvs {
                 let Some(hex) = kv.key().strip_prefix(head.as_slice()) else {
@@ -201,7 +211,7 @@ impl EtcdStore {
                     from = last.key().to_vec();
                     from.push(0);
                 }
-                _ => return Ok(found),
+                _ => return Ok((found, revision)),
             }
         }
     }
@@ -209,8 +219,10 @@ impl EtcdStore {
     /// [`Store::session_builds`]: every session's info key (on its lease,
     /// so gone once etcd ends the lease), with its build key.
     pub(super) async fn list_session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
-        let info = self.on_leases("si/").await?;
-        let builds = self.on_leases("sb/").await?;
+        // Both at one revision: a session that ended between two reads
+        // would otherwise be listed without its build, as a 0.1.0 one.
+        let (info, at) = self.on_leases("si/", 0).await?;
+        let (builds, _) = self.on_leases("sb/", at).await?;
         let mut all: Vec<crate::store::SessionBuild> = info
             .into_iter()
             .map(|(lease, value)| {

@@ -108,6 +108,9 @@ impl RedisStore {
             std::collections::HashMap<String, String>,
             std::collections::HashMap<String, String>,
         ) = redis::pipe()
+            // One moment (MULTI/EXEC): a session opened between two plain
+            // reads would have its build pruned as if it had ended.
+            .atomic()
             .cmd("HGETALL")
             .arg(format!("{}:sinfo", self.inner.prefix))
             .cmd("HGETALL")

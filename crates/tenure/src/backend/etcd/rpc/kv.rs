@@ -35,6 +35,9 @@ pub(super) mod pb {
         pub range_end: Vec<u8>,
         #[prost(int64, tag = "3")]
         pub limit: i64,
+        /// The revision to read at (0: the latest).
+        #[prost(int64, tag = "4")]
+        pub revision: i64,
         /// 0 none, 1 ascending, 2 descending.
         #[prost(int32, tag = "5")]
         pub sort_order: i32,
@@ -213,6 +216,7 @@ pub(crate) struct GetOptions {
     sort: Option<(SortTarget, SortOrder)>,
     keys_only: bool,
     max_create_revision: i64,
+    revision: i64,
 }
 
 #[derive(Clone, Copy)]
@@ -254,6 +258,12 @@ impl GetOptions {
         self.max_create_revision = revision;
         self
     }
+    /// Reads the keys as they were at `revision` (one snapshot over
+    /// several reads).
+    pub fn with_revision(mut self, revision: i64) -> Self {
+        self.revision = revision;
+        self
+    }
 
     fn into_request(self, key: Vec<u8>) -> pb::RangeRequest {
         let range_end = match (self.range_end, self.prefix) {
@@ -275,6 +285,7 @@ impl GetOptions {
             key,
             range_end,
             limit: self.limit,
+            revision: self.revision,
             sort_order,
             sort_target,
             keys_only: self.keys_only,
@@ -485,6 +496,9 @@ pub(crate) enum TxnOpResponse<'a> {
 impl RangeResponse {
     pub fn kvs(&self) -> &[KeyValue] {
         &self.kvs
+    }
+    pub fn header(&self) -> Option<Header> {
+        header(&self.header)
     }
 }
 
