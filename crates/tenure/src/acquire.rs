@@ -299,7 +299,7 @@ pub(crate) enum Wait {
 
 impl Wait {
     /// Resolves at the wait's deadline; never for a wait without one.
-    async fn expired(self) {
+    pub(crate) async fn expired(self) {
         match self {
             Wait::Until(at, _) => tokio::time::sleep_until(at).await,
             _ => std::future::pending().await,
@@ -307,7 +307,7 @@ impl Wait {
     }
 
     /// The timeout asked for (zero for a wait without one).
-    fn length(self) -> Duration {
+    pub(crate) fn length(self) -> Duration {
         match self {
             Wait::Until(_, d) => d,
             _ => Duration::ZERO,

@@ -1,5 +1,5 @@
-//! Leader election: campaign, resign, proclaim, leader, observe, and an
-//! elector loop with callbacks once per term.
+//! Leader election: campaign, resign, proclaim, leader, observe. The
+//! elector a service keeps for its life is in [`crate::elector`].
 //!
 //! An election is a queue of exclusive entries whose head is the leader, as
 //! in the usual lease-based election recipes: candidates wait in arrival
@@ -7,13 +7,13 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::acquire::{no_grant, Hold, Order, Wait};
 use crate::error::LostReason;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metrics::{LeaderMetric, Recipe};
-use crate::session::{Session, SessionOptions};
+use crate::session::Session;
 use crate::store::{Entry, EntryKind, Name, Store};
 
 /// An election on one name.
@@ -189,7 +189,7 @@ impl Term {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] if this term is over; [`Error::SessionLost`].
+    /// [`Error::NotHeld`](crate::Error::NotHeld) if this term is over; [`Error::SessionLost`](crate::Error::SessionLost).
     pub async fn proclaim(&self, value: impl Into<Vec<u8>>) -> Result<()> {
         self.hold.session.check_alive()?;
         let value = value.into();
@@ -257,157 +257,6 @@ impl Observer {
                 self.last = Some(key);
                 return Ok(leader);
             }
-        }
-    }
-}
-
-type Callback = Box<dyn FnMut(&Term) + Send>;
-
-/// Campaigns in a loop with callbacks once per term: `on_elected` when a term
-/// begins and `on_defeated` when it ends, whether by loss of the lease or by
-/// shutdown. After a loss it opens a new session and campaigns again; a new
-/// session is always a new term.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> tenure::Result<()> {
-/// let store = tenure::open("memory://").await?;
-/// let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-/// let mut tx = Some(tx);
-/// let elector = tenure::Elector::new(&store, "scheduler", "node-a")?
-///     .on_elected(move |term| {
-///         println!("leading with token {}", term.token());
-///         if let Some(tx) = tx.take() { let _ = tx.send(()); }
-///     })
-///     .on_defeated(|term| println!("term {} over", term.token()));
-/// // Run until the first term begins, then shut down (which resigns).
-/// elector.run(async { let _ = rx.await; }).await?;
-/// # Ok(()) }
-/// ```
-pub struct Elector {
-    store: Arc<dyn Store>,
-    name: Name,
-    value: Vec<u8>,
-    options: SessionOptions,
-    on_elected: Callback,
-    on_defeated: Callback,
-}
-
-impl std::fmt::Debug for Elector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Elector")
-            .field("name", &self.name)
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Elector {
-    /// An elector for `name` that campaigns with `value`.
-    pub fn new(
-        store: &Arc<dyn Store>,
-        name: impl AsRef<str>,
-        value: impl Into<Vec<u8>>,
-    ) -> Result<Self> {
-        Ok(Elector {
-            store: store.clone(),
-            name: Name::new(name)?,
-            value: value.into(),
-            options: SessionOptions::default(),
-            on_elected: Box::new(|_| {}),
-            on_defeated: Box::new(|_| {}),
-        })
-    }
-
-    /// Options for the sessions the elector opens.
-    pub fn session_options(mut self, options: SessionOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Called once when a term begins. Start the leader's work here, and stop
-    /// it when `term.lost()` resolves.
-    pub fn on_elected(mut self, f: impl FnMut(&Term) + Send + 'static) -> Self {
-        self.on_elected = Box::new(f);
-        self
-    }
-
-    /// Called once when a term ends.
-    pub fn on_defeated(mut self, f: impl FnMut(&Term) + Send + 'static) -> Self {
-        self.on_defeated = Box::new(f);
-        self
-    }
-
-    /// Campaigns until `shutdown` resolves, then resigns (if leading) and
-    /// returns. Temporary store errors are retried with a backoff; invalid
-    /// options are returned at once.
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        tokio::pin!(shutdown);
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let session = tokio::select! {
-                s = Session::with_options(&self.store, self.options.clone()) => s,
-                () = &mut shutdown => return Ok(()),
-            };
-            let session = match session {
-                Ok(s) => s,
-                Err(e) if e.is_temporary() => {
-                    tracing::warn!(error = %e, "elector cannot open a session; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
-                        () = &mut shutdown => return Ok(()),
-                    }
-                    backoff = (backoff * 2).min(crate::DEFAULT_TTL);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let election = Election {
-                session: session.clone(),
-                name: self.name.clone(),
-            };
-            let term = tokio::select! {
-                t = election.campaign(self.value.clone()) => t,
-                () = &mut shutdown => {
-                    let _ = session.close().await;
-                    return Ok(());
-                }
-            };
-            let term = match term {
-                Ok(t) => {
-                    backoff = Duration::from_millis(100);
-                    t
-                }
-                Err(e) if e.is_temporary() || matches!(e, Error::SessionLost(_)) => {
-                    tracing::warn!(error = %e, "elector's campaign failed; retrying");
-                    let _ = session.close().await;
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
-                        () = &mut shutdown => return Ok(()),
-                    }
-                    backoff = (backoff * 2).min(crate::DEFAULT_TTL);
-                    continue;
-                }
-                Err(e) => {
-                    let _ = session.close().await;
-                    return Err(e);
-                }
-            };
-            (self.on_elected)(&term);
-            let stop = tokio::select! {
-                _ = term.lost() => false,
-                () = &mut shutdown => true,
-            };
-            (self.on_defeated)(&term);
-            if stop {
-                let _ = term.resign().await;
-                let _ = session.close().await;
-                return Ok(());
-            }
-            drop(term);
-            let _ = session.close().await;
         }
     }
 }

@@ -16,6 +16,9 @@ pub(crate) struct Held {
     hold: Hold,
     holds: u32,
     kind: EntryKind,
+    /// A non-reentrant mutex's turn among its session's own holds, given
+    /// back once the store's hold is released.
+    pub(crate) gate: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 /// Takes an entry of `kind` on `name` for `recipe`: `Ok(None)` only for
@@ -69,6 +72,7 @@ impl Held {
             hold,
             holds: joined.holds,
             kind,
+            gate: None,
         })
     }
 }
@@ -148,7 +152,10 @@ macro_rules! guard_type {
             ///
             /// The release runs to completion even if this future is dropped.
             pub async fn release(self) -> Result<()> {
-                self.0.hold.release().await.map(|_| ())
+                let Held { hold, gate, .. } = self.0;
+                let released = hold.release().await.map(|_| ());
+                drop(gate);
+                released
             }
         }
     };

@@ -27,9 +27,12 @@
 //   store wrapper that records store operations (no backend records).
 mod acquire;
 pub mod backend;
+#[cfg(feature = "schedule")]
+mod board;
 mod cell;
 mod clock;
 mod election;
+mod elector;
 mod error;
 mod fence;
 pub mod fencing;
@@ -52,7 +55,10 @@ pub mod upgrade;
 
 pub use backend::url::mask_password;
 pub use cell::Cell;
-pub use election::{leader, Election, Elector, Leader, Observer, Term};
+pub use election::{leader, Election, Leader, Observer, Term};
+#[cfg(feature = "schedule")]
+pub use elector::ElectorBoard;
+pub use elector::{Elector, ElectorHandle};
 pub use error::{BoxError, Error, LostReason, Result};
 pub use fence::Fence;
 pub use guard::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, SemaphorePermit};
@@ -64,8 +70,8 @@ pub use registry::{backend_for, backends, builtin_backends, open, Backend};
 pub use rwlock::RwLock;
 #[cfg(feature = "schedule")]
 pub use schedule::{
-    parse_cron, LastRun, Missed, Mode as ScheduleMode, PauseHandle, Paused, Schedule,
-    ScheduleBoard, ScheduleInfo, Tick,
+    LastRun, Missed, Mode as ScheduleMode, PauseHandle, Paused, RunResult, Schedule, ScheduleBoard,
+    ScheduleInfo, Tick, Timetable,
 };
 pub use semaphore::Semaphore;
 pub use session::{default_label, Session, SessionOptions, DEFAULT_TTL};

@@ -38,6 +38,7 @@ pub struct Mutex {
     session: Session,
     name: Name,
     order: Order,
+    reentrant: bool,
 }
 
 impl Mutex {
@@ -52,6 +53,7 @@ impl Mutex {
             session: session.clone(),
             name: Name::new(name)?,
             order: Order::Fifo,
+            reentrant: true,
         })
     }
 
@@ -107,6 +109,63 @@ impl Mutex {
         self.order == Order::Fifo
     }
 
+    /// Reentrant (the default: a second `lock` through the same session
+    /// counts one more hold at once) or not, as Curator's
+    /// `InterProcessSemaphoreMutex`: a second `lock` through the same
+    /// session — from another task, a clone of the session or another
+    /// handle on the name — then waits until the first hold is released,
+    /// `try_lock` returns `None` and `lock_timeout` times out. The order
+    /// among one session's own holds is kept in the process (a session
+    /// lives in one); across sessions the store decides, as always.
+    /// Only non-reentrant handles wait for each other: a reentrant handle
+    /// on the same name and session still re-enters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> tenure::Result<()> {
+    /// let store = tenure::open("memory://").await?;
+    /// let session = tenure::Session::new(&store).await?;
+    /// let mutex = tenure::Mutex::new(&session, "migration")?.reentrant(false);
+    /// let guard = mutex.lock().await?;
+    /// assert!(mutex.try_lock().await?.is_none());
+    /// guard.release().await?;
+    /// assert!(mutex.try_lock().await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+
+    /// Whether a second `lock` through the same session re-enters at once.
+    pub fn is_reentrant(&self) -> bool {
+        self.reentrant
+    }
+
+    /// A non-reentrant mutex's turn among its session's own holds: `None`
+    /// for a reentrant one, `Err(None)` when `wait` is over first (at once
+    /// for [`Wait::No`]).
+    async fn turn(
+        &self,
+        wait: Wait,
+    ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, Option<crate::Error>> {
+        if self.reentrant {
+            return Ok(None);
+        }
+        let gate = self.session.gate(self.name.as_str());
+        if let Wait::No = wait {
+            return gate.try_lock_owned().map(Some).map_err(|_| None);
+        }
+        let lost = self.session.lost();
+        tokio::select! {
+            turn = gate.lock_owned() => Ok(Some(turn)),
+            reason = lost => Err(Some(crate::Error::SessionLost(reason))),
+            () = wait.expired() => Err(Some(crate::Error::Timeout(wait.length()))),
+        }
+    }
+
     /// The name.
     pub fn name(&self) -> &Name {
         &self.name
@@ -140,15 +199,23 @@ impl Mutex {
     ///
     /// Cancel safe, as [`Mutex::lock`].
     pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
-        take(
+        let turn = match self.turn(Wait::No).await {
+            Ok(turn) => turn,
+            Err(None) => return Ok(None),
+            Err(Some(e)) => return Err(e),
+        };
+        let held = take(
             &self.session,
             &self.name,
             EntryKind::Exclusive,
             Wait::No,
             Recipe::Mutex,
         )
-        .await
-        .map(|held| held.map(MutexGuard))
+        .await?;
+        Ok(held.map(|mut held| {
+            held.gate = turn;
+            MutexGuard(held)
+        }))
     }
 
     /// Waits at most `timeout`; then [`Error::Timeout`](crate::Error::Timeout),
@@ -162,7 +229,11 @@ impl Mutex {
     }
 
     async fn take(&self, wait: Wait) -> Result<MutexGuard> {
-        take_in(
+        let turn = self
+            .turn(wait)
+            .await
+            .map_err(|e| e.unwrap_or_else(no_grant))?;
+        let mut held = take_in(
             &self.session,
             &self.name,
             EntryKind::Exclusive,
@@ -171,7 +242,8 @@ impl Mutex {
             Recipe::Mutex,
         )
         .await?
-        .map(MutexGuard)
-        .ok_or_else(no_grant)
+        .ok_or_else(no_grant)?;
+        held.gate = turn;
+        Ok(MutexGuard(held))
     }
 }

@@ -174,3 +174,193 @@ pub async fn check_elector_callbacks(t: &Target) {
     );
     assert!(events[2].2 > events[0].2);
 }
+
+/// Waits (at most `within`) until `cond` holds; the check fails otherwise.
+async fn until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what} (waited {within:?})");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An elector running in a task, with its handle and a way to stop it.
+struct Running {
+    handle: tenure::ElectorHandle,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<tenure::Result<()>>,
+}
+
+impl Running {
+    fn start(elector: Elector) -> Running {
+        let handle = elector.handle();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(elector.run(async {
+            let _ = rx.await;
+        }));
+        Running { handle, stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the elector stopped")
+            .unwrap()
+            .unwrap();
+        assert!(!self.handle.is_leader(), "a stopped elector still leads");
+    }
+}
+
+/// `is_leader()` and `token()` agree with the store; `resign()` hands
+/// leadership to the next candidate and campaigns again behind it; a
+/// resignation asked from inside `on_elected` ends that term and the
+/// elector leads again in a new one; `resign()` off term does nothing.
+pub async fn check_elector_resign_and_recampaign(t: &Target) {
+    let name = unique("resign");
+    let n = Name::new(&name).unwrap();
+    let options = SessionOptions::new().ttl(short_ttl(t, Duration::from_secs(2)));
+    let make = |who: &str| {
+        Elector::new(&t.store, &name, who)
+            .unwrap()
+            .session_options(options.clone())
+    };
+    let a = Running::start(make("a"));
+    until(Duration::from_secs(10), "a never led", || {
+        a.handle.is_leader()
+    })
+    .await;
+    let leader = tenure::leader(t.store.as_ref(), &n).await.unwrap().unwrap();
+    assert_eq!(a.handle.token(), Some(leader.token));
+    let b = Running::start(make("b"));
+    wait_queue_len(&t.store, &name, 2).await;
+    assert!(!b.handle.is_leader() && b.handle.token().is_none());
+    assert!(!b.handle.resign(), "resign() off term said it was leading");
+    let first = a.handle.token().unwrap();
+    assert!(a.handle.resign());
+    until(
+        Duration::from_secs(10),
+        "b did not lead after a resigned",
+        || b.handle.is_leader(),
+    )
+    .await;
+    assert!(!a.handle.is_leader());
+    // a campaigns again, behind b.
+    wait_queue_len(&t.store, &name, 2).await;
+    b.stop().await;
+    until(Duration::from_secs(10), "a did not lead again", || {
+        a.handle.is_leader()
+    })
+    .await;
+    assert!(a.handle.token().unwrap() > first);
+    a.stop().await;
+
+    // From inside the callback: the first term resigns itself at once.
+    let terms = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let elector = make("c");
+    let handle = elector.handle();
+    let seen = terms.clone();
+    let c = Running::start(
+        elector
+            .session_options(options.clone())
+            .on_elected(move |term| {
+                let mut seen = seen.lock().unwrap();
+                seen.push(term.token());
+                if seen.len() == 1 {
+                    assert!(handle.resign(), "resign() inside on_elected");
+                }
+            }),
+    );
+    until(
+        Duration::from_secs(10),
+        "no second term after resigning in the callback",
+        || terms.lock().unwrap().len() >= 2,
+    )
+    .await;
+    let terms = terms.lock().unwrap().clone();
+    assert!(terms[1] > terms[0], "{terms:?}");
+    until(
+        Duration::from_secs(5),
+        "c does not lead its second term",
+        || c.handle.is_leader(),
+    )
+    .await;
+    c.stop().await;
+}
+
+/// An elector paused across the cluster: the sitting leader steps down
+/// within one renew interval, nobody campaigns or leads until resumed, and
+/// then one instance leads again. On a store without cells the pause is
+/// refused, typed.
+pub async fn check_elector_pause(t: &Target) {
+    let name = unique("paused-elector");
+    let n = Name::new(&name).unwrap();
+    let board = tenure::ElectorBoard::new(&t.store, &name).unwrap();
+    if !t.store.capabilities().cells {
+        assert!(matches!(
+            board.pause(None, "conformance", "drill").await,
+            Err(Error::Unsupported { .. })
+        ));
+        eprintln!(
+            "{}: no cells (capabilities): elector pauses are Unsupported",
+            t.store.capabilities().backend
+        );
+        return;
+    }
+    let options = SessionOptions::new().ttl(short_ttl(t, Duration::from_secs(2)));
+    let renew = Session::with_options(&t.store, options.clone())
+        .await
+        .unwrap();
+    let every = renew.renew_interval();
+    renew.close().await.unwrap();
+    let make = |who: &str| {
+        Running::start(
+            Elector::new(&t.store, &name, who)
+                .unwrap()
+                .session_options(options.clone()),
+        )
+    };
+    let (a, b) = (make("a"), make("b"));
+    until(Duration::from_secs(10), "nobody led", || {
+        a.handle.is_leader() || b.handle.is_leader()
+    })
+    .await;
+    assert!(board.exists().await.unwrap(), "a started elector is listed");
+    board.pause(None, "conformance", "drill").await.unwrap();
+    let paused = Instant::now();
+    until(
+        every + Duration::from_secs(1),
+        "the leader did not step down",
+        || !a.handle.is_leader() && !b.handle.is_leader(),
+    )
+    .await;
+    let stepped_down = paused.elapsed();
+    // Nobody campaigns while paused: the election stays empty.
+    let deadline = Instant::now() + every * 3;
+    loop {
+        let queue = t.store.queue(&n).await.unwrap();
+        let settled = paused.elapsed() > every + Duration::from_secs(1);
+        if settled {
+            assert!(
+                queue.entries.is_empty(),
+                "a paused elector campaigns: {queue:?}"
+            );
+        }
+        assert!(!a.handle.is_leader() && !b.handle.is_leader());
+        if Instant::now() > deadline && settled {
+            break;
+        }
+        tokio::time::sleep(every / 4).await;
+    }
+    assert!(a.handle.is_paused() && b.handle.is_paused());
+    assert!(board.resume().await.unwrap());
+    until(
+        Duration::from_secs(10),
+        "nobody led after the resume",
+        || a.handle.is_leader() || b.handle.is_leader(),
+    )
+    .await;
+    eprintln!("stepped down {stepped_down:?} after the pause (renew interval {every:?})");
+    a.stop().await;
+    b.stop().await;
+}

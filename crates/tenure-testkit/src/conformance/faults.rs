@@ -193,11 +193,50 @@ pub async fn check_server_paused(server: &mut dyn crate::Server) {
     let name = unique("paused");
     let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     let before = guard.token();
+    // An elector leading when the server stops: its handle says it no
+    // longer leads no later than the term's lost() resolves.
+    let (term_tx, term_rx) = tokio::sync::oneshot::channel();
+    let mut term_tx = Some(term_tx);
+    let elector = Elector::new(&store, unique("paused-elector"), "a")
+        .unwrap()
+        .session_options(SessionOptions::new().ttl(ttl))
+        .on_elected(move |term| {
+            if let Some(tx) = term_tx.take() {
+                let _ = tx.send(term.lost());
+            }
+        });
+    let leading = elector.handle();
+    let (stop_elector, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let elector = tokio::spawn(elector.run(async {
+        let _ = stop_rx.await;
+    }));
+    let term_lost = tokio::time::timeout(Duration::from_secs(10), term_rx)
+        .await
+        .expect("the elector led")
+        .unwrap();
+    assert!(leading.is_leader());
+    let told = tokio::spawn({
+        let leading = leading.clone();
+        async move {
+            term_lost.await;
+            // At the moment lost() resolves, is_leader() is already false.
+            !leading.is_leader()
+        }
+    });
     let paused = Instant::now();
     server.pause();
     let lost = tokio::time::timeout(ttl + Duration::from_millis(500), guard.lost()).await;
     let lost_after = paused.elapsed();
+    let elector_told = tokio::time::timeout(ttl + Duration::from_millis(500), told).await;
     server.resume();
+    assert!(
+        elector_told
+            .expect("the term's lost() resolved while paused")
+            .unwrap(),
+        "is_leader() was still true when the term's lost() resolved"
+    );
+    let _ = stop_elector.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(30), elector).await;
     assert!(
         lost.is_ok(),
         "lost() did not fire while the server was paused"

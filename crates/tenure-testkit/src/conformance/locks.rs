@@ -234,6 +234,50 @@ pub async fn check_reentrancy(t: &Target) {
     assert!(mb.try_lock().await.unwrap().is_some());
 }
 
+/// A non-reentrant mutex (Curator's semaphore mutex): a second `lock`
+/// through the same session times out while the first hold lasts, and is
+/// granted once it is released, with a new token; `try_lock` is refused
+/// meanwhile; another session is excluded throughout.
+pub async fn check_non_reentrant_mutex(t: &Target) {
+    let name = unique("non-reentrant");
+    let (a, b) = (session(&t.store).await, session(&t.store).await);
+    let ma = Mutex::new(&a, &name).unwrap().reentrant(false);
+    assert!(!ma.is_reentrant());
+    let first = ma.lock().await.unwrap();
+    assert_eq!(first.hold_count(), 1);
+    assert!(
+        ma.try_lock().await.unwrap().is_none(),
+        "try_lock re-entered"
+    );
+    let other_handle = Mutex::new(&a.clone(), &name).unwrap().reentrant(false);
+    assert!(matches!(
+        other_handle.lock_timeout(Duration::from_millis(300)).await,
+        Err(Error::Timeout(_))
+    ));
+    // A second lock waits for the first hold, in another task.
+    let waiting = tokio::spawn({
+        let ma = ma.clone();
+        async move { ma.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "the second lock re-entered");
+    let mb = Mutex::new(&b, &name).unwrap();
+    assert!(mb.try_lock().await.unwrap().is_none());
+    let token = first.token();
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("granted after the first hold's release")
+        .unwrap()
+        .unwrap();
+    assert!(second.token() > token, "{} after {token}", second.token());
+    assert_eq!(second.hold_count(), 1);
+    assert!(mb.try_lock().await.unwrap().is_none());
+    second.release().await.unwrap();
+    let third = mb.try_lock().await.unwrap().expect("free after both holds");
+    third.release().await.unwrap();
+}
+
 /// Without the session's secret nothing can be released, renewed or
 /// proclaimed; reading a queue never reveals the secret.
 pub async fn check_non_holder_cannot_act(t: &Target) {

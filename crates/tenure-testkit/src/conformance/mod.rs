@@ -184,14 +184,14 @@ macro_rules! __conformance_checks {
     (@with $mode:ident [$($args:tt)*]) => {
         $crate::__conformance_checks! {@$mode [$($args)*]
             check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_hinted_try, check_timeout, check_fifo,
-            check_reentrancy, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
+            check_reentrancy, check_non_reentrant_mutex, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
             check_crashed_holder_released, check_crashed_queue_cleared_by_try,
             check_unfair_mutex, check_unfair_crashed_holder_released, check_unfair_dead_holder_released, check_evicted_holder_is_told,
             check_evicted_session_is_told,
             check_waiter_session_expiry,
             check_grant_before_the_wait, check_cancelled_wait_leaves_queue, check_dead_waiter_behind_a_waiter, check_fencing_monotonic,
             check_election_failover, check_observe_order, check_proclaim_only_by_leader,
-            check_elector_callbacks, check_shared_and_permits, check_bad_input,
+            check_elector_callbacks, check_elector_resign_and_recampaign, check_elector_pause, check_shared_and_permits, check_bad_input,
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
             check_schedule_leader, check_schedule_paused_cluster_wide, check_fence, check_fence_values, check_fence_interleaved, check_cell,
             check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released,

@@ -10,20 +10,17 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use crate::board::Paused;
+use crate::board::{read, update, PauseCell, Registry};
 use crate::cell::Cell;
-use crate::error::{Error, Result};
-use crate::store::{Expect, Name, Store, MAX_VALUE_LEN};
+use crate::error::Result;
+use crate::store::{Name, Store};
 
 /// The cell that lists the jobs.
 const REGISTRY: &str = "tenure.schedules";
-/// How often a read-modify-write of a board cell is tried before giving up
-/// (each miss means another instance wrote in between, so progress is made).
-const CAS_TRIES: usize = 8;
-/// The longest pause with an end: ten years (longer is "until resumed").
-const MAX_PAUSE: chrono::TimeDelta = chrono::TimeDelta::days(3653);
 
 /// A schedule as its instances last described it in the store.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,16 +43,13 @@ impl ScheduleInfo {
     /// The next `n` ticks after `after`, read in the schedule's own zone
     /// (empty if the expression or zone no longer parses).
     pub fn next_ticks(&self, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
-        let (Ok(cron), Ok(tz)) = (
-            super::parse_cron(&self.expr),
+        let (Ok(timetable), Ok(tz)) = (
+            super::Timetable::parse(&self.expr),
             self.time_zone.parse::<chrono_tz::Tz>(),
         ) else {
             return Vec::new();
         };
-        cron.after(&after.with_timezone(&tz))
-            .take(n)
-            .map(|t| t.with_timezone(&Utc))
-            .collect()
+        timetable.ticks_after(after, &tz).take(n).collect()
     }
 }
 
@@ -76,36 +70,10 @@ pub struct LastRun {
     pub token: u64,
     /// The leader's term token, in leader mode.
     pub leader_token: Option<u64>,
-    /// `finished`, `stopped: lock_at_most_for` or `stopped: session lost`.
+    /// `finished`, `failed: MESSAGE` (the job's error, such as `exit 3`),
+    /// `stopped: lock_at_most_for`, `stopped: session lost` or `stopped:
+    /// term ended` (the bound elector's term ended during the run).
     pub outcome: String,
-}
-
-/// A cluster-wide pause of a schedule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Paused {
-    /// When it was paused (Unix milliseconds).
-    pub since_ms: i64,
-    /// When it resumes by itself (Unix milliseconds), judged by each
-    /// instance's own clock; `None`: until resumed.
-    pub until_ms: Option<i64>,
-    /// Who paused it (free text: a user, a host).
-    pub by: String,
-    /// Why.
-    pub reason: String,
-}
-
-impl Paused {
-    /// Whether the pause still holds at `now`.
-    pub fn holds_at(&self, now: DateTime<Utc>) -> bool {
-        self.until_ms
-            .is_none_or(|until| now.timestamp_millis() < until)
-    }
-
-    /// When it resumes by itself, if it does.
-    pub fn until(&self) -> Option<DateTime<Utc>> {
-        self.until_ms
-            .and_then(|ms| Utc.timestamp_millis_opt(ms).single())
-    }
 }
 
 /// A schedule's shared state in the store: description, last run and
@@ -120,7 +88,7 @@ impl Paused {
 ///
 /// Needs a store with cells ([`Capabilities::cells`](crate::Capabilities));
 /// on one without, reads find nothing and writes fail with
-/// [`Error::Unsupported`].
+/// [`Error::Unsupported`](crate::Error::Unsupported).
 ///
 /// # Examples
 ///
@@ -140,7 +108,7 @@ pub struct ScheduleBoard {
     store: Arc<dyn Store>,
     job: Name,
     info: Cell,
-    pause: Cell,
+    pause: PauseCell,
 }
 
 impl ScheduleBoard {
@@ -148,14 +116,14 @@ impl ScheduleBoard {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for a name a [`Schedule`](super::Schedule)
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a name a [`Schedule`](super::Schedule)
     /// would refuse.
     pub fn new(store: &Arc<dyn Store>, job: impl AsRef<str>) -> Result<Self> {
         let job = super::job_name(job.as_ref())?;
         Ok(ScheduleBoard {
             store: store.clone(),
             info: Cell::new(store, format!("tenure.schedule:{job}"))?,
-            pause: Cell::new(store, format!("tenure.pause:{job}"))?,
+            pause: PauseCell(Cell::new(store, format!("tenure.pause:{job}"))?),
             job,
         })
     }
@@ -184,19 +152,26 @@ impl ScheduleBoard {
         if !Self::has_cells(store) {
             return Ok(Vec::new());
         }
-        let registry = Cell::new(store, REGISTRY)?;
-        match read::<Vec<String>>(&registry).await {
-            Ok(Some((jobs, _))) => Ok(jobs),
-            Ok(None) | Err(Error::InvalidArgument { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
+        Registry(Cell::new(store, REGISTRY)?).names().await
+    }
+
+    /// Whether an instance of the job has started on this store: a job is
+    /// listed from its start, before its first run. Always false on a store
+    /// without cells. A pause may still be set ahead of a job's first start
+    /// through [`ScheduleBoard::pause`]; the CLI and the console refuse to,
+    /// taking a name nobody runs for a typo.
+    pub async fn exists(&self) -> Result<bool> {
+        Ok(Self::jobs(&self.store)
+            .await?
+            .iter()
+            .any(|j| j == self.job.as_str()))
     }
 
     /// What the instances last published: expression, zone, mode, last run.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the cell does not hold what tenure
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the cell does not hold what tenure
     /// wrote there; store errors.
     pub async fn info(&self) -> Result<Option<ScheduleInfo>> {
         if !Self::has_cells(&self.store) {
@@ -209,7 +184,7 @@ impl ScheduleBoard {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the pause cell does not hold what
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the pause cell does not hold what
     /// tenure wrote there (a schedule then skips its ticks, and
     /// [`ScheduleBoard::pause`] or [`ScheduleBoard::resume`] overwrite it);
     /// store errors.
@@ -217,10 +192,7 @@ impl ScheduleBoard {
         if !Self::has_cells(&self.store) {
             return Ok(None);
         }
-        Ok(read::<Paused>(&self.pause)
-            .await?
-            .map(|(paused, _)| paused)
-            .filter(|p| p.holds_at(Utc::now())))
+        self.pause.paused().await
     }
 
     /// Pauses the job on every instance, until `until` (by each instance's
@@ -229,79 +201,31 @@ impl ScheduleBoard {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an `until` already past or more than
-    /// ten years ahead; [`Error::Unsupported`] on a store without cells.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an `until` already past or more than
+    /// ten years ahead; [`Error::Unsupported`](crate::Error::Unsupported) on a store without cells.
     pub async fn pause(
         &self,
         until: Option<DateTime<Utc>>,
         by: &str,
         reason: &str,
     ) -> Result<Paused> {
-        let now = Utc::now();
-        if until.is_some_and(|u| u <= now) {
-            return Err(Error::InvalidArgument {
-                what: "pause until",
-                reason: "the time is already past".into(),
-            });
-        }
-        if until.is_some_and(|u| u - now > MAX_PAUSE) {
-            return Err(Error::InvalidArgument {
-                what: "pause until",
-                reason: "more than ten years ahead: pause until resumed instead".into(),
-            });
-        }
-        let paused = Paused {
-            since_ms: now.timestamp_millis(),
-            until_ms: until.map(|u| u.timestamp_millis()),
-            by: by.to_string(),
-            reason: reason.to_string(),
-        };
-        let set = paused.clone();
-        // Whatever the cell held (even what tenure did not write), the new
-        // pause replaces it.
-        update(&self.pause, move |_: Option<Paused>| Some(set.clone())).await?;
-        Ok(paused)
+        self.pause.pause(until, by, reason).await
     }
 
     /// Lifts a pause. Returns whether one was in force.
     pub async fn resume(&self) -> Result<bool> {
-        let now = Utc::now();
-        let mut was = false;
-        for _ in 0..CAS_TRIES {
-            let Some(current) = self.pause.get().await? else {
-                return Ok(was);
-            };
-            was = decode::<Paused>(&self.pause, &current.value)
-                .map(|p| p.holds_at(now))
-                .unwrap_or(true);
-            match self.pause.delete(current.version).await {
-                Ok(()) => return Ok(was),
-                Err(Error::VersionMismatch { .. }) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(busy(&self.pause))
+        self.pause.resume().await
     }
 
     /// Lists the job and describes it (keeping the last run), when that
     /// changed. Best effort: a store without cells is left alone.
     pub(crate) async fn publish(&self, mut info: ScheduleInfo) -> Result<()> {
-        let registry = Cell::new(&self.store, REGISTRY)?;
+        let registry = Registry(Cell::new(&self.store, REGISTRY)?);
         let job = self.job.to_string();
         if !Self::has_cells(&self.store) {
             return Ok(());
         }
-        let listed = update(&registry, |jobs: Option<Vec<String>>| {
-            let mut jobs = jobs.unwrap_or_default();
-            match jobs.binary_search(&job) {
-                Ok(_) => None,
-                Err(at) => {
-                    jobs.insert(at, job.clone());
-                    Some(jobs)
-                }
-            }
-        });
-        listed.await?;
+        registry.add(&job).await?;
         let described = update(&self.info, move |old: Option<ScheduleInfo>| {
             info.last_run = old.as_ref().and_then(|o| o.last_run.clone());
             (old.as_ref() != Some(&info)).then(|| info.clone())
@@ -321,61 +245,4 @@ impl ScheduleBoard {
         });
         recorded.await
     }
-}
-
-fn busy(cell: &Cell) -> Error {
-    Error::Conflict {
-        name: cell.name().to_string(),
-        reason: format!("written by others {CAS_TRIES} times in a row while updating it"),
-    }
-}
-
-fn decode<T: for<'de> Deserialize<'de>>(cell: &Cell, value: &[u8]) -> Result<T> {
-    serde_json::from_slice(value).map_err(|e| Error::InvalidArgument {
-        what: "schedule board cell",
-        reason: format!("{} does not hold what tenure wrote there: {e}", cell.name()),
-    })
-}
-
-async fn read<T: for<'de> Deserialize<'de>>(cell: &Cell) -> Result<Option<(T, u64)>> {
-    match cell.get().await? {
-        None => Ok(None),
-        Some(v) => Ok(Some((decode(cell, &v.value)?, v.version))),
-    }
-}
-
-/// Read, change, write back if nobody wrote in between; `change` returning
-/// `None` leaves the cell as it is.
-async fn update<T, F>(cell: &Cell, mut change: F) -> Result<()>
-where
-    T: Serialize + for<'de> Deserialize<'de>,
-    F: FnMut(Option<T>) -> Option<T>,
-{
-    for _ in 0..CAS_TRIES {
-        // What tenure did not write is overwritten, as if absent (at its
-        // version, so a concurrent writer still wins or loses cleanly).
-        let (old, expect) = match cell.get().await? {
-            Some(v) => (decode::<T>(cell, &v.value).ok(), Expect::Version(v.version)),
-            None => (None, Expect::Absent),
-        };
-        let Some(new) = change(old) else {
-            return Ok(());
-        };
-        let bytes = serde_json::to_vec(&new).map_err(|e| Error::InvalidArgument {
-            what: "schedule board cell",
-            reason: e.to_string(),
-        })?;
-        if bytes.len() > MAX_VALUE_LEN {
-            return Err(Error::InvalidArgument {
-                what: "schedule board cell",
-                reason: format!("{} would outgrow a cell", cell.name()),
-            });
-        }
-        match cell.put(&bytes, expect).await {
-            Ok(_) => return Ok(()),
-            Err(Error::VersionMismatch { .. }) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(busy(cell))
 }

@@ -1,11 +1,12 @@
 //! Cron jobs across a cluster: at most once per tick, or only on the leader.
 
 mod board;
+mod timetable;
 
 pub use board::{LastRun, Paused, ScheduleBoard, ScheduleInfo};
+pub use timetable::Timetable;
 
 use std::future::Future;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use tokio::sync::watch;
 
 use crate::acquire::{Order, Wait};
 use crate::election::{Election, Term};
+use crate::elector::ElectorHandle;
 use crate::error::{Error, Result};
 use crate::metrics::{cron_next_tick, cron_ran, cron_ticks, NameTag, TickOutcome};
 use crate::session::{Session, SessionOptions};
@@ -49,6 +51,27 @@ pub struct Tick {
     pub leader_token: Option<u64>,
 }
 
+/// What a run of a scheduled job returns: `()`, a run that returns having
+/// succeeded, or a `Result`, whose `Err` is a failed run — recorded as
+/// `failed: MESSAGE` on the board, and not as the job's last success in the
+/// metrics.
+pub trait RunResult {
+    /// The failure, in words, or `None` for a success.
+    fn failure(self) -> Option<String>;
+}
+
+impl RunResult for () {
+    fn failure(self) -> Option<String> {
+        None
+    }
+}
+
+impl<T, E: std::fmt::Display> RunResult for std::result::Result<T, E> {
+    fn failure(self) -> Option<String> {
+        self.err().map(|e| e.to_string())
+    }
+}
+
 /// Pauses and resumes a running [`Schedule`] (seed 002's elector): a paused
 /// schedule runs no ticks, and in leader mode it resigns and stops
 /// campaigning, so another instance takes over.
@@ -79,8 +102,9 @@ impl PauseHandle {
 /// their own clock, so a skewed instance may run a tick early or late, never
 /// twice.
 ///
-/// The expression has six fields (`sec min hour day month weekday`, with an
-/// optional seventh for the year) or the classic five, which run at second 0.
+/// The schedule is a [`Timetable`]: a crontab expression of five fields
+/// (run at second 0), six (seconds first) or seven (a year last), a
+/// shorthand such as `@hourly`, or `@every D`.
 ///
 /// # Examples
 ///
@@ -108,7 +132,7 @@ pub struct Schedule {
     store: Arc<dyn Store>,
     name: Name,
     expr: String,
-    cron: cron::Schedule,
+    timetable: Timetable,
     tz: chrono_tz::Tz,
     mode: Mode,
     missed: Missed,
@@ -117,13 +141,15 @@ pub struct Schedule {
     options: SessionOptions,
     paused: Arc<watch::Sender<bool>>,
     board: ScheduleBoard,
+    elector: Option<ElectorHandle>,
+    resign_on_failure: bool,
 }
 
 impl std::fmt::Debug for Schedule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Schedule")
             .field("name", &self.name)
-            .field("cron", &self.cron.to_string())
+            .field("expr", &self.expr)
             .field("tz", &self.tz)
             .field("mode", &self.mode)
             .field("missed", &self.missed)
@@ -137,6 +163,24 @@ const MAX_JOB_NAME: usize = crate::store::MAX_NAME_LEN - 21;
 /// The most ticks counted at once as missed, paused or not led (a
 /// one-second schedule paused for a day would otherwise walk 86 400 ticks).
 const MAX_TICKS_COUNTED: usize = 10_000;
+
+/// What became of a tick here.
+enum Ran {
+    /// Claimed elsewhere, already run, or skipped (paused).
+    NotHere,
+    /// Run here (finished, or stopped).
+    Here,
+    /// Run here, and the job failed.
+    Failed,
+}
+
+/// What comes next in a schedule's loop.
+enum Step {
+    Never,
+    Skipped,
+    RunNow(DateTime<Utc>),
+    WaitFor(DateTime<Utc>, Duration),
+}
 
 /// How a campaign between ticks ended.
 enum Campaigned {
@@ -162,20 +206,6 @@ pub(crate) fn job_name(name: &str) -> Result<Name> {
     Ok(name)
 }
 
-/// Parses a cron expression of 5, 6 or 7 fields.
-pub fn parse_cron(expr: &str) -> Result<cron::Schedule> {
-    let fields = expr.split_whitespace().count();
-    let full = if fields == 5 {
-        format!("0 {expr}")
-    } else {
-        expr.to_string()
-    };
-    cron::Schedule::from_str(&full).map_err(|e| Error::InvalidArgument {
-        what: "cron expression",
-        reason: format!("{expr:?}: {e}"),
-    })
-}
-
 impl Schedule {
     /// A job named `name` on the cron schedule `expr`, in UTC, per-tick mode,
     /// skipping missed ticks.
@@ -190,7 +220,7 @@ impl Schedule {
             board: ScheduleBoard::new(store, name.as_str())?,
             name,
             expr: expr.trim().to_string(),
-            cron: parse_cron(expr)?,
+            timetable: Timetable::parse(expr)?,
             tz: chrono_tz::UTC,
             mode: Mode::PerTick,
             missed: Missed::Skip,
@@ -198,6 +228,8 @@ impl Schedule {
             at_least: Duration::ZERO,
             options: SessionOptions::default(),
             paused: Arc::new(watch::channel(false).0),
+            elector: None,
+            resign_on_failure: false,
         })
     }
 
@@ -213,6 +245,29 @@ impl Schedule {
     /// Which instances run ticks.
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        if mode != Mode::Leader {
+            // Per-tick mode leads nothing: a bound elector no longer applies.
+            self.elector = None;
+        }
+        self
+    }
+
+    /// Runs ticks only while this instance leads through `elector` (leader
+    /// mode, sharing one election with every other schedule bound to it, so
+    /// one leader runs all of a service's jobs). Each tick's claim is made
+    /// through the term's session and carries its token
+    /// ([`Tick::leader_token`]); a run is stopped when the term ends.
+    pub fn leader_of(mut self, elector: &ElectorHandle) -> Self {
+        self.mode = Mode::Leader;
+        self.elector = Some(elector.clone());
+        self
+    }
+
+    /// In leader mode, whether a failed run makes the leader resign, so
+    /// that another instance leads (and runs the next ticks). Off by
+    /// default.
+    pub fn resign_on_failure(mut self, resign: bool) -> Self {
+        self.resign_on_failure = resign;
         self
     }
 
@@ -276,28 +331,19 @@ impl Schedule {
 
     /// The first tick strictly after `t`.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.cron
-            .after(&t.with_timezone(&self.tz))
-            .next()
-            .map(|d| d.with_timezone(&Utc))
+        self.timetable.next_after(t, &self.tz)
     }
 
     /// The last tick at or before `t`.
     pub fn last_at_or_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let t = t.with_timezone(&self.tz);
-        // `after(t).rev()` walks back from t; t itself may be a tick.
-        let just_after = t + chrono::Duration::milliseconds(1);
-        self.cron
-            .after(&just_after)
-            .next_back()
-            .map(|d| d.with_timezone(&Utc))
+        self.timetable.last_at_or_before(t, &self.tz)
     }
 
     /// How many ticks fall in `(after, until]` (at most a bound).
     fn ticks_in(&self, after: DateTime<Utc>, until: DateTime<Utc>) -> usize {
-        self.cron
-            .after(&after.with_timezone(&self.tz))
-            .take_while(|t| t.with_timezone(&Utc) <= until)
+        self.timetable
+            .ticks_after(after, &self.tz)
+            .take_while(|t| *t <= until)
             .take(MAX_TICKS_COUNTED)
             .count()
     }
@@ -312,8 +358,12 @@ impl Schedule {
     pub async fn run<F, Fut>(self, mut job: F, shutdown: impl Future<Output = ()>) -> Result<()>
     where
         F: FnMut(Tick) -> Fut,
-        Fut: Future<Output = ()>,
+        Fut: Future,
+        Fut::Output: RunResult,
     {
+        if let Some(elector) = self.elector.clone() {
+            return self.run_bound(elector, job, shutdown).await;
+        }
         tokio::pin!(shutdown);
         let tag = NameTag::of(&self.name);
         let mut paused = self.paused.subscribe();
@@ -406,58 +456,175 @@ impl Schedule {
                     None => continue,
                 }
             }
-            let now = Utc::now();
-            let Some(next) = self.next_after(cursor) else {
-                // No tick ever again: wait for shutdown.
-                shutdown.await;
-                return self.stop(session, term).await;
-            };
-            let due = if next <= now {
-                // Ticks were missed: skip them all, or run the latest once.
-                let latest = self.last_at_or_before(now).unwrap_or(next);
-                let passed = self.ticks_in(cursor, now);
-                match self.missed {
-                    Missed::Skip => {
-                        cron_ticks(&tag, TickOutcome::Missed, passed);
-                        cursor = now;
-                        continue;
-                    }
-                    Missed::RunOnce => {
-                        cron_ticks(&tag, TickOutcome::Missed, passed.saturating_sub(1));
-                        latest
-                    }
+            let due = match self.step(&mut cursor, &tag) {
+                Step::Never => {
+                    // No tick ever again: wait for shutdown.
+                    shutdown.await;
+                    return self.stop(session, term).await;
                 }
-            } else {
-                cron_next_tick(&tag, unix_secs(next));
-                let wait = (next - now).to_std().unwrap_or_default();
-                let lost = async {
-                    match &term {
-                        Some(t) => {
-                            t.lost().await;
+                Step::Skipped => continue,
+                Step::RunNow(at) => at,
+                Step::WaitFor(next, wait) => {
+                    let lost = async {
+                        match &term {
+                            Some(t) => {
+                                t.lost().await;
+                            }
+                            None => {
+                                live.lost().await;
+                            }
                         }
-                        None => {
-                            live.lost().await;
-                        }
+                    };
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = lost => continue,
+                        _ = paused.changed() => continue,
+                        () = &mut shutdown => return self.stop(session, term).await,
                     }
-                };
-                tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
-                    () = lost => continue,
-                    _ = paused.changed() => continue,
-                    () = &mut shutdown => return self.stop(session, term).await,
+                    next
                 }
-                next
             };
             cursor = due;
             let leader_token = term.as_ref().map(Term::token);
-            if let Err(e) = self
-                .run_tick(&live, due, leader_token, &mut job, &tag)
+            match self
+                .run_tick(
+                    &live,
+                    due,
+                    leader_token,
+                    &mut job,
+                    &tag,
+                    std::future::pending(),
+                )
                 .await
             {
-                if !(e.is_temporary() || matches!(e, Error::SessionLost(_))) {
-                    return Err(e);
+                Ok(Ran::Failed) if self.resign_on_failure => {
+                    if let Some(t) = term.take() {
+                        tracing::warn!(job = %self.name, "the run failed: resigning, so that another instance leads");
+                        let _ = t.resign().await;
+                        // Campaigning again through this session joins
+                        // behind the candidates already waiting.
+                    }
                 }
-                tracing::warn!(error = %e, job = %self.name, "a tick could not be claimed or run");
+                Ok(_) => {}
+                Err(e) if e.is_temporary() || matches!(e, Error::SessionLost(_)) => {
+                    tracing::warn!(error = %e, job = %self.name, "a tick could not be claimed or run");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// [`Schedule::run`] bound to an elector: ticks run only while this
+    /// instance leads through it, claimed through the term's session.
+    async fn run_bound<F, Fut>(
+        self,
+        elector: ElectorHandle,
+        mut job: F,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<()>
+    where
+        F: FnMut(Tick) -> Fut,
+        Fut: Future,
+        Fut::Output: RunResult,
+    {
+        tokio::pin!(shutdown);
+        let tag = NameTag::of(&self.name);
+        let mut paused = self.paused.subscribe();
+        let mut cursor = Utc::now();
+        let mut led_token = None;
+        if let Err(e) = self.board.publish(self.info()).await {
+            tracing::warn!(error = %e, job = %self.name, "cannot describe the schedule in the store");
+        }
+        loop {
+            if *paused.borrow() {
+                tokio::select! {
+                    () = async {
+                        let _ = paused.wait_for(|p| !*p).await.map(|_| ());
+                    } => {}
+                    () = &mut shutdown => return Ok(()),
+                }
+                let resumed = Utc::now();
+                cron_ticks(&tag, TickOutcome::Paused, self.ticks_in(cursor, resumed));
+                cursor = resumed;
+                continue;
+            }
+            let lead = tokio::select! {
+                lead = elector.leading() => lead,
+                _ = paused.changed() => continue,
+                () = &mut shutdown => return Ok(()),
+            };
+            if led_token != Some(lead.token) {
+                // A new term picks up from the next tick (or the last
+                // missed one, with RunOnce); the ticks in between were
+                // another leader's, or nobody's.
+                let now = Utc::now();
+                cron_ticks(&tag, TickOutcome::NotLeader, self.ticks_in(cursor, now));
+                cursor = match (self.missed, self.last_at_or_before(now)) {
+                    (Missed::RunOnce, Some(last)) => last - chrono::Duration::milliseconds(1),
+                    _ => now,
+                };
+                led_token = Some(lead.token);
+            }
+            let due = match self.step(&mut cursor, &tag) {
+                Step::Never => {
+                    shutdown.await;
+                    return Ok(());
+                }
+                Step::Skipped => continue,
+                Step::RunNow(at) => at,
+                Step::WaitFor(next, wait) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = elector.term_over(lead.token) => continue,
+                        _ = paused.changed() => continue,
+                        () = &mut shutdown => return Ok(()),
+                    }
+                    next
+                }
+            };
+            cursor = due;
+            let over = elector.term_over(lead.token);
+            match self
+                .run_tick(&lead.session, due, Some(lead.token), &mut job, &tag, over)
+                .await
+            {
+                Ok(Ran::Failed) if self.resign_on_failure => {
+                    tracing::warn!(job = %self.name, "the run failed: the elector resigns, so that another instance leads");
+                    elector.resign();
+                }
+                Ok(_) => {}
+                Err(e) if e.is_temporary() || matches!(e, Error::SessionLost(_)) => {
+                    tracing::warn!(error = %e, job = %self.name, "a tick could not be claimed or run");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// What comes after `cursor` now: a tick to wait for, one to run at
+    /// once (the latest missed, with [`Missed::RunOnce`]), missed ticks
+    /// skipped (the cursor moves to now), or no tick ever again.
+    fn step(&self, cursor: &mut DateTime<Utc>, tag: &NameTag) -> Step {
+        let now = Utc::now();
+        let Some(next) = self.next_after(*cursor) else {
+            return Step::Never;
+        };
+        if next > now {
+            cron_next_tick(tag, unix_secs(next));
+            return Step::WaitFor(next, (next - now).to_std().unwrap_or_default());
+        }
+        // Ticks were missed: skip them all, or run the latest once.
+        let latest = self.last_at_or_before(now).unwrap_or(next);
+        let passed = self.ticks_in(*cursor, now);
+        match self.missed {
+            Missed::Skip => {
+                cron_ticks(tag, TickOutcome::Missed, passed);
+                *cursor = now;
+                Step::Skipped
+            }
+            Missed::RunOnce => {
+                cron_ticks(tag, TickOutcome::Missed, passed.saturating_sub(1));
+                Step::RunNow(latest)
             }
         }
     }
@@ -512,10 +679,12 @@ impl Schedule {
         leader_token: Option<u64>,
         job: &mut F,
         tag: &NameTag,
-    ) -> Result<()>
+        term_over: impl Future<Output = ()>,
+    ) -> Result<Ran>
     where
         F: FnMut(Tick) -> Fut,
-        Fut: Future<Output = ()>,
+        Fut: Future,
+        Fut::Output: RunResult,
     {
         let claim = Name::new(format!("{}@{}", self.name, at.timestamp()))?;
         let label = session.tag().as_bytes().to_vec();
@@ -533,13 +702,13 @@ impl Schedule {
         else {
             // Another instance holds this tick.
             cron_ticks(tag, TickOutcome::ClaimedElsewhere, 1);
-            return Ok(());
+            return Ok(Ran::NotHere);
         };
         if !joined.first {
             // This tick already ran.
             cron_ticks(tag, TickOutcome::ClaimedElsewhere, 1);
             hold.release().await?;
-            return Ok(());
+            return Ok(Ran::NotHere);
         }
         // Paused cluster-wide: the tick is skipped. Read after the claim, so
         // a tick claimed after a pause was written never runs (the claim is
@@ -559,7 +728,7 @@ impl Schedule {
         if let Some(outcome) = skip {
             cron_ticks(tag, outcome, 1);
             hold.release().await?;
-            return Ok(());
+            return Ok(Ran::NotHere);
         }
         let started = std::time::Instant::now();
         let run = job(Tick { at, leader_token });
@@ -569,19 +738,31 @@ impl Schedule {
                 None => std::future::pending().await,
             }
         };
-        let outcome = tokio::select! {
-            () = run => "finished",
+        let outcome: String = tokio::select! {
+            result = run => match result.failure() {
+                None => "finished".into(),
+                Some(why) => {
+                    tracing::warn!(job = %self.name, %at, error = %why, "run failed");
+                    format!("failed: {why}")
+                }
+            },
             () = at_most => {
                 tracing::warn!(job = %self.name, %at, "run stopped: lock_at_most_for reached");
-                "stopped: lock_at_most_for"
+                "stopped: lock_at_most_for".into()
             }
             _ = session.lost() => {
                 tracing::warn!(job = %self.name, %at, "run stopped: the session was lost");
-                "stopped: session lost"
+                "stopped: session lost".into()
+            }
+            () = term_over => {
+                tracing::warn!(job = %self.name, %at, "run stopped: the leader's term ended");
+                "stopped: term ended".into()
             }
         };
+        let failed = outcome.starts_with("failed");
         let took = started.elapsed();
         let ended = Utc::now();
+        // Only a run that finished well is the job's last success.
         cron_ran(tag, took, (outcome == "finished").then(|| unix_secs(ended)));
         let run = LastRun {
             tick_ms: at.timestamp_millis(),
@@ -591,7 +772,7 @@ impl Schedule {
             session_tag: session.tag().to_string(),
             token: hold.seq,
             leader_token,
-            outcome: outcome.into(),
+            outcome,
         };
         if let Err(e) = self.board.record(run).await {
             tracing::warn!(error = %e, job = %self.name, %at, "cannot record the run in the store");
@@ -600,7 +781,8 @@ impl Schedule {
         if let Ok(left) = (hold_until - Utc::now()).to_std() {
             tokio::time::sleep(left).await;
         }
-        hold.release().await.map(|_| ())
+        hold.release().await?;
+        Ok(if failed { Ran::Failed } else { Ran::Here })
     }
 
     async fn stop(&self, session: Option<Session>, term: Option<Term>) -> Result<()> {

@@ -47,6 +47,9 @@ struct Inner {
     detached: std::sync::atomic::AtomicBool,
     /// Counted in `tenure_sessions_open` until it ends (once).
     counted_open: std::sync::atomic::AtomicBool,
+    /// Non-reentrant mutexes' turns among this session's own holds, by
+    /// name (entries no handle uses are pruned as others are added).
+    gates: StdMutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// What ends with the session ([`Session::tie`]): run once when it is
     /// lost or closed. The next id, and the hooks by id.
     on_end: StdMutex<(u64, std::collections::HashMap<u64, EndHook>)>,
@@ -92,6 +95,20 @@ pub(crate) struct Tied<T: Send + 'static> {
 }
 
 impl Session {
+    /// The gate that orders this session's own holds of the non-reentrant
+    /// mutex `name` (one per name, shared by every handle and clone).
+    pub(crate) fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.inner.gates.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(gate) = gates.get(name) {
+            return gate.clone();
+        }
+        // Names no handle waits on or holds any more are let go here.
+        gates.retain(|_, g| Arc::strong_count(g) > 1);
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        gates.insert(name.to_string(), gate.clone());
+        gate
+    }
+
     /// Ties `value` to this session's life (see [`Tied`]).
     pub(crate) fn tie<T: Send + 'static>(&self, value: T) -> Tied<T> {
         let slot = Arc::new(StdMutex::new(Some(value)));
@@ -239,6 +256,7 @@ impl Session {
             detached: std::sync::atomic::AtomicBool::new(false),
             counted_open: std::sync::atomic::AtomicBool::new(false),
             on_end: StdMutex::new((0, std::collections::HashMap::new())),
+            gates: StdMutex::new(std::collections::HashMap::new()),
         });
         if crate::metrics::session_opened(inner.backend()) {
             inner
