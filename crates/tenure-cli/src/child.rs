@@ -457,6 +457,10 @@ impl RunningGroup {
     fn get(&self) -> Option<i32> {
         *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
+    /// The process group of the run in progress, if any.
+    pub fn current(&self) -> Option<i32> {
+        self.get()
+    }
 }
 
 /// Clears the running group when a run ends or is dropped.

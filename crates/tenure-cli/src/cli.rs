@@ -11,9 +11,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{
-    cell::CellCommand, completions::CompletionsArgs, cron::CronArgs, elect::ElectArgs,
-    fence::FenceArgs, leader::LeaderArgs, lock::LockArgs, release::ReleaseArgs,
-    schedule::ScheduleCommand, status::StatusArgs, upgrade::UpgradeCommand,
+    cell::CellCommand, completions::CompletionsArgs, cron::CronArgs, crond::CrondArgs,
+    elect::ElectArgs, elector::ElectorCommand, fence::FenceArgs, leader::LeaderArgs,
+    lock::LockArgs, release::ReleaseArgs, schedule::ScheduleCommand, status::StatusArgs,
+    upgrade::UpgradeCommand,
 };
 use crate::exit::EXIT_CODES;
 use crate::{console, torture};
@@ -96,6 +97,21 @@ pub(crate) enum Command {
         command that cannot be found (127) or run (126), is refused at start."
     )]
     Cron(CronArgs),
+    /// One election for a service; the crontab's jobs run only on its leader.
+    #[command(
+        after_help = "Example:\n  tenure crond billing --crontab /etc/billing.crontab --ttl 15s\n\n\
+        Each line of the crontab is `[name=JOB] [on-failure=resign] SCHEDULE COMMAND…`: SCHEDULE is\n\
+        `@every D` (ticks on multiples of D since the Unix epoch), `@hourly` and the like, five\n\
+        crontab fields, or six (seconds first); COMMAND runs under `sh -c`. `#` starts a comment.\n\
+        A job without name= is named from its schedule and command (never its line). Every instance\n\
+        campaigns in the election NAME; only the leader runs jobs, each tick at most once across\n\
+        the cluster, with TENURE_JOB, TENURE_TICK, TENURE_TICK_AT and TENURE_FENCE (the term's\n\
+        token). A run is killed (its process group) when the term ends. A run that exits non-zero\n\
+        is recorded as failed; with on-failure=resign the leader then resigns. SIGHUP reads the\n\
+        crontab again; SIGTERM/SIGINT stop new runs, send running ones SIGTERM, SIGKILL after\n\
+        --grace, and resign only once none is left. `tenure elector pause NAME` pauses the service."
+    )]
+    Crond(CrondArgs),
     /// Check a fencing token against a fence kept by the store.
     #[command(after_help = "Example, in a job under `tenure lock printer`:\n  \
         tenure fence printer \"$TENURE_FENCE\" && ./print.sh\n\n\
@@ -120,6 +136,9 @@ pub(crate) enum Command {
     /// List schedules, or pause and resume one on every instance.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
+    /// Pause or resume an elector on every instance, or show who leads it.
+    #[command(subcommand)]
+    Elector(ElectorCommand),
     /// Rolling upgrades: which builds use the store, and finishing an upgrade.
     #[command(subcommand)]
     Upgrade(UpgradeCommand),

@@ -20,7 +20,8 @@ pub const NOT_EXECUTABLE: u8 = 126;
 /// The command was not found.
 pub const NOT_FOUND: u8 = 127;
 /// `tenure leader`: nobody leads; `tenure cell get`: no value;
-/// `tenure release --session`: no live session has the tag.
+/// `tenure release --session`: no live session has the tag; `tenure
+/// schedule pause|resume`: no instance of the job has started.
 pub const NO_LEADER: u8 = 3;
 
 /// The table every `--help` ends with.
@@ -40,7 +41,8 @@ Exit codes (the same in every subcommand):
   79  the session's lease was lost: while waiting, while leading, or while the
       command ran (its process group was killed first)
   3   `tenure leader`: nobody leads; `tenure cell get`: the cell has no value;
-      `tenure release --session`: no live session has that tag";
+      `tenure release --session`: no live session has that tag;
+      `tenure schedule pause|resume`: no instance of that job has started";
 
 /// A failure with its exit code.
 #[derive(Debug)]

@@ -14,7 +14,8 @@ use crate::exit::{self, Failure};
 
 #[derive(Args, Debug)]
 pub(crate) struct CronArgs {
-    /// The cron expression, such as '0 */5 * * * *'.
+    /// When to run: a crontab expression ('*/5 * * * *', or six fields with
+    /// seconds first), '@hourly' and the like, or '@every 90s'.
     schedule: String,
     /// The job's name.
     name: String,
@@ -69,16 +70,12 @@ pub(super) fn validate(args: &CronArgs) -> Result<(), Failure> {
             "--at-most 0s would kill every run at once: give a positive duration, or leave it out",
         ));
     }
-    let cron = tenure::parse_cron(&args.schedule)?;
+    let timetable = tenure::Timetable::parse(&args.schedule)?;
     let tz: chrono_tz::Tz = args
         .tz
         .parse()
         .map_err(|e| Failure::new(exit::USAGE, format!("invalid time zone {:?}: {e}", args.tz)))?;
-    if cron
-        .after(&chrono::Utc::now().with_timezone(&tz))
-        .next()
-        .is_none()
-    {
+    if timetable.next_after(chrono::Utc::now(), &tz).is_none() {
         return Err(Failure::new(
             exit::USAGE,
             format!(
@@ -88,6 +85,25 @@ pub(super) fn validate(args: &CronArgs) -> Result<(), Failure> {
         ));
     }
     child::check_command(&args.command)
+}
+
+/// What a run is told of its tick: `TENURE_JOB`, `TENURE_TICK` (Unix
+/// seconds), `TENURE_TICK_AT` (RFC 3339 in `tz`) and, under a leader,
+/// `TENURE_FENCE` (the term's token).
+pub(super) fn tick_env(
+    job: &str,
+    tick: &tenure::Tick,
+    tz: chrono_tz::Tz,
+) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("TENURE_JOB", job.to_string()),
+        ("TENURE_TICK", tick.at.timestamp().to_string()),
+        ("TENURE_TICK_AT", tick.at.with_timezone(&tz).to_rfc3339()),
+    ];
+    if let Some(token) = tick.leader_token {
+        env.push(("TENURE_FENCE", token.to_string()));
+    }
+    env
 }
 
 pub(super) async fn run(store: Arc<dyn Store>, args: CronArgs) -> Result<u8, Failure> {
@@ -117,22 +133,15 @@ pub(super) async fn run(store: Arc<dyn Store>, args: CronArgs) -> Result<u8, Fai
     schedule
         .run(
             move |tick| {
-                let mut env = vec![
-                    ("TENURE_JOB", name.clone()),
-                    ("TENURE_TICK", tick.at.timestamp().to_string()),
-                    ("TENURE_TICK_AT", tick.at.with_timezone(&tz).to_rfc3339()),
-                ];
-                if let Some(token) = tick.leader_token {
-                    env.push(("TENURE_FENCE", token.to_string()));
-                }
+                let env = tick_env(&name, &tick, tz);
                 let (command, running) = (command.clone(), running.clone());
                 async move {
+                    // A run that exits non-zero (or dies of a signal: 128+N)
+                    // is a failed run on the board and in the metrics.
                     match child::run_tick(&command, &env, &running).await {
-                        Ok(code) if code != 0 => {
-                            tracing::warn!(code, at = %tick.at, "the run failed")
-                        }
-                        Ok(_) => {}
-                        Err(f) => tracing::error!(at = %tick.at, "{}", f.message),
+                        Ok(0) => Ok(()),
+                        Ok(code) => Err(format!("exit {code}")),
+                        Err(f) => Err(f.message),
                     }
                 }
             },

@@ -7,7 +7,9 @@ pub(crate) mod cell;
 pub(crate) mod completions;
 pub(crate) mod console;
 pub(crate) mod cron;
+pub(crate) mod crond;
 pub(crate) mod elect;
+pub(crate) mod elector;
 pub(crate) mod fence;
 pub(crate) mod leader;
 mod lease;
@@ -43,6 +45,7 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Lock(a) => a.metrics.metrics,
         Command::Elect(a) => a.metrics.metrics,
         Command::Cron(a) => a.metrics.metrics,
+        Command::Crond(a) => a.metrics.metrics,
         _ => None,
     };
     if let Some(addr) = metrics {
@@ -60,11 +63,13 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Status(args) => status::run(store, args).await,
         Command::Release(args) => release::run(store, args).await,
         Command::Cron(args) => cron::run(store, args).await,
+        Command::Crond(args) => crond::run(store, args).await,
         Command::Fence(args) => fence::run(store, args).await,
         Command::Torture(args) => torture::run(store, &url, args).await,
         Command::TortureWorker(args) => torture::worker(store, args).await,
         Command::Cell(command) => cell::run(store, command).await,
         Command::Schedule(command) => schedule::run(store, command).await,
+        Command::Elector(command) => elector::run(store, command).await,
         Command::Console(args) => console::run(store, &url, args).await,
         Command::Upgrade(command) => upgrade::run(store, command).await,
         Command::Backends(_) | Command::Completions(_) | Command::Man => Ok(0),
@@ -76,12 +81,14 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, Failure> {
 fn validate(command: &Command) -> Result<(), Failure> {
     match command {
         Command::Schedule(command) => schedule::validate(command),
+        Command::Elector(command) => elector::validate(command),
         Command::Release(args) => release::validate(args),
         Command::Fence(args) => fence::validate(args),
         Command::Cell(command) => cell::validate(command),
         Command::Lock(args) => lock::validate(args),
         Command::Elect(args) => elect::validate(args),
         Command::Cron(args) => cron::validate(args),
+        Command::Crond(args) => crond::validate(args),
         _ => Ok(()),
     }
 }

@@ -73,15 +73,77 @@ pub fn validate(command: &ScheduleCommand) -> Result<(), Failure> {
     let job = match command {
         ScheduleCommand::List(_) => return Ok(()),
         ScheduleCommand::Pause(a) => {
-            if a.for_.is_some_and(|d| d.is_zero()) {
-                return Err(Failure::new(exit::USAGE, "--for must be more than 0"));
-            }
+            check_for(a.for_)?;
             &a.job
         }
         ScheduleCommand::Resume(a) => &a.job,
     };
     ScheduleBoard::check_job(job)?;
     Ok(())
+}
+
+/// Checks a pause's `--for`: more than zero, and within the board's own
+/// bound of ten years (checked before the store is asked whether the name
+/// exists, so bad input is said as such).
+pub(crate) fn check_for(for_: Option<Duration>) -> Result<(), Failure> {
+    if for_.is_some_and(|d| d.is_zero()) {
+        return Err(Failure::new(exit::USAGE, "--for must be more than 0"));
+    }
+    if for_.is_some_and(|d| d > Duration::from_secs(3653 * 86_400)) {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--for is more than ten years ahead: pause until resumed instead",
+        ));
+    }
+    Ok(())
+}
+
+/// When a pause of `--for` ends, and who asked for it (user and host).
+pub(crate) fn pause_of(
+    for_: Option<Duration>,
+) -> Result<(Option<chrono::DateTime<chrono::Utc>>, String), Failure> {
+    let until = match for_ {
+        Some(d) => Some(
+            chrono::Duration::from_std(d)
+                .ok()
+                .and_then(|d| chrono::Utc::now().checked_add_signed(d))
+                .ok_or_else(|| Failure::new(exit::USAGE, "--for is too long"))?,
+        ),
+        None => None,
+    };
+    let by = format!(
+        "{} on {}",
+        std::env::var("USER").unwrap_or_default(),
+        tenure::default_label()
+    );
+    Ok((until, by))
+}
+
+/// Refuses a job no instance has started on this store (a typo would
+/// otherwise pause nothing and say it did), unless it is paused already
+/// (so that such a pause can still be lifted). A store without cells is
+/// left to refuse the pause itself.
+pub async fn started_job(
+    store: &Arc<dyn Store>,
+    board: &ScheduleBoard,
+    paused: bool,
+) -> Result<(), String> {
+    if !store.capabilities().cells || paused || board.exists().await.map_err(|e| e.to_string())? {
+        return Ok(());
+    }
+    let known = ScheduleBoard::jobs(store).await.unwrap_or_default();
+    Err(if known.is_empty() {
+        format!(
+            "no job named {} has started on this store (none has)",
+            board.job()
+        )
+    } else {
+        format!(
+            "no job named {} has started on this store (started: {})",
+            board.job(),
+            known.join(", ")
+        )
+    })
 }
 
 /// Unix milliseconds as RFC 3339 (`None` for a time chrono cannot hold,
@@ -91,7 +153,7 @@ fn ms_rfc3339(ms: i64) -> Option<String> {
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
 }
 
-fn paused_json(p: &tenure::Paused) -> serde_json::Value {
+pub(crate) fn paused_json(p: &tenure::Paused) -> serde_json::Value {
     serde_json::json!({
         "since": ms_rfc3339(p.since_ms),
         "until": p.until_ms.and_then(ms_rfc3339),
@@ -220,22 +282,12 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
         }
         ScheduleCommand::Pause(args) => {
             let board = ScheduleBoard::new(&store, &args.job)?;
-            let until = match args.for_ {
-                Some(d) => Some(
-                    chrono::Duration::from_std(d)
-                        .ok()
-                        .and_then(|d| chrono::Utc::now().checked_add_signed(d))
-                        .ok_or_else(|| Failure::new(exit::USAGE, "--for is too long"))?,
-                ),
-                None => None,
-            };
-            let by = format!(
-                "{} on {}",
-                std::env::var("USER").unwrap_or_default(),
-                tenure::default_label()
-            );
+            let (until, by) = pause_of(args.for_)?;
             // Best effort: an unreadable pause is replaced all the same.
             let before = board.paused().await.ok().flatten();
+            started_job(&store, &board, before.is_some())
+                .await
+                .map_err(|e| Failure::new(exit::NO_LEADER, escape_line(&e)))?;
             let paused = board.pause(until, &by, args.reason.trim()).await?;
             let record = record("pause", &args.job, &args.reason, &before, Some(&paused));
             audit(args.audit_log.as_deref(), &record).map_err(|e| {
@@ -253,6 +305,9 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
         ScheduleCommand::Resume(args) => {
             let board = ScheduleBoard::new(&store, &args.job)?;
             let before = board.paused().await.ok().flatten();
+            started_job(&store, &board, before.is_some())
+                .await
+                .map_err(|e| Failure::new(exit::NO_LEADER, escape_line(&e)))?;
             let was = board.resume().await?;
             let record = record("resume", &args.job, &args.reason, &before, None);
             audit(args.audit_log.as_deref(), &record).map_err(|e| {

@@ -925,6 +925,9 @@ async fn pause_or_resume(
     let board = tenure::ScheduleBoard::new(&c.store, &req.name).map_err(unavailable)?;
     // Best effort: an unreadable pause is replaced or lifted all the same.
     let before = board.paused().await.ok().flatten();
+    crate::commands::schedule::started_job(&c.store, &board, before.is_some())
+        .await
+        .map_err(|e| Refusal::from((StatusCode::NOT_FOUND, e)))?;
     let show = |p: &Option<tenure::Paused>| {
         crate::commands::schedule::record("", "", "", p, None)["before"].clone()
     };

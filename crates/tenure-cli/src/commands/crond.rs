@@ -1,0 +1,392 @@
+//! `tenure crond NAME --crontab FILE`: one election for a service, and the
+//! crontab's jobs run only on its leader.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tenure::{ElectorHandle, SessionOptions, Store};
+
+use super::lease::check_ttl;
+use crate::child::{self, RunningGroup, Signals};
+use crate::cli::{parse_duration, MetricsArg};
+use crate::exit::{self, Failure};
+use crate::output::escape_line;
+
+#[derive(Args, Debug)]
+pub(crate) struct CrondArgs {
+    /// The service's election: one leader runs every job of the crontab.
+    name: String,
+    /// The crontab: one job per line, `[name=JOB] [on-failure=resign] SCHEDULE COMMAND…`.
+    #[arg(long)]
+    crontab: PathBuf,
+    /// The value the leader campaigns with (shown by `tenure leader`);
+    /// the session's label by default.
+    #[arg(long)]
+    value: Option<String>,
+    /// The time zone the schedules are read in (and TENURE_TICK_AT is given in).
+    #[arg(long, default_value = "UTC")]
+    tz: String,
+    /// Session TTL.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// On SIGTERM or SIGINT: how long running jobs get between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    grace: Duration,
+    #[command(flatten)]
+    pub(super) metrics: MetricsArg,
+}
+
+/// One line of the crontab.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Job {
+    name: String,
+    expr: String,
+    command: String,
+    resign_on_failure: bool,
+}
+
+/// Reads a crontab: `#` comments and blank lines are skipped; each other
+/// line is `[name=JOB] [on-failure=resign] SCHEDULE COMMAND…`, where
+/// SCHEDULE is `@every D`, a shorthand such as `@hourly`, five fields, or
+/// six (seconds first: a sixth word that reads as a weekday makes it six).
+/// A job without a name is named from its schedule and command, never its
+/// line, so reordering the file renames nothing.
+fn parse_crontab(text: &str, service: &str) -> Result<Vec<Job>, String> {
+    let mut jobs: Vec<Job> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = |why: String| format!("line {}: {why}", i + 1);
+        let mut words: Vec<&str> = line.split_whitespace().collect();
+        let mut name = None;
+        let mut resign_on_failure = false;
+        while let Some((key, value)) = words.first().and_then(|w| w.split_once('=')) {
+            match (key, value) {
+                ("name", v) if !v.is_empty() => name = Some(v.to_string()),
+                ("on-failure", "resign") => resign_on_failure = true,
+                ("on-failure", "continue") => resign_on_failure = false,
+                _ => {
+                    return Err(at(format!(
+                        "unknown option {:?} (name=JOB, on-failure=resign or on-failure=continue)",
+                        words[0]
+                    )))
+                }
+            }
+            words.remove(0);
+        }
+        let fields = if words.first() == Some(&"@every") {
+            2
+        } else if words.first().is_some_and(|w| w.starts_with('@')) {
+            1
+        } else if words.len() > 6 && tenure::Timetable::parse(&words[..6].join(" ")).is_ok() {
+            6
+        } else {
+            5
+        };
+        if words.len() <= fields {
+            return Err(at("a schedule and then a command".into()));
+        }
+        let expr = words[..fields].join(" ");
+        tenure::Timetable::parse(&expr).map_err(|e| at(e.to_string()))?;
+        let command = words[fields..].join(" ");
+        let name = name.unwrap_or_else(|| derived_name(service, &expr, &command));
+        tenure::ScheduleBoard::check_job(&name).map_err(|e| at(e.to_string()))?;
+        if jobs.iter().any(|j| j.name == name) {
+            return Err(at(format!(
+                "a second job named {name:?} (give one of them name=…)"
+            )));
+        }
+        jobs.push(Job {
+            name,
+            expr,
+            command,
+            resign_on_failure,
+        });
+    }
+    if jobs.is_empty() {
+        return Err("no job in the crontab".into());
+    }
+    Ok(jobs)
+}
+
+/// `SERVICE.WORD-HASH`: the command's first word, and 32 bits of FNV-1a
+/// over the schedule and the command (stable across builds and machines).
+fn derived_name(service: &str, expr: &str, command: &str) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for b in expr.bytes().chain([b'\n']).chain(command.bytes()) {
+        hash ^= u32::from(b);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    let word: String = command
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(32)
+        .collect();
+    format!("{service}.{word}-{hash:08x}")
+}
+
+fn read_crontab(path: &Path, service: &str) -> Result<Vec<Job>, Failure> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Failure::new(
+            exit::USAGE,
+            format!("cannot read the crontab {}: {e}", path.display()),
+        )
+    })?;
+    parse_crontab(&text, service).map_err(|e| {
+        Failure::new(
+            exit::USAGE,
+            escape_line(&format!("{}: {e}", path.display())),
+        )
+    })
+}
+
+/// Checks the TTL, the zone and the crontab before the store is opened.
+pub(super) fn validate(args: &CrondArgs) -> Result<(), Failure> {
+    check_ttl(args.ttl)?;
+    args.tz
+        .parse::<chrono_tz::Tz>()
+        .map_err(|e| Failure::new(exit::USAGE, format!("invalid time zone {:?}: {e}", args.tz)))?;
+    tenure::Name::new(&args.name)?;
+    read_crontab(&args.crontab, &args.name)?;
+    child::check_command(&["sh".to_string()])
+}
+
+/// A job running under the elector.
+struct Running {
+    job: Job,
+    group: RunningGroup,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<tenure::Result<()>>,
+}
+
+fn start(
+    store: &Arc<dyn Store>,
+    elector: &ElectorHandle,
+    job: Job,
+    options: &SessionOptions,
+    tz: chrono_tz::Tz,
+) -> Result<Running, Failure> {
+    let schedule = tenure::Schedule::new(store, &job.name, &job.expr)?
+        .time_zone(tz.name())?
+        .leader_of(elector)
+        .resign_on_failure(job.resign_on_failure)
+        .session_options(options.clone());
+    let group = RunningGroup::default();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (name, command, running) = (job.name.clone(), job.command.clone(), group.clone());
+    let task = tokio::spawn(schedule.run(
+        move |tick| {
+            let env = super::cron::tick_env(&name, &tick, tz);
+            let command = vec!["sh".to_string(), "-c".to_string(), command.clone()];
+            let running = running.clone();
+            async move {
+                match child::run_tick(&command, &env, &running).await {
+                    Ok(0) => Ok(()),
+                    Ok(code) => Err(format!("exit {code}")),
+                    Err(f) => Err(f.message),
+                }
+            }
+        },
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    Ok(Running {
+        job,
+        group,
+        stop,
+        task,
+    })
+}
+
+/// Stops jobs: no new run starts; runs in progress get SIGTERM, and
+/// SIGKILL after `grace`. Returns once every job's task has ended.
+async fn stop_all(jobs: Vec<Running>, grace: Duration) {
+    let mut tasks = Vec::new();
+    for r in jobs {
+        let _ = r.stop.send(());
+        if let Some(pgid) = r.group.current() {
+            crate::supervise::signal_group(pgid, libc::SIGTERM);
+        }
+        tasks.push((r.job.name, r.group, r.task));
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    for (name, group, mut task) in tasks {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_ok() {
+            continue;
+        }
+        if let Some(pgid) = group.current() {
+            tracing::warn!(job = %name, "the run outlived --grace: SIGKILL");
+            crate::supervise::signal_group(pgid, libc::SIGKILL);
+        }
+        match tokio::time::timeout(Duration::from_secs(10), task).await {
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(job = %name, error = %e, "the job ended with an error")
+            }
+            Ok(_) => {}
+            Err(_) => tracing::error!(job = %name, "the job did not end 10 s after SIGKILL"),
+        }
+    }
+}
+
+pub(super) async fn run(store: Arc<dyn Store>, args: CrondArgs) -> Result<u8, Failure> {
+    let tz: chrono_tz::Tz = args.tz.parse().unwrap_or(chrono_tz::UTC);
+    let options = SessionOptions::new().ttl(args.ttl);
+    let value = args.value.clone().unwrap_or_else(tenure::default_label);
+    let elector = tenure::Elector::new(&store, &args.name, value)?.session_options(options.clone());
+    let handle = elector.handle();
+    let (stop_elector, elector_stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut elector_task = tokio::spawn(elector.run(async {
+        let _ = elector_stopped.await;
+    }));
+    // Signals are caught before the first job can start a run.
+    let mut signals = Signals::new()?;
+    let mut jobs: HashMap<String, Running> = HashMap::new();
+    for job in read_crontab(&args.crontab, &args.name)? {
+        jobs.insert(job.name.clone(), start(&store, &handle, job, &options, tz)?);
+    }
+    eprintln!(
+        "tenure: crond {} runs {} job(s) while leader",
+        args.name,
+        jobs.len()
+    );
+    let ended = loop {
+        tokio::select! {
+            sig = signals.recv() => {
+                if sig != libc::SIGHUP {
+                    break Ok(0);
+                }
+                reload(&store, &handle, &args, &options, tz, &mut jobs).await;
+            }
+            result = &mut elector_task => {
+                // The elector ends only on a lasting error (such as a name
+                // the store refuses): nothing can run.
+                break match result {
+                    Ok(Err(e)) => Err(Failure::from(e)),
+                    _ => Err(Failure::new(exit::SOFTWARE, "the elector stopped unexpectedly")),
+                };
+            }
+        }
+    };
+    // Resign only once no run is left.
+    stop_all(jobs.into_values().collect(), args.grace).await;
+    let _ = stop_elector.send(());
+    if !elector_task.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(30), elector_task).await;
+    }
+    ended
+}
+
+/// SIGHUP: reads the crontab again; jobs that are gone or changed stop
+/// (their runs finish first), new ones start, the rest go on untouched. A
+/// crontab that does not read keeps the jobs as they are.
+async fn reload(
+    store: &Arc<dyn Store>,
+    elector: &ElectorHandle,
+    args: &CrondArgs,
+    options: &SessionOptions,
+    tz: chrono_tz::Tz,
+    jobs: &mut HashMap<String, Running>,
+) {
+    let wanted = match read_crontab(&args.crontab, &args.name) {
+        Ok(wanted) => wanted,
+        Err(f) => {
+            eprintln!("tenure: SIGHUP: {}; the jobs go on as they were", f.message);
+            return;
+        }
+    };
+    let gone: Vec<String> = jobs
+        .iter()
+        .filter(|(name, r)| !wanted.iter().any(|w| &w.name == *name && *w == r.job))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let mut stopping = Vec::new();
+    for name in gone {
+        if let Some(r) = jobs.remove(&name) {
+            stopping.push(r);
+        }
+    }
+    // A stopping job's run finishes as it would (no signal): a job that is
+    // only changed must not be cut short by a reload.
+    for r in stopping {
+        let _ = r.stop.send(());
+        let _ = r.task.await;
+    }
+    let mut started = 0;
+    for job in wanted {
+        if jobs.contains_key(&job.name) {
+            continue;
+        }
+        match start(store, elector, job.clone(), options, tz) {
+            Ok(r) => {
+                jobs.insert(job.name, r);
+                started += 1;
+            }
+            Err(f) => eprintln!("tenure: SIGHUP: job {}: {}", job.name, f.message),
+        }
+    }
+    eprintln!(
+        "tenure: SIGHUP: crontab read again: {} job(s), {started} started",
+        jobs.len()
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_read_with_options_and_five_or_six_fields() {
+        let jobs = parse_crontab(
+            "# comment\n\n@every 1s echo one\nname=report on-failure=resign */5 * * * * ./report.sh --all\n0 0 9 * * MON echo six\n0 9 * * 1 echo five\n",
+            "svc",
+        )
+        .unwrap();
+        assert_eq!(jobs.len(), 4);
+        assert_eq!(jobs[0].expr, "@every 1s");
+        assert_eq!(jobs[0].command, "echo one");
+        assert!(jobs[0].name.starts_with("svc.echo-"), "{}", jobs[0].name);
+        assert_eq!(jobs[1].name, "report");
+        assert!(jobs[1].resign_on_failure);
+        assert_eq!(jobs[1].command, "./report.sh --all");
+        assert_eq!(jobs[2].expr, "0 0 9 * * MON");
+        assert_eq!(jobs[3].expr, "0 9 * * 1");
+        assert_eq!(jobs[3].command, "echo five");
+    }
+
+    #[test]
+    fn names_come_from_content_not_position() {
+        let a = parse_crontab("@every 1s echo a\n@every 3s echo b\n", "s").unwrap();
+        let b = parse_crontab("@every 3s echo b\n@every 1s echo a\n", "s").unwrap();
+        assert_eq!(a[0].name, b[1].name);
+        assert_eq!(a[1].name, b[0].name);
+        assert_ne!(a[0].name, a[1].name);
+    }
+
+    #[test]
+    fn bad_lines_are_named() {
+        for (text, says) in [
+            ("61 * * * * echo", "line 1: "),
+            ("@every 1s", "a schedule and then a command"),
+            ("colour=red @every 1s x", "unknown option"),
+            ("@every 1s x\n@every 1s x\n", "line 2: a second job"),
+            ("# nothing\n", "no job"),
+        ] {
+            let e = parse_crontab(text, "s").unwrap_err();
+            assert!(e.contains(says), "{text:?}: {e}");
+        }
+        let e = parse_crontab("61 * * * * echo", "s").unwrap_err();
+        assert!(e.contains("minute must be 0-59, not 61"), "{e}");
+    }
+}
