@@ -379,3 +379,38 @@ fn schedules_explain_themselves_and_unknown_names_are_refused() {
     let out = env.run(&["elector", "resume", "no-such-elector"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
 }
+
+/// SIGTERM: no new run starts, the run in progress gets SIGTERM (and
+/// finishes its own cleanup), and the leader resigns only once it is gone.
+#[test]
+fn crond_resigns_only_after_its_runs_are_gone() {
+    let env = Env::sqlite();
+    std::fs::write(
+        env.path("crontab"),
+        "name=slow-stop @every 1s [ -e \"$D/started\" ] || { echo >> \"$D/started\"; trap 'sleep 1; touch \"$D/cleaned\"; exit 0' TERM; sleep 30 & wait; }\n",
+    )
+    .unwrap();
+    let mut crond = instance(&env, "stopper", 0, &[]);
+    wait_file(&env.path("started"));
+    let leader = |env: &Env| {
+        let out = env.run(&["leader", "stopper", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()["token"]
+            .clone()
+    };
+    assert!(!leader(&env).is_null(), "no leader while the run is alive");
+    signal(crond.id(), libc::SIGTERM);
+    // The run's cleanup takes a second: the leader stays until it is done.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !env.path("cleaned").exists(),
+        "the run did not get a second for its cleanup"
+    );
+    assert!(!leader(&env).is_null(), "resigned while a run was alive");
+    let status = wait_exit(&mut crond, Duration::from_secs(15));
+    assert!(status.success(), "{status}");
+    assert!(
+        env.path("cleaned").exists(),
+        "the run's cleanup did not finish"
+    );
+    assert!(leader(&env).is_null(), "still leading after exit");
+}
