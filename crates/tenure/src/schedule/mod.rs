@@ -49,6 +49,64 @@ pub struct Tick {
     pub at: DateTime<Utc>,
     /// The leader's fencing token, in [`Mode::Leader`].
     pub leader_token: Option<u64>,
+    /// Set when the run must stop: its lease lost, the leader's term over,
+    /// or `lock_at_most_for` reached.
+    stop: watch::Receiver<bool>,
+}
+
+impl Tick {
+    /// Resolves when the run must stop — the session's lease may be lost,
+    /// the leader's term has ended, or `lock_at_most_for` was reached — or
+    /// once the run is over. The run's future is dropped when it must
+    /// stop; this tells what it handed work to (a thread, a spawned task)
+    /// to stop too. [`Tick::is_stopped`] tells the two apart.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> tenure::Result<()> {
+    /// use std::time::Duration;
+    /// let store = tenure::open("memory://").await?;
+    /// let schedule = tenure::Schedule::new(&store, "slow", "@every 1s")?
+    ///     .lock_at_most_for(Duration::from_millis(200));
+    /// let (tx, rx) = tokio::sync::oneshot::channel();
+    /// let mut tx = Some(tx);
+    /// // Work the run handed on; it stops with the run (then shuts the schedule down).
+    /// let worker = async move {
+    ///     let tick: tenure::Tick = rx.await.expect("a run");
+    ///     tick.stopped().await;
+    ///     assert!(tick.is_stopped());
+    /// };
+    /// schedule
+    ///     .run(
+    ///         move |tick| {
+    ///             if let Some(tx) = tx.take() {
+    ///                 let _ = tx.send(tick);
+    ///             }
+    ///             std::future::pending::<()>() // outlasts lock_at_most_for
+    ///         },
+    ///         worker,
+    ///     )
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut stop = self.stop.clone();
+        async move {
+            // The sender is dropped once the run is over, stopped or not.
+            let _ = stop.wait_for(|s| *s).await;
+        }
+    }
+
+    /// Whether the run must stop (see [`Tick::stopped`]).
+    pub fn is_stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
 }
 
 /// What a run of a scheduled job returns: `()`, a run that returns having
@@ -731,7 +789,12 @@ impl Schedule {
             return Ok(Ran::NotHere);
         }
         let started = std::time::Instant::now();
-        let run = job(Tick { at, leader_token });
+        let (stop, stopped) = watch::channel(false);
+        let run = job(Tick {
+            at,
+            leader_token,
+            stop: stopped,
+        });
         let at_most = async {
             match self.at_most {
                 Some(d) => tokio::time::sleep(d).await,
@@ -759,6 +822,9 @@ impl Schedule {
                 "stopped: term ended".into()
             }
         };
+        if outcome.starts_with("stopped") {
+            stop.send_replace(true);
+        }
         let failed = outcome.starts_with("failed");
         let took = started.elapsed();
         let ended = Utc::now();
