@@ -371,6 +371,11 @@ fn schedules_explain_themselves_and_unknown_names_are_refused() {
         // Started (and killed after 2 s): not refused.
         assert_ne!(out.status.code(), Some(64), "{ok}: {out:?}");
     }
+    // A bad name is escaped once, not twice.
+    let out = env.run(&["lock", "a\nb", "--", "true"]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(r#"invalid name "a\nb""#), "{err}");
     let out = env.run(&["schedule", "pause", "never-ran-job"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("no job named never-ran-job"));
@@ -413,4 +418,57 @@ fn crond_resigns_only_after_its_runs_are_gone() {
         "the run's cleanup did not finish"
     );
     assert!(leader(&env).is_null(), "still leading after exit");
+}
+
+/// With `$USER` and `$LOGNAME` unset (cron, containers), a pause names
+/// the operator from the process's uid, in the pause and the audit record.
+#[test]
+fn a_pause_names_the_operator_without_user() {
+    let env = Env::sqlite();
+    let who = String::from_utf8(
+        std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    assert!(!who.is_empty());
+    std::fs::write(env.path("crontab"), "name=named @every 1s true\n").unwrap();
+    let mut crond = instance(&env, "named-svc", 0, &[]);
+    let audit = env.path("audit.jsonl").display().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let out = loop {
+        let mut cmd = env.cmd(&["elector", "pause", "named-svc", "--audit-log", &audit]);
+        cmd.env_remove("USER").env_remove("LOGNAME");
+        let out = output_within(cmd, Duration::from_secs(30));
+        if out.status.code() != Some(3) || Instant::now() > deadline {
+            break out;
+        }
+        // Not listed yet: the instance lists its elector as it starts.
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(out.status.success(), "{out:?}");
+    // A routine pause is not logged as a forced action (WARN, shown by default).
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("forced action"),
+        "{out:?}"
+    );
+    let status = elector_status(&env, "named-svc");
+    let by = status["paused"]["by"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(by.starts_with(&format!("{who} on ")), "{status}");
+    let record: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(env.path("audit.jsonl"))
+            .unwrap()
+            .trim(),
+    )
+    .unwrap();
+    assert_eq!(record["who"], who.as_str(), "{record}");
+    signal(crond.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut crond, Duration::from_secs(15)).success());
 }

@@ -14,7 +14,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum Error {
     /// A lock, election or semaphore name was rejected.
-    #[error("invalid name {name:?}: {reason}")]
+    #[error("invalid name \"{name}\": {reason}")]
     InvalidName {
         /// The name, shortened and escaped for display.
         name: String,

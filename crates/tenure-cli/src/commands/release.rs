@@ -62,7 +62,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: ReleaseArgs) -> Result<u8, 
         let error = ended.as_ref().err().map(ToString::to_string);
         let record = serde_json::json!({
             "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            "who": std::env::var("USER").unwrap_or_default(),
+            "who": crate::audit::operator(),
             "from": format!("tenure release on {}", tenure::default_label()),
             "action": "end-session",
             "target": tag,
@@ -97,7 +97,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: ReleaseArgs) -> Result<u8, 
     let after = store.queue(&name).await.unwrap_or_default();
     let record = serde_json::json!({
         "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-        "who": std::env::var("USER").unwrap_or_default(),
+        "who": crate::audit::operator(),
         "from": format!("tenure release on {}", tenure::default_label()),
         "action": "release",
         "target": name.as_str(),

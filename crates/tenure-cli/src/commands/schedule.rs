@@ -113,7 +113,7 @@ pub(crate) fn pause_of(
     };
     let by = format!(
         "{} on {}",
-        std::env::var("USER").unwrap_or_default(),
+        crate::audit::operator(),
         tenure::default_label()
     );
     Ok((until, by))
@@ -336,7 +336,7 @@ pub fn record(
 ) -> serde_json::Value {
     serde_json::json!({
         "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-        "who": std::env::var("USER").unwrap_or_default(),
+        "who": crate::audit::operator(),
         "from": format!("tenure schedule on {}", tenure::default_label()),
         "action": action,
         "target": job,

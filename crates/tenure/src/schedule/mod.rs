@@ -257,7 +257,7 @@ pub(crate) fn job_name(name: &str) -> Result<Name> {
     let name = Name::new(name)?;
     if name.as_str().len() > MAX_JOB_NAME {
         return Err(Error::InvalidName {
-            name: name.to_string().chars().take(64).collect(),
+            name: name.as_str().escape_debug().take(64).collect(),
             reason: "a job name must be at most 234 bytes",
         });
     }

@@ -203,7 +203,7 @@ impl EtcdStore {
         let (n, p) = (format!("{name}/"), format!("{}/", self.inner.prefix));
         if n.starts_with(&p) || p.starts_with(&n) {
             return Err(Error::InvalidName {
-                name: name.to_string(),
+                name: name.to_string().escape_debug().collect(),
                 reason: "with ?layout=etcd a name must not overlap the store's own ?prefix= (default `tenure`)",
             });
         }

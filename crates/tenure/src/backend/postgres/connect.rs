@@ -23,6 +23,26 @@ pub(super) struct Connected {
     pub(super) stmts: Arc<Statements>,
 }
 
+/// What the server said: its message, the SQLSTATE, and its detail and
+/// hint when it gave them (the client's own `Display` is only "db error").
+/// Without a server's answer, the client's words and their cause.
+fn server_words(e: &tokio_postgres::Error) -> String {
+    let Some(db) = e.as_db_error() else {
+        return match std::error::Error::source(e) {
+            Some(cause) if !e.to_string().contains(&cause.to_string()) => format!("{e}: {cause}"),
+            _ => e.to_string(),
+        };
+    };
+    let mut words = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    if let Some(detail) = db.detail() {
+        words.push_str(&format!("; detail: {detail}"));
+    }
+    if let Some(hint) = db.hint() {
+        words.push_str(&format!("; hint: {hint}"));
+    }
+    words
+}
+
 pub(super) fn pg_err(e: tokio_postgres::Error) -> Error {
     use tokio_postgres::error::SqlState;
     if let Some(code) = e.code() {
@@ -53,9 +73,9 @@ pub(super) fn pg_err(e: tokio_postgres::Error) -> Error {
             || *code == SqlState::CANNOT_CONNECT_NOW
             || *code == SqlState::TOO_MANY_CONNECTIONS
         {
-            return Error::unavailable(BACKEND, e);
+            return Error::unavailable(BACKEND, server_words(&e));
         }
-        return Error::backend(BACKEND, e);
+        return Error::backend(BACKEND, server_words(&e));
     }
     // A failed TLS handshake (a certificate not trusted, say) will not heal
     // by retrying: say so, with the reason.

@@ -155,6 +155,42 @@ async fn a_database_the_server_does_not_have_is_bad_input() {
     assert!(e.to_string().contains("does not exist"), "{e}");
 }
 
+/// A role that may not create tenure's schema is told so in the server's
+/// own words, with the SQLSTATE and nothing of the password: not
+/// PostgreSQL's bare "db error".
+#[tokio::test]
+async fn a_role_without_privileges_is_told_the_servers_words() {
+    let Some(server) = shared() else { return };
+    let url = server.url();
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let role = format!("weak_{}", std::process::id());
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'hunter2'"
+        ))
+        .await
+        .unwrap();
+    let port = server.port();
+    let e = tenure::open(&format!(
+        "postgres://{role}:hunter2@127.0.0.1:{port}/postgres?schema=weak_schema"
+    ))
+    .await
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("permission denied for database postgres (SQLSTATE 42501)"),
+        "{text}"
+    );
+    assert!(!text.contains("db error"), "{text}");
+    assert!(
+        !text.contains("hunter2") && !format!("{e:?}").contains("hunter2"),
+        "{text}"
+    );
+}
+
 /// 64 waiters on one mutex: while they wait no call is made (NOTIFY wakes
 /// them, nobody polls), and each release and handoff costs one call, the
 /// release (its grant is announced, and the next waiter takes it without
