@@ -175,10 +175,10 @@ pub(crate) enum Command {
 #[derive(Args, Debug)]
 pub(crate) struct LeaseArgs {
     /// Session TTL: how long the store keeps the lease without renewal.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub(crate) ttl: Duration,
     /// Time between SIGTERM and SIGKILL when the lease is at risk (default: TTL/6).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     pub(crate) kill_grace: Option<Duration>,
 }
 
@@ -203,5 +203,12 @@ pub(crate) struct JsonArg {
 
 /// A duration on the command line, such as `15s`.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    // Taken even when it starts with '-' (clap would otherwise suggest
+    // `-- -5s`, which makes the value the command): said here instead.
+    if s.trim_start().starts_with('-') {
+        return Err(format!(
+            "{s:?} is negative: a duration is 0 or more (examples: 500ms, 15s, 2m)"
+        ));
+    }
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15s, 2m)"))
 }

@@ -1232,3 +1232,34 @@ fn forty_bad_inputs_exit_64_with_a_message_and_no_secret() {
         );
     }
 }
+
+/// flock's habits: `-n` gives up at once and `-w D` after D (both exit
+/// 75); a negative duration is refused in words, not with clap's tip to
+/// write `-- -5s` (which would make it the command).
+#[test]
+fn short_wait_flags_and_negative_durations() {
+    let env = Env::sqlite();
+    let out = env.run(&["lock", "neg", "--ttl", "-5s", "--", "true"]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"-5s\" is negative"), "{err}");
+    assert!(!err.contains("tip:"), "{err}");
+    let mut holder = env
+        .cmd(&["lock", "busy", "--", "sleep", "30"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    env.wait_held("busy");
+    let out = env.run(&["lock", "-n", "busy", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "-n: {out:?}");
+    let started = Instant::now();
+    let out = env.run(&["lock", "-w", "300ms", "busy", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "-w: {out:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    signal(holder.id(), libc::SIGTERM);
+    let _ = wait_exit(&mut holder, Duration::from_secs(15));
+}

@@ -29,17 +29,17 @@ pub(crate) struct CronArgs {
     #[arg(long, value_enum, default_value = "skip")]
     missed: CronMissed,
     /// Kill a run (its whole process group) that lasts longer than this (more than 0).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     at_most: Option<Duration>,
     /// Keep each tick's claim held at least this long after the tick was due,
     /// even if the run ends sooner. Each tick has a claim of its own, so this
     /// does NOT limit how often the job runs across instances (ShedLock's
     /// lockAtLeastFor does); it only keeps the claim held (and shown by
     /// `tenure status`) that long.
-    #[arg(long, value_parser = parse_duration, verbatim_doc_comment)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true, verbatim_doc_comment)]
     at_least: Option<Duration>,
     /// Session TTL.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     ttl: Duration,
     #[command(flatten)]
     pub(super) metrics: MetricsArg,

@@ -30,10 +30,10 @@ pub(crate) struct CrondArgs {
     #[arg(long, default_value = "UTC")]
     tz: String,
     /// Session TTL.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     ttl: Duration,
     /// On SIGTERM or SIGINT: how long running jobs get between SIGTERM and SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     grace: Duration,
     #[command(flatten)]
     pub(super) metrics: MetricsArg,

@@ -20,10 +20,10 @@ pub(crate) struct LockArgs {
     #[command(flatten)]
     pub(super) metrics: MetricsArg,
     /// Give up after waiting this long (exit 75).
-    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    #[arg(short = 'w', long, value_parser = parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
     wait: Option<Duration>,
     /// Give up at once if the lock is held (exit 75).
-    #[arg(long)]
+    #[arg(short = 'n', long)]
     no_wait: bool,
     /// Wait without a place in the queue: whoever asks first after a
     /// release wins (the lock is the same as the fair one of its name).

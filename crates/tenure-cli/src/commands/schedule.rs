@@ -46,7 +46,7 @@ pub struct PauseArgs {
     /// The job's name (as given to `tenure cron`).
     pub job: String,
     /// Lift the pause by itself after this long (e.g. 30m, 2h).
-    #[arg(long = "for", value_parser = humantime::parse_duration)]
+    #[arg(long = "for", value_parser = crate::cli::parse_duration, allow_hyphen_values = true)]
     pub for_: Option<Duration>,
     /// Why (kept with the pause and in the audit record).
     #[arg(long, default_value = "")]
