@@ -190,6 +190,39 @@ impl Error {
     }
 }
 
+impl Error {
+    /// A store that could not be reached when opened, said with the
+    /// servers the URL names (never its user or password) and each of its
+    /// causes once; any other error as it is.
+    pub(crate) fn at_servers(self, servers: &str) -> Error {
+        match self {
+            Error::Unavailable { backend, source } if !servers.is_empty() => Error::Unavailable {
+                backend,
+                source: format!("at {servers}: {}", said_once(source.as_ref())).into(),
+            },
+            e => e,
+        }
+    }
+}
+
+/// An error and its causes in one line, each part said once: drivers nest
+/// errors that repeat their cause's text (`tcp connect error: tcp connect
+/// error: …`, `Input/output error: Input/output error: …`).
+pub(crate) fn said_once(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = next {
+        for part in cause.to_string().split(": ") {
+            let part = part.trim();
+            if !part.is_empty() && !parts.iter().any(|p| p == part) {
+                parts.push(part.to_string());
+            }
+        }
+        next = cause.source();
+    }
+    parts.join(": ")
+}
+
 fn show_version(version: Option<u64>, verb: &str) -> String {
     match (version, verb) {
         (Some(v), "has") => format!("is at version {v}"),

@@ -51,7 +51,10 @@ impl Backend {
             feature: self.feature,
         })?;
         let parsed = StoreUrl::parse(url, built.url)?;
-        let store = (built.open)(parsed).await?;
+        let servers = parsed.authority().to_string();
+        let store = (built.open)(parsed)
+            .await
+            .map_err(|e| e.at_servers(&servers))?;
         #[cfg(feature = "metrics")]
         let store = crate::metered::Metered::wrap(store);
         Ok(store)

@@ -174,3 +174,42 @@ async fn every_backend_refuses_an_unknown_option_by_name_before_connecting() {
         started.elapsed()
     );
 }
+
+/// A server store pointed at a port where nothing listens: unavailable, in
+/// words that name the server and say each cause once, without the
+/// password. Stores whose feature is off in this build are skipped, named.
+#[tokio::test]
+async fn a_port_with_nothing_listening_is_named() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let at = format!("127.0.0.1:{port}");
+    for url in [
+        format!("postgres://u:hunter2@{at}/db"),
+        format!("mysql://u:hunter2@{at}/db"),
+        format!("redis://:hunter2@{at}"),
+        format!("etcd://{at}"),
+        format!("zk://{at}"),
+    ] {
+        let e = match tenure::open(&url).await {
+            Ok(_) => panic!("{url} opened"),
+            Err(Error::BackendDisabled { backend, .. }) => {
+                eprintln!("SKIPPED: {backend} (not built in)");
+                continue;
+            }
+            Err(e) => e,
+        };
+        assert!(matches!(e, Error::Unavailable { .. }), "{url}: {e:?}");
+        let text = e.to_string();
+        assert!(text.contains(&format!("at {at}: ")), "{text}");
+        let parts: Vec<&str> = text.split(": ").collect();
+        for (i, p) in parts.iter().enumerate() {
+            assert!(!parts[..i].contains(p), "{p:?} said twice: {text}");
+        }
+        assert!(
+            !text.contains("hunter2") && !format!("{e:?}").contains("hunter2"),
+            "{text}"
+        );
+    }
+}
