@@ -46,9 +46,10 @@ pub(crate) struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
-    /// Run a command while holding a lock.
+    /// Run a command while holding a lock, or hold it until interrupted.
     #[command(
-        after_help = "Example:\n  tenure lock nightly-report --ttl 15s -- ./report.sh\n\n\
+        after_help = "Examples:\n  tenure lock nightly-report --ttl 15s -- ./report.sh\n  \
+        tenure lock -w 10s migration      (holds it until SIGINT or SIGTERM; prints `locked NAME TOKEN`)\n\n\
         The command gets TENURE_LOCK=<name> and TENURE_FENCE=<token> in its environment and runs\n\
         in its own process group under a small supervisor process (tenure itself, re-run). If no\n\
         renewal is confirmed, the group gets SIGTERM --kill-grace before the lease's local deadline\n\

@@ -895,7 +895,7 @@ fn bad_input_catalogue_exits_64_with_a_message_and_no_secret() {
         vec!["elect", "x", "--ttl", "0s"],
         vec!["torture", "--ttl", "1ms", "--duration", "1s"],
         // Commands and flags.
-        vec!["lock", "x"],
+        vec!["lock", "x", "--ttl", "-5s"],
         vec!["lock", "x", "--wait", "1s", "--no-wait", "--", "true"],
         vec!["release", "x"],
         vec!["frobnicate"],
@@ -1194,7 +1194,7 @@ fn forty_bad_inputs_exit_64_with_a_message_and_no_secret() {
         ),
         // Flags and subcommands.
         on(&sqlite, &["frobnicate"]),
-        on(&sqlite, &["lock", "x"]),
+        on(&sqlite, &["lock", "x", "--wait", "-1s"]),
         on(&sqlite, &["release", "x"]),
         on(&sqlite, &["completions", "tcsh"]),
         on(&sqlite, &["console", "--listen", "not-an-address"]),
@@ -1262,4 +1262,33 @@ fn short_wait_flags_and_negative_durations() {
     );
     signal(holder.id(), libc::SIGTERM);
     let _ = wait_exit(&mut holder, Duration::from_secs(15));
+}
+
+/// `tenure lock NAME` without a command holds the lock until SIGTERM, after
+/// printing the name and the token, as `etcdctl lock` does; it then
+/// releases and exits 0.
+#[test]
+fn lock_without_a_command_holds_until_interrupted() {
+    use std::io::BufRead;
+    let env = Env::sqlite();
+    let mut holder = env
+        .cmd(&["lock", "held-here"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.len(), 3, "{line:?}");
+    assert_eq!((words[0], words[1]), ("locked", "held-here"), "{line:?}");
+    assert!(words[2].parse::<u64>().unwrap() > 0, "{line:?}");
+    let out = env.run(&["lock", "-n", "held-here", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    signal(holder.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut holder, Duration::from_secs(15)).success());
+    let out = env.run(&["lock", "-n", "held-here", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "released at exit: {out:?}");
 }

@@ -1,4 +1,5 @@
-//! `tenure lock NAME -- COMMAND`: run a command while holding a lock.
+//! `tenure lock NAME [-- COMMAND]`: run a command while holding a lock, or
+//! hold it until interrupted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use super::lease::{bounded_close, check_ttl, finish, open_session};
 use crate::child;
 use crate::cli::{parse_duration, LeaseArgs, MetricsArg};
 use crate::exit::{self, Failure};
+use crate::output::escape_line;
 
 #[derive(Args, Debug)]
 pub(crate) struct LockArgs {
@@ -29,14 +31,18 @@ pub(crate) struct LockArgs {
     /// release wins (the lock is the same as the fair one of its name).
     #[arg(long)]
     unfair: bool,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, num_args = 1..)]
+    /// The command and its arguments; without one, hold the lock until
+    /// SIGINT or SIGTERM (as `etcdctl lock`).
+    #[arg(last = true, num_args = 0..)]
     command: Vec<String>,
 }
 
-/// Checks the TTL and the command before the store is opened.
+/// Checks the TTL and the command, if any, before the store is opened.
 pub(super) fn validate(args: &LockArgs) -> Result<(), Failure> {
     check_ttl(args.lease.ttl)?;
+    if args.command.is_empty() {
+        return Ok(());
+    }
     child::check_command(&args.command)
 }
 
@@ -85,6 +91,22 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
         }
     };
     tracing::info!(name = %args.name, token = guard.token(), "lock acquired");
+    if args.command.is_empty() {
+        // Held until a signal; the lease's loss is said and exits 79.
+        outln!("locked {} {}", escape_line(&args.name), guard.token());
+        let lost = guard.lost();
+        tokio::select! {
+            reason = lost => {
+                let _ = bounded_close(&session).await;
+                return Err(Failure::new(exit::LEASE_LOST, format!("lock lost: {reason}")));
+            }
+            _ = signals.recv() => {}
+        }
+        let released = guard.release().await;
+        let _ = bounded_close(&session).await;
+        released?;
+        return Ok(0);
+    }
     let env = [
         ("TENURE_LOCK", args.name.clone()),
         ("TENURE_FENCE", guard.token().to_string()),
