@@ -1292,3 +1292,29 @@ fn lock_without_a_command_holds_until_interrupted() {
     let out = env.run(&["lock", "-n", "held-here", "--", "true"]);
     assert_eq!(out.status.code(), Some(0), "released at exit: {out:?}");
 }
+
+/// `tenure backends` speaks a user's words, not the capability fields'
+/// names (those stay in `--json`).
+#[test]
+fn backends_are_described_in_words() {
+    let out = Env::sqlite().run(&["backends"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for said in [
+        "survives a restart: yes",
+        "waiters granted in arrival order: yes",
+        "a lease's expiry is judged by: ",
+        "waiters are woken: ",
+    ] {
+        assert!(text.contains(said), "{said:?} missing:\n{text}");
+    }
+    for internal in [
+        "exact_first",
+        "NextOnly",
+        "LocalOrPoll",
+        "multi_process=",
+        "=true",
+    ] {
+        assert!(!text.contains(internal), "{internal:?} shown:\n{text}");
+    }
+}

@@ -32,22 +32,78 @@ pub(super) fn run(json: bool) -> Result<u8, Failure> {
         outln!("{}", serde_json::Value::Array(rows));
     } else {
         for c in &all {
-            outln!("{}", c.backend);
-            outln!(
-                "  fencing={} durable={} multi_process={} fifo={} shared={} permits={} grant_times={} exact_first={}",
-                c.fencing, c.durable, c.multi_process, c.fifo, c.shared, c.permits, c.grant_times, c.exact_first
-            );
-            outln!(
-                "  fences={} fence_values={} cells={}",
-                c.fences,
-                c.fence_values,
-                c.cells
-            );
-            outln!("  wake: {:?}", c.wake);
-            outln!("  clock: {}", c.clock);
-            outln!("  ttl: {:?}..={:?}", c.min_ttl, c.max_ttl);
-            outln!("  cost: {}", c.round_trips);
+            outln!("{}", describe(c));
         }
     }
     Ok(0)
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// One backend in words (the JSON keeps the field names).
+fn describe(c: &tenure::Capabilities) -> String {
+    let wake = match c.wake {
+        tenure::store::Wake::NextOnly => "the next in line only, directly".to_string(),
+        tenure::store::Wake::LocalOrPoll { min, max } => format!(
+            "the next in line directly in this process; across processes by polling, every {} to {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ),
+        tenure::store::Wake::PubSub { fallback_poll } => format!(
+            "the next in line only, by a notification from the store (polling at most every {} while notifications are down)",
+            humantime::format_duration(fallback_poll)
+        ),
+        _ => format!("{:?}", c.wake),
+    };
+    let fences = match (c.fences, c.fence_values) {
+        (true, true) => "yes, with a value kept beside each token",
+        (true, false) => "yes",
+        _ => "no",
+    };
+    [
+        c.backend.to_string(),
+        format!(
+            "  survives a restart: {} · shared by several processes: {} · fencing tokens: {}",
+            yes(c.durable),
+            yes(c.multi_process),
+            yes(c.fencing)
+        ),
+        format!(
+            "  waiters granted in arrival order: {} · read/write locks: {} · semaphores: {}",
+            yes(c.fifo),
+            yes(c.shared),
+            yes(c.permits)
+        ),
+        format!(
+            "  fences checked by the store: {fences} · cells (and so pauses): {}",
+            yes(c.cells)
+        ),
+        format!(
+            "  when a grant began: {} · every tick a per-tick schedule claims in time runs: {}",
+            if c.grant_times { "known" } else { "not known" },
+            if c.exact_first {
+                "yes"
+            } else {
+                "no, one may be skipped (never run twice)"
+            }
+        ),
+        format!("  waiters are woken: {wake}"),
+        format!("  a lease's expiry is judged by: {}", c.clock),
+        format!(
+            "  TTL: from {} to {}",
+            humantime::format_duration(c.min_ttl),
+            humantime::format_duration(c.max_ttl)
+        ),
+        format!(
+            "  cost of an uncontended lock and release: {}",
+            c.round_trips
+        ),
+    ]
+    .join("\n")
 }

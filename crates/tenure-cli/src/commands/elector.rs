@@ -19,7 +19,7 @@ pub enum ElectorCommand {
         Every instance of the elector (a `tenure crond`, or the library's Elector) reads the pause\n\
         once per renew interval: the leader steps down and nobody campaigns until it is resumed or\n\
         --for has passed (judged by each instance's clock). Needs a store with cells (`tenure\n\
-        backends` says cells=true). Exits 3 when no instance of NAME has started on the store."
+        backends` says `cells (and so pauses): yes`). Exits 3 when no instance of NAME has started on the store."
     )]
     Pause(PauseArgs),
     /// Lift an elector's pause.

@@ -23,7 +23,7 @@ pub enum ScheduleCommand {
         after_help = "Example:\n  tenure schedule pause nightly --for 2h --reason 'database migration'\n\n\
         Every instance reads the pause before it claims a tick and skips the tick while it holds\n\
         (counted as `paused`). A leader stays elected. With --for the pause lifts by itself at its\n\
-        end, judged by each instance's clock. Needs a store with cells (`tenure backends` says cells=true)."
+        end, judged by each instance's clock. Needs a store with cells (`tenure backends` says `cells (and so pauses): yes`)."
     )]
     Pause(PauseArgs),
     /// Lift a schedule's pause.
