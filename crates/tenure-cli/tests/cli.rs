@@ -1255,6 +1255,11 @@ fn short_wait_flags_and_negative_durations() {
     let started = Instant::now();
     let out = env.run(&["lock", "-w", "300ms", "busy", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "-w: {out:?}");
+    // -v says who holds the name while waiting.
+    let out = env.run(&["-v", "lock", "-w", "1s", "busy", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "-v -w: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("waiting for busy: held by "), "{err}");
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "{:?}",

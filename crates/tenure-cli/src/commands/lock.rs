@@ -46,6 +46,43 @@ pub(super) fn validate(args: &LockArgs) -> Result<(), Failure> {
     child::check_command(&args.command)
 }
 
+/// Stops a background task once the lock is decided either way.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How long a lock waits before it says (at INFO, `-v`) who holds it.
+const WHO_HOLDS_AFTER: Duration = Duration::from_millis(300);
+
+/// Logs who holds `name` now, and since when, if anyone does.
+async fn say_who_holds(store: &dyn Store, name: &str) {
+    let Ok(name) = tenure::Name::new(name) else {
+        return;
+    };
+    let Ok(queue) = store.queue(&name).await else {
+        return;
+    };
+    let waiting = queue.entries.iter().filter(|e| !e.granted).count();
+    for holder in queue.entries.iter().filter(|e| e.granted) {
+        let since = holder
+            .granted_at
+            .map(|t| format!(" since {}", humantime::format_rfc3339_seconds(t)))
+            .unwrap_or_default();
+        tracing::info!(
+            "waiting for {}: held by {} (session {}, token {}){since}; {} waiting",
+            escape_line(name.as_str()),
+            escape_line(&holder.label),
+            holder.session_tag,
+            holder.seq,
+            waiting
+        );
+    }
+}
+
 pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
     let (session, grace) = open_session(&store, &args.lease).await?;
     let mutex = Mutex::new(&session, &args.name)?.fair(!args.unfair);
@@ -62,6 +99,15 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
             mutex.lock().await.map(Some)
         }
     };
+    // A lock not granted at once says, with -v, who holds it.
+    let announce = tokio::spawn({
+        let (store, name) = (store.clone(), args.name.clone());
+        async move {
+            tokio::time::sleep(WHO_HOLDS_AFTER).await;
+            say_who_holds(store.as_ref(), &name).await;
+        }
+    });
+    let announcing = AbortOnDrop(announce);
     let guard = tokio::select! {
         acquired = acquire => acquired,
         signal = signals.recv() => {
@@ -69,6 +115,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
             return Ok(128 + signal as u8);
         }
     };
+    drop(announcing);
     let guard = match guard {
         Ok(Some(guard)) => guard,
         Ok(None) => {
