@@ -1323,3 +1323,58 @@ fn backends_are_described_in_words() {
         assert!(!text.contains(internal), "{internal:?} shown:\n{text}");
     }
 }
+
+/// `lock --shared` (flock -s) and `lock --permits N` (consul lock -n N).
+#[test]
+fn shared_locks_and_permits() {
+    use std::io::BufRead;
+    let env = Env::sqlite();
+    let hold = |args: &[&str]| {
+        let mut child = env
+            .cmd(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("locked "), "{args:?}: {line:?}");
+        child
+    };
+    // Shared: two readers at once; a writer waits.
+    let mut reader = hold(&["lock", "--shared", "doc"]);
+    let out = env.run(&["lock", "-s", "-n", "doc", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "a second reader: {out:?}");
+    let out = env.run(&["lock", "-n", "doc", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "a writer beside a reader: {out:?}"
+    );
+    signal(reader.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut reader, Duration::from_secs(15)).success());
+    let out = env.run(&["lock", "-n", "doc", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "a writer alone: {out:?}");
+
+    // Two permits: two holders, a third waits.
+    let mut first = hold(&["lock", "--permits", "2", "pool"]);
+    let mut second = hold(&["lock", "--permits", "2", "pool"]);
+    let out = env.run(&["lock", "--permits", "2", "-n", "pool", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "a third holder: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("all 2 permits of \"pool\" are held"));
+    signal(first.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut first, Duration::from_secs(15)).success());
+    let out = env.run(&["lock", "--permits", "2", "-n", "pool", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "a permit freed: {out:?}");
+    signal(second.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut second, Duration::from_secs(15)).success());
+    for bad in [
+        vec!["lock", "x", "--permits", "0", "--", "true"],
+        vec!["lock", "x", "--shared", "--permits", "2", "--", "true"],
+        vec!["lock", "x", "--shared", "--unfair", "--", "true"],
+    ] {
+        assert_eq!(env.run(&bad).status.code(), Some(64), "{bad:?}");
+    }
+}

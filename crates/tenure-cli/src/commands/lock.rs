@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use tenure::{Error, Mutex, Store};
+use std::future::Future;
+
+use tenure::{Error, Mutex, RwLock, Semaphore, Store};
 
 use super::lease::{bounded_close, check_ttl, finish, open_session};
 use crate::child;
@@ -29,8 +31,16 @@ pub(crate) struct LockArgs {
     no_wait: bool,
     /// Wait without a place in the queue: whoever asks first after a
     /// release wins (the lock is the same as the fair one of its name).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["shared", "permits"])]
     unfair: bool,
+    /// Hold the name shared, as a read lock (`flock -s`): any number of
+    /// shared holders at once, none while someone holds it exclusively.
+    #[arg(short = 's', long, conflicts_with = "permits")]
+    shared: bool,
+    /// A semaphore of N permits on the name (`consul lock -n N`): at most
+    /// N holders at once, each taking one permit.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
     /// The command and its arguments; without one, hold the lock until
     /// SIGINT or SIGTERM (as `etcdctl lock`).
     #[arg(last = true, num_args = 0..)]
@@ -44,6 +54,59 @@ pub(super) fn validate(args: &LockArgs) -> Result<(), Failure> {
         return Ok(());
     }
     child::check_command(&args.command)
+}
+
+/// What `lock` holds: the name exclusively, shared, or one permit.
+enum Held {
+    Lock(tenure::MutexGuard),
+    Read(tenure::RwLockReadGuard),
+    Permit(tenure::SemaphorePermit),
+}
+
+impl Held {
+    fn token(&self) -> u64 {
+        match self {
+            Held::Lock(g) => g.token(),
+            Held::Read(g) => g.token(),
+            Held::Permit(g) => g.token(),
+        }
+    }
+
+    fn lost(&self) -> std::pin::Pin<Box<dyn Future<Output = tenure::LostReason> + Send>> {
+        match self {
+            Held::Lock(g) => Box::pin(g.lost()),
+            Held::Read(g) => Box::pin(g.lost()),
+            Held::Permit(g) => Box::pin(g.lost()),
+        }
+    }
+
+    async fn release(self) -> tenure::Result<()> {
+        match self {
+            Held::Lock(g) => g.release().await,
+            Held::Read(g) => g.release().await,
+            Held::Permit(g) => g.release().await,
+        }
+    }
+}
+
+/// Takes at once (`--no-wait`), within `--wait`, or whenever granted:
+/// `None` when not granted in the time asked for.
+async fn decided<G>(
+    args: &LockArgs,
+    now: impl Future<Output = tenure::Result<Option<G>>>,
+    within: impl Future<Output = tenure::Result<G>>,
+    whenever: impl Future<Output = tenure::Result<G>>,
+) -> tenure::Result<Option<G>> {
+    if args.no_wait {
+        now.await
+    } else if args.wait.is_some() {
+        match within.await {
+            Err(Error::Timeout(_)) => Ok(None),
+            other => other.map(Some),
+        }
+    } else {
+        whenever.await.map(Some)
+    }
 }
 
 /// Stops a background task once the lock is decided either way.
@@ -85,18 +148,33 @@ async fn say_who_holds(store: &dyn Store, name: &str) {
 
 pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
     let (session, grace) = open_session(&store, &args.lease).await?;
-    let mutex = Mutex::new(&session, &args.name)?.fair(!args.unfair);
     let mut signals = child::Signals::new()?;
+    let within = args.wait.unwrap_or_default();
     let acquire = async {
-        if args.no_wait {
-            mutex.try_lock().await
-        } else if let Some(wait) = args.wait {
-            match mutex.lock_timeout(wait).await {
-                Err(Error::Timeout(_)) => Ok(None),
-                other => other.map(Some),
+        match (args.shared, args.permits) {
+            (false, None) => {
+                let m = Mutex::new(&session, &args.name)?.fair(!args.unfair);
+                decided(&args, m.try_lock(), m.lock_timeout(within), m.lock())
+                    .await
+                    .map(|g| g.map(Held::Lock))
             }
-        } else {
-            mutex.lock().await.map(Some)
+            (true, _) => {
+                let r = RwLock::new(&session, &args.name)?;
+                decided(&args, r.try_read(), r.read_timeout(within), r.read())
+                    .await
+                    .map(|g| g.map(Held::Read))
+            }
+            (false, Some(n)) => {
+                let p = Semaphore::new(&session, &args.name, n)?;
+                decided(
+                    &args,
+                    p.try_acquire(),
+                    p.acquire_many_timeout(1, within),
+                    p.acquire(),
+                )
+                .await
+                .map(|g| g.map(Held::Permit))
+            }
         }
     };
     // A lock not granted at once says, with -v, who holds it.
@@ -124,12 +202,13 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
                 Some(wait) => format!("within {}", humantime::format_duration(wait)),
                 None => "at once (--no-wait)".to_string(),
             };
+            let held = match args.permits {
+                Some(n) => format!("all {n} permits of {:?} are held", args.name),
+                None => format!("lock {:?} is held by another session", args.name),
+            };
             return Err(Failure::new(
                 exit::NOT_ACQUIRED,
-                format!(
-                    "lock {:?} is held by another session; not acquired {when}",
-                    args.name
-                ),
+                format!("{held}; not acquired {when}"),
             ));
         }
         Err(e) => {
