@@ -45,7 +45,9 @@ enum Kind {
     Every(i64),
 }
 
-/// A field of a cron expression: its name and inclusive range.
+/// A field of a cron expression: its name and inclusive range. The fields
+/// are statics, not consts, so that each has one address: a field is told
+/// apart by `std::ptr::eq` (a const's every use may be a copy of its own).
 struct Field {
     name: &'static str,
     min: u32,
@@ -53,31 +55,31 @@ struct Field {
     names: &'static [&'static str],
 }
 
-const SECOND: Field = Field {
+static SECOND: Field = Field {
     name: "second",
     min: 0,
     max: 59,
     names: &[],
 };
-const MINUTE: Field = Field {
+static MINUTE: Field = Field {
     name: "minute",
     min: 0,
     max: 59,
     names: &[],
 };
-const HOUR: Field = Field {
+static HOUR: Field = Field {
     name: "hour",
     min: 0,
     max: 23,
     names: &[],
 };
-const DAY: Field = Field {
+static DAY: Field = Field {
     name: "day of month",
     min: 1,
     max: 31,
     names: &[],
 };
-const MONTH: Field = Field {
+static MONTH: Field = Field {
     name: "month",
     min: 1,
     max: 12,
@@ -85,13 +87,13 @@ const MONTH: Field = Field {
         "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
     ],
 };
-const WEEKDAY: Field = Field {
+static WEEKDAY: Field = Field {
     name: "weekday",
     min: 0,
     max: 7,
     names: &["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"],
 };
-const YEAR: Field = Field {
+static YEAR: Field = Field {
     name: "year",
     min: 1970,
     max: 2099,
