@@ -402,7 +402,16 @@ fn mixed_builds_take_turns() {
         Env::sqlite().url.clone(),
         21,
         "1s",
-        &["--mixed-with", exe, "--duration", "12s"],
+        // Faults come every 1 to 3 s here (half to one and a half the
+        // interval), so at least four fall in the run: the harness's rule.
+        &[
+            "--mixed-with",
+            exe,
+            "--duration",
+            "14s",
+            "--fault-interval",
+            "2s",
+        ],
     );
     let report: serde_json::Value = serde_json::from_str(&ran.report).unwrap();
     let builds = report["builds"].as_array().unwrap();
