@@ -52,12 +52,71 @@ impl Backend {
         })?;
         let parsed = StoreUrl::parse(url, built.url)?;
         let servers = parsed.authority().to_string();
-        let store = (built.open)(parsed)
-            .await
-            .map_err(|e| e.at_servers(&servers))?;
+        let strangers = match built.greeting {
+            Some(g) if !g.tls_schemes.contains(&parsed.scheme()) => {
+                parsed.servers("server").unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        let store = match (built.open)(parsed).await {
+            Ok(store) => store,
+            Err(e @ Error::Unavailable { .. }) => {
+                return Err(match built.greeting {
+                    Some(g) if !strangers.is_empty() => {
+                        name_strangers(g, strangers, e, &servers).await
+                    }
+                    _ => e.at_servers(&servers),
+                })
+            }
+            Err(e) => return Err(e.at_servers(&servers)),
+        };
         #[cfg(feature = "metrics")]
         let store = crate::metered::Metered::wrap(store);
         Ok(store)
+    }
+}
+
+/// An unavailable store's error, with each of its servers that listens
+/// but does not speak the store's protocol named as such (the client alone
+/// says "broken pipe" or "connect timed out").
+async fn name_strangers(
+    greeting: &'static crate::backend::probe::Greeting,
+    servers: Vec<(String, u16)>,
+    e: Error,
+    authority: &str,
+) -> Error {
+    // All at once: each probe may wait a second or two.
+    let probes: Vec<_> = servers
+        .into_iter()
+        .map(|(host, port)| {
+            let probe = tokio::spawn(crate::backend::probe::stranger(
+                greeting,
+                host.clone(),
+                port,
+            ));
+            (host, port, probe)
+        })
+        .collect();
+    let mut found = Vec::new();
+    for (host, port, probe) in probes {
+        if let Ok(Some(what)) = probe.await {
+            found.push(format!(
+                "at {host}:{port}: the server there does not speak {}: {what}",
+                greeting.protocol
+            ));
+        }
+    }
+    match e {
+        Error::Unavailable { backend, source } if !found.is_empty() => Error::Unavailable {
+            backend,
+            source: format!(
+                "{}; the client said: {}",
+                found.join("; "),
+                crate::error::said_once(source.as_ref())
+            )
+            .into(),
+        },
+        e => e.at_servers(authority),
     }
 }
 

@@ -27,6 +27,7 @@ stores! {
     shared {
         mod codec;
         mod poll;
+        pub(crate) mod probe;
         #[cfg(any(feature = "postgres", feature = "mysql"))]
         pub mod sql;
         pub mod url;

@@ -35,6 +35,10 @@ pub(crate) struct Built {
     /// The version of what this build keeps in the store ("" for one that
     /// keeps nothing across processes).
     pub(crate) format: &'static str,
+    /// The first exchange of its protocol, for a server store: what the
+    /// registry sends when a URL fails to open, to tell a server of
+    /// another kind apart.
+    pub(crate) greeting: Option<&'static crate::backend::probe::Greeting>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -76,6 +80,7 @@ macro_rules! stores {
                         Ok(std::sync::Arc::new(store) as std::sync::Arc<dyn crate::store::Store>)
                     }),
                     format: "",
+                    greeting: None,
                 }),
             },
             $(table::Backend {
@@ -92,6 +97,7 @@ macro_rules! stores {
                         Ok(std::sync::Arc::new(store) as std::sync::Arc<dyn crate::store::Store>)
                     }),
                     format: $module::FORMAT,
+                    greeting: $module::GREETING,
                 }),
                 #[cfg(not(feature = $feature))]
                 built: None,

@@ -9,7 +9,7 @@
 //! refused with [`Error::InvalidUrl`] naming it, an option given twice is
 //! refused, and the password is masked in every message.
 
-use percent_encoding::percent_decode_str;
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use crate::error::{Error, Result};
 
@@ -87,6 +87,19 @@ impl std::fmt::Debug for StoreUrl {
     }
 }
 
+/// Everything but RFC 3986's unreserved characters is encoded in a user
+/// name or password handed to a driver.
+const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// What to tell a user whose password holds a character that ends the
+/// user info (`/`, `?`, `#`) where tenure found an `@` past it.
+const ENCODE_HINT: &str = "a user name or password that holds '/', '?', '#' or '@' must be \
+     percent-encoded in the URL ('/' as %2F, '?' as %3F, '#' as %23, '@' as %40)";
+
 fn decode(what: &str, s: &str) -> std::result::Result<String, String> {
     percent_decode_str(s)
         .decode_utf8()
@@ -109,6 +122,9 @@ impl StoreUrl {
             (Shape::Servers, Some((r, f))) => (r, Some(f.to_string())),
             _ => (rest, None),
         };
+        if fragment.as_ref().is_some_and(|f| f.contains('@')) && !rest.contains('@') {
+            return Err(invalid(ENCODE_HINT.into()));
+        }
         if fragment.is_some() && !rules.fragment {
             return Err(invalid(
                 "this backend takes no #fragment (write # in a password as %23)".into(),
@@ -125,6 +141,9 @@ impl StoreUrl {
                 } else {
                     format!("known: {}", rules.options.join(", "))
                 };
+                if key.contains('@') && !body.contains('@') {
+                    return Err(invalid(ENCODE_HINT.into()));
+                }
                 return Err(invalid(format!("unknown option {key:?}; {known}")));
             }
             if options.iter().any(|o| o.key == key) {
@@ -144,6 +163,18 @@ impl StoreUrl {
                 None => (body.to_string(), String::new()),
             },
         };
+        // `user:pa/ss@host/db` splits at the first '/': no '@' before it,
+        // one in the first segment of the path.
+        if rules.shape == Shape::Servers
+            && !authority.contains('@')
+            && path
+                .trim_start_matches('/')
+                .split('/')
+                .next()
+                .is_some_and(|first| first.contains('@'))
+        {
+            return Err(invalid(ENCODE_HINT.into()));
+        }
         let (userinfo, authority) = match authority.rsplit_once('@') {
             Some((u, h)) => (Some(u.to_string()), h.to_string()),
             None => (None, authority),
@@ -204,13 +235,20 @@ impl StoreUrl {
         self.password.as_deref()
     }
 
-    /// `user:password@` as written (still percent-encoded), or `""`: for
-    /// drivers that take a URL of their own.
-    pub fn userinfo_as_written(&self) -> String {
-        self.userinfo
-            .as_ref()
-            .map(|u| format!("{u}@"))
-            .unwrap_or_default()
+    /// `user:password@`, percent-encoded, or `""`: for drivers that take a
+    /// URL of their own. Encoded again from the decoded parts, so that an
+    /// `@` left unencoded in a password (which tenure reads up to the last
+    /// `@`) means the same to every driver.
+    pub fn userinfo_encoded(&self) -> String {
+        if self.userinfo.is_none() {
+            return String::new();
+        }
+        let user = self.user.as_deref().unwrap_or("");
+        let user = utf8_percent_encode(user, USERINFO);
+        match &self.password {
+            Some(password) => format!("{user}:{}@", utf8_percent_encode(password, USERINFO)),
+            None => format!("{user}@"),
+        }
     }
 
     /// What stands between the user info and the path: `host:port[,…]`.
@@ -325,6 +363,32 @@ mod tests {
         }
     }
 
+    /// An '@' left unencoded in a password is read up to the last '@' and
+    /// handed on encoded; a '/' or '?' that ends the user info early is
+    /// refused with the hint to percent-encode, the password masked.
+    #[test]
+    fn passwords_with_unencoded_characters() {
+        let u = StoreUrl::parse("redis://:p@ss@h:1/0", &SERVERS).unwrap();
+        assert_eq!(u.password(), Some("p@ss"));
+        assert_eq!(u.userinfo_encoded(), ":p%40ss@");
+        assert_eq!(u.authority(), "h:1");
+        for url in [
+            "redis://:pa/ss@h:1/0",
+            "postgres://u:pa/ss@h:1/db",
+            "redis://:pa?ss@h:1/0",
+            "mysql://u:pa?ss@h:1/db",
+            "etcd://u:pa#ss@h:1",
+        ] {
+            let e = StoreUrl::parse(url, &SERVERS).unwrap_err().to_string();
+            assert!(e.contains("must be percent-encoded"), "{url}: {e}");
+            assert!(e.contains("'/' as %2F"), "{url}: {e}");
+            assert!(!e.contains(":pa"), "{url}: {e}");
+            assert!(!e.contains("ss@"), "{url}: {e}");
+        }
+        // A path of its own with no '@' in it is not taken for a password.
+        assert!(StoreUrl::parse("zk://u:pw@h:1/app/x", &SERVERS).is_ok());
+    }
+
     #[test]
     fn takes_servers_apart_and_decodes_user_info() {
         let u = StoreUrl::parse(
@@ -334,7 +398,7 @@ mod tests {
         .unwrap();
         assert_eq!(u.user(), Some("al@ice"));
         assert_eq!(u.password(), Some("p/w:d"));
-        assert_eq!(u.userinfo_as_written(), "al%40ice:p%2Fw%3Ad@");
+        assert_eq!(u.userinfo_encoded(), "al%40ice:p%2Fw%3Ad@");
         assert_eq!(
             u.servers("endpoint").unwrap(),
             vec![("h1".into(), 1), ("h2".into(), 2)]

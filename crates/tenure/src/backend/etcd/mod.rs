@@ -78,6 +78,16 @@ const CAS_ATTEMPTS: usize = 16;
 /// beside it `PREFIX/sb/<lease>`, the build that opened each session.
 pub(crate) const FORMAT: &str = "2";
 
+/// etcd speaks gRPC over HTTP/2: the client's preface and an empty SETTINGS
+/// frame are answered with the server's SETTINGS frame (type 4).
+pub(crate) const GREETING: Option<&crate::backend::probe::Greeting> =
+    Some(&crate::backend::probe::Greeting {
+        protocol: "etcd's gRPC",
+        hello: b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+        answers: |b| b.get(3) == Some(&4),
+        tls_schemes: &["etcds"],
+    });
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca", "layout"]);
 

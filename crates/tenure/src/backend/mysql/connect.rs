@@ -10,15 +10,23 @@ use crate::error::{Error, Result};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// What the server said: its message, its error number and the SQLSTATE
+/// (the client's own words put them the other way round, quoted, after
+/// "Server error").
+fn server_words(s: &mysql_async::ServerError) -> String {
+    format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state)
+}
+
 pub(super) fn my_err(e: mysql_async::Error) -> Error {
     match &e {
         mysql_async::Error::Server(s) if s.code == 1045 || s.code == 1044 => Error::Auth {
             backend: BACKEND,
-            reason: s.message.clone(),
+            reason: server_words(s),
         },
         mysql_async::Error::Server(s) if matches!(s.code, 1205 | 1213 | 1040 | 1053) => {
-            Error::unavailable(BACKEND, e)
+            Error::unavailable(BACKEND, server_words(s))
         }
+        mysql_async::Error::Server(s) => Error::backend(BACKEND, server_words(s)),
         // A certificate that is not trusted, or names another host: trying
         // again does not help.
         #[cfg(feature = "tls")]
@@ -52,7 +60,7 @@ pub(super) fn parse_url(url: &StoreUrl) -> Result<(mysql_async::Opts, String)> {
     // mysql_async knows only mysql://, also for MariaDB.
     let cleaned = format!(
         "mysql://{}{}{}{}",
-        url.userinfo_as_written(),
+        url.userinfo_encoded(),
         url.authority(),
         url.path(),
         url.driver_query(&["prefix", "ssl-mode", "ssl-ca"])

@@ -42,6 +42,43 @@ async fn a_prefix_of_its_own_and_bad_options() {
     }
 }
 
+/// A user without privileges on the database is told so in the server's
+/// own words, with the error number and SQLSTATE, and nothing of the
+/// password. (The test kit's user may create users but not grant, so this
+/// one has no privileges at all.)
+#[tokio::test]
+async fn a_user_without_privileges_is_told_the_servers_words() {
+    use mysql_async::prelude::Queryable;
+    let Some(server) = shared() else { return };
+    let mut admin = raw_conn(server).await;
+    let user = format!("weak_{}", std::process::id());
+    for statement in [
+        format!("DROP USER IF EXISTS '{user}'@'%'"),
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'hunter2'"),
+    ] {
+        admin.query_drop(statement).await.unwrap();
+    }
+    let e = tenure::open(&format!(
+        "mysql://{user}:hunter2@127.0.0.1:{}/tenure?prefix=weak_",
+        server.port()
+    ))
+    .await
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
+    assert!(
+        text.contains(&format!(
+            "Access denied for user '{user}'@'%' to database 'tenure' (error 1044, SQLSTATE 42000)"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("Server error"), "{text}");
+    assert!(
+        !text.contains("hunter2") && !format!("{e:?}").contains("hunter2"),
+        "{text}"
+    );
+}
+
 async fn raw_conn(server: &MariaDbServer) -> mysql_async::Conn {
     let opts = mysql_async::Opts::from_url(&server.url()).unwrap();
     mysql_async::Conn::new(opts).await.unwrap()

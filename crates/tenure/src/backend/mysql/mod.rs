@@ -47,6 +47,16 @@ const RETRIES: usize = 5;
 /// by.
 pub(crate) const FORMAT: &str = "11";
 
+/// A MySQL or MariaDB server speaks first: a packet of protocol version 10,
+/// or an error packet (0xff: "Host … is blocked", too many connections).
+pub(crate) const GREETING: Option<&crate::backend::probe::Greeting> =
+    Some(&crate::backend::probe::Greeting {
+        protocol: "MySQL",
+        hello: b"",
+        answers: |b| matches!(b.get(4), Some(10 | 0xff)),
+        tls_schemes: &[],
+    });
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 // Besides our own options, the driver's own that we pass on.
 pub(crate) const URL: UrlRules = UrlRules::servers(&[

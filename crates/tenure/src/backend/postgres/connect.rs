@@ -202,7 +202,7 @@ pub(super) fn parse_url(url: &StoreUrl) -> Result<(tokio_postgres::Config, Strin
     let cleaned = format!(
         "{}://{}{}{}{}",
         url.scheme(),
-        url.userinfo_as_written(),
+        url.userinfo_encoded(),
         url.authority(),
         url.path(),
         url.driver_query(&["schema", "sslmode", "sslrootcert"])

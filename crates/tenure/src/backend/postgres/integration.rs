@@ -191,6 +191,45 @@ async fn a_role_without_privileges_is_told_the_servers_words() {
     );
 }
 
+/// PostgreSQL's port given to the other server stores: each says that the
+/// server there does not speak its protocol, and how it answered, beside
+/// what its client said ("broken pipe", "connect timed out").
+#[tokio::test]
+async fn a_postgres_port_given_to_other_stores_is_named_as_such() {
+    let Some(server) = shared() else { return };
+    let at = format!("127.0.0.1:{}", server.port());
+    let free = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let (quiet1, quiet2) = (free(), free());
+    for (url, speaks) in [
+        (format!("redis://:hunter2@{at}/0"), "Redis"),
+        (format!("redlock://{at},{quiet1},{quiet2}"), "Redis"),
+        (format!("mysql://u:hunter2@{at}/db"), "MySQL"),
+        (format!("etcd://{at}"), "etcd's gRPC"),
+        (format!("zk://{at}"), "ZooKeeper"),
+    ] {
+        let e = match tenure::open(&url).await {
+            Ok(_) => panic!("{url} opened"),
+            Err(Error::BackendDisabled { backend, .. }) => {
+                eprintln!("SKIPPED: {backend} (not built in)");
+                continue;
+            }
+            Err(e) => e,
+        };
+        let text = e.to_string();
+        assert!(matches!(e, Error::Unavailable { .. }), "{url}: {e:?}");
+        assert!(
+            text.contains(&format!(
+                "at {at}: the server there does not speak {speaks}: it "
+            )) && text.contains("; the client said: "),
+            "{url}: {text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}
+
 /// 64 waiters on one mutex: while they wait no call is made (NOTIFY wakes
 /// them, nobody polls), and each release and handoff costs one call, the
 /// release (its grant is announced, and the next waiter takes it without

@@ -47,6 +47,16 @@ const RETRIES: usize = 5;
 /// by.
 pub(crate) const FORMAT: &str = "11";
 
+/// PostgreSQL answers an SSLRequest with one byte: `S`, `N` (or an `E`
+/// error message), with or without TLS configured.
+pub(crate) const GREETING: Option<&crate::backend::probe::Greeting> =
+    Some(&crate::backend::probe::Greeting {
+        protocol: "PostgreSQL",
+        hello: &[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f],
+        answers: |b| matches!(b.first(), Some(b'S' | b'N' | b'E')),
+        tls_schemes: &[],
+    });
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 // Besides our own options, the driver's own that we pass on.
 pub(crate) const URL: UrlRules = UrlRules::servers(&[

@@ -80,7 +80,7 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         base: format!(
             "{}://{}{}{}{fragment}",
             url.scheme(),
-            url.userinfo_as_written(),
+            url.userinfo_encoded(),
             url.authority(),
             url.path()
         ),

@@ -43,6 +43,17 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 /// of 0.1.0 require) and beside it the build each session was opened by.
 pub(crate) const FORMAT: &str = "5";
 
+/// A Redis server answers PING with `+PONG`, or with an error (`-NOAUTH`,
+/// `-DENIED`, `-LOADING`): either way, in RESP.
+pub(crate) const GREETING: Option<&crate::backend::probe::Greeting> = Some(&PING);
+
+pub(crate) const PING: crate::backend::probe::Greeting = crate::backend::probe::Greeting {
+    protocol: "Redis",
+    hello: b"PING\r\n",
+    answers: |b| matches!(b.first(), Some(b'+' | b'-')),
+    tls_schemes: &["rediss"],
+};
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_fragment();
 

@@ -114,7 +114,7 @@ pub(super) fn parse_url(url: &StoreUrl) -> Result<(Vec<String>, Duration)> {
             return Err(url.invalid(format!("node {host}:{port} is listed twice")));
         }
     }
-    let user = url.userinfo_as_written();
+    let user = url.userinfo_encoded();
     let query = url.driver_query(&["node_timeout"]);
     let urls = nodes
         .iter()

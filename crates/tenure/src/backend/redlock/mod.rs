@@ -64,6 +64,13 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 /// The version of what this build keeps on each node: the Redis store's.
 pub(crate) const FORMAT: &str = super::redis::FORMAT;
 
+/// Each node is a Redis server: the same greeting.
+pub(crate) const GREETING: Option<&crate::backend::probe::Greeting> =
+    Some(&crate::backend::probe::Greeting {
+        tls_schemes: &["redlocks"],
+        ..super::redis::PING
+    });
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "node_timeout", "tls_ca"]);
 

@@ -52,6 +52,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// require) and beside it the build each session was opened by.
 pub(crate) const FORMAT: &str = "2";
 
+/// A file, not a server: nothing to greet.
+pub(crate) const GREETING: Option<&crate::backend::probe::Greeting> = None;
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::file(&["synchronous"]);
 

@@ -137,6 +137,18 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// session's node, which format 1 leaves empty and never reads.
 pub(crate) const FORMAT: &str = "2";
 
+/// ZooKeeper answers the four-letter word `srvr` on its client port with
+/// its version, or with a refusal when the word is not allowed.
+pub(crate) const GREETING: Option<&crate::backend::probe::Greeting> =
+    Some(&crate::backend::probe::Greeting {
+        protocol: "ZooKeeper",
+        hello: b"srvr",
+        answers: |b| {
+            b.starts_with(b"Zookeeper version") || b.starts_with(b"srvr is not executed")
+        },
+        tls_schemes: &["zks"],
+    });
+
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules = UrlRules::servers(&["max_sessions", "tls_ca"]);
 
