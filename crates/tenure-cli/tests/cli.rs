@@ -660,21 +660,43 @@ fn man_page_covers_every_subcommand() {
         "{}",
         &roff[..roff.len().min(300)]
     );
-    for sub in [
-        "lock",
-        "elect",
-        "leader",
-        "status",
-        "release",
-        "cron",
-        "backends",
-        "completions",
-    ] {
+    // Every subcommand `--help` lists has its entry and its section.
+    let help = String::from_utf8(env.run(&["--help"]).stdout).unwrap();
+    let listed: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|sub| *sub != "help")
+        .collect();
+    assert!(listed.len() >= 17, "{help}");
+    for sub in listed {
+        let name = sub.replace('-', r"\-");
+        assert!(
+            roff.contains(&format!(".TP\n\\fBtenure {name}\\fR\n")),
+            "no entry for {sub}"
+        );
         assert!(
             roff.contains(&format!(".SH \"TENURE-{}\"", sub.to_uppercase())),
             "no section for {sub}"
         );
     }
+    // It names no page but its own: there are no tenure-lock(1) pages.
+    assert_eq!(
+        roff.matches("(1)").count(),
+        roff.matches("tenure(1)").count(),
+        "a page that does not exist is named"
+    );
+    // The exit codes are its EXIT STATUS, one entry each.
+    assert!(roff.contains(".SH \"EXIT STATUS\""));
+    for code in ["64", "69", "70", "75", "79", "3", "126", "127"] {
+        assert!(
+            roff.contains(&format!(".TP\n\\fB{code}\\fR\n")),
+            "exit {code}"
+        );
+    }
+    assert!(roff.contains(".SH ENVIRONMENT\n.TP\n\\fBTENURE_STORE\\fR"));
     // roff writes a hyphen as \-.
     assert!(
         roff.contains(r"\-\-kill\-grace"),
@@ -697,6 +719,7 @@ fn man_page_covers_every_subcommand() {
         assert!(
             text.contains("TENURE-LOCK") && text.contains("Run a command while holding a lock")
         );
+        assert!(text.contains("EXIT STATUS"), "{text}");
         let warnings = String::from_utf8_lossy(&rendered.stderr);
         assert!(warnings.trim().is_empty(), "man warns: {warnings}");
     }
