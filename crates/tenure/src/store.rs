@@ -19,7 +19,12 @@ use crate::error::{Error, Result};
 pub const MAX_NAME_LEN: usize = 255;
 
 /// A validated lock, election or semaphore name: 1 to 255 bytes of UTF-8 with
-/// no control characters (so no NUL).
+/// no control characters (so no NUL), not ending in a space.
+///
+/// A name means the same lock on every store, compared byte for byte. The
+/// one exception would be MySQL and MariaDB, whose collation pads with
+/// spaces (`"x"` and `"x "` are one key there): names that end in a space
+/// are refused everywhere instead, the same way on every store.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Name(Arc<str>);
 
@@ -32,9 +37,25 @@ impl Name {
     /// assert!(tenure::Name::new("nightly-report").is_ok());
     /// assert!(tenure::Name::new("").is_err());
     /// assert!(tenure::Name::new("a\0b").is_err());
+    /// assert!(tenure::Name::new("x ").is_err());
     /// ```
     pub fn new(name: impl AsRef<str>) -> Result<Self> {
         let name = name.as_ref();
+        if name.ends_with(' ') {
+            return Err(Error::InvalidName {
+                name: shorten(name),
+                reason: "a name must not end in a space (MySQL and MariaDB would take it \
+                         for the name without the space)",
+            });
+        }
+        Name::stored(name)
+    }
+
+    /// A name read back from the store: checked by the rules of
+    /// [`Name::new`] but the last, since a build from before that rule may
+    /// have written a name that ends in a space, and it must still be
+    /// listed, shown and released.
+    pub(crate) fn stored(name: &str) -> Result<Self> {
         let reason = if name.is_empty() {
             Some("a name must not be empty")
         } else if name.len() > MAX_NAME_LEN {

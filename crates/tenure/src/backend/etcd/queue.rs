@@ -271,7 +271,7 @@ impl EtcdStore {
             let Ok(text) = std::str::from_utf8(&key[..slash]) else {
                 continue;
             };
-            if let Ok(name) = Name::new(text) {
+            if let Ok(name) = Name::stored(text) {
                 names.push(name);
             }
         }
@@ -319,7 +319,7 @@ impl EtcdStore {
                 continue;
             }
             let name = std::str::from_utf8(&rest[..nul]).map_err(bad)?;
-            names.push(Name::new(name)?);
+            names.push(Name::stored(name)?);
         }
         names.sort();
         names.dedup();

@@ -180,7 +180,7 @@ impl Store for RedisStore {
         let reply = self.call("names", &[prefix.as_bytes()]).await?;
         let mut names = reply[1..]
             .iter()
-            .map(|v| text(v).and_then(Name::new))
+            .map(|v| text(v).and_then(|t| Name::stored(&t)))
             .collect::<Result<Vec<_>>>()?;
         names.sort();
         Ok(names)

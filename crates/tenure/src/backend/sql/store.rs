@@ -298,7 +298,7 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             .names(prefix)
             .await?
             .into_iter()
-            .map(Name::new)
+            .map(|n| Name::stored(&n))
             .collect()
     }
 

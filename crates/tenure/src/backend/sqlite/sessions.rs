@@ -138,7 +138,7 @@ pub(super) fn session_names(conn: &Connection, key: &str) -> Result<Vec<Name>> {
         .map_err(db_err)?
         .collect::<rusqlite::Result<Vec<String>>>()
         .map_err(db_err)?;
-    names.into_iter().map(Name::new).collect()
+    names.into_iter().map(|n| Name::stored(&n)).collect()
 }
 
 /// Ends the sessions that hold `name`; answers how many, and the names

@@ -128,7 +128,7 @@ impl Store for SqliteStore {
     async fn names(&self, prefix: &str) -> Result<Vec<Name>> {
         let prefix = prefix.to_string();
         let names: Vec<String> = self.run(move |conn| read::names(conn, &prefix)).await?;
-        names.into_iter().map(Name::new).collect()
+        names.into_iter().map(|n| Name::stored(&n)).collect()
     }
 
     async fn evict(&self, name: &Name) -> Result<usize> {

@@ -241,7 +241,7 @@ impl ZkStore {
             if !name.starts_with(prefix) {
                 continue;
             }
-            let Ok(name) = Name::new(&name) else { continue };
+            let Ok(name) = Name::stored(&name) else { continue };
             if !self.list(admin, &name).await?.children.is_empty() {
                 names.push(name);
             }
