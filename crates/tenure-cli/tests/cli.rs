@@ -1050,9 +1050,21 @@ fn schedule_pause_list_resume_and_end_session() {
     ]);
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("paused listed-job until "));
-    let paused = &list()[0]["paused"];
+    let listed = list();
+    let paused = &listed[0]["paused"];
     assert_eq!(paused["reason"], "backup");
     assert!(paused["until"].is_string(), "{paused}");
+    // The next ticks are those that will run: none within the hour's pause.
+    let until = paused["until"].as_str().unwrap();
+    let next = listed[0]["next_ticks"].as_array().unwrap();
+    assert_eq!(next.len(), 3, "{listed}");
+    for tick in next {
+        let (tick, until) = (
+            chrono::DateTime::parse_from_rfc3339(tick.as_str().unwrap()).unwrap(),
+            chrono::DateTime::parse_from_rfc3339(until).unwrap(),
+        );
+        assert!(tick >= until, "a tick within the pause: {listed}");
+    }
     let text = env.run(&["schedule", "list"]);
     assert!(
         String::from_utf8_lossy(&text.stdout).contains("PAUSED"),

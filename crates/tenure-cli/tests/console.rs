@@ -632,11 +632,21 @@ fn the_page_follows_the_store_in_a_real_browser() {
     };
     let env = Env::sqlite();
     let console = Console::start(&env, &[]);
+    // Until its first reading the page says it is reading, not that the
+    // store is empty; once live, that nothing is held.
+    let page = http(&console.addr, "GET", "/", &[], "");
+    assert!(page.body.contains("Reading the store…"), "{}", page.body);
+    assert!(!page.body.contains("No name has a holder"), "{}", page.body);
     browser.open(&format!("http://{}/", console.addr));
     browser.until(
         "return document.getElementById('badge').textContent",
         "live".into(),
         Duration::from_secs(10),
+    );
+    browser.until(
+        "return document.getElementById('empty').textContent",
+        "No name has a holder or a waiter.".into(),
+        Duration::from_secs(5),
     );
 
     // Another process (this test) takes a lock with an HTML label.
@@ -822,6 +832,14 @@ fn pause_resume_and_end_session_from_the_page() {
         assert!(Instant::now() < deadline, "no tick ran");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Times carry their zone: the schedule's own (UTC).
+    let next_ticks = format!("{schedule} return r.querySelector('.next-ticks').textContent");
+    let next = browser.js(&next_ticks);
+    assert!(next.as_str().unwrap().contains("UTC"), "{next}");
+    let last = browser.js(&format!(
+        "{schedule} return r.querySelector('.last-run').textContent"
+    ));
+    assert!(last.as_str().unwrap().contains("UTC"), "{last}");
     // The dialog: the job typed again, a reason, submit.
     let act = |target: &str, reason: &str| {
         browser.js(&format!(
@@ -849,6 +867,8 @@ fn pause_resume_and_end_session_from_the_page() {
         true.into(),
         Duration::from_secs(5),
     );
+    // Paused until resumed: no tick is next.
+    assert_eq!(browser.js(&next_ticks), "none until resumed");
     // A tick already claimed may still finish; after that, none runs on
     // either instance.
     std::thread::sleep(Duration::from_millis(1500));
@@ -945,6 +965,21 @@ fn console_on(url: String) {
         assert!(Instant::now() < deadline, "the holder never showed");
         std::thread::sleep(Duration::from_millis(50));
     };
+    // The time its session has left: within the TTL where the store tells,
+    // null (not zero) where it does not.
+    let told = tenure::backend_for(&env.url)
+        .ok()
+        .and_then(|b| b.capabilities())
+        .is_some_and(|c| c.expiry_times);
+    let left = &entries().unwrap()[0]["ttl_left_ms"];
+    if told {
+        assert!(
+            left.as_u64().is_some_and(|ms| ms > 0 && ms <= 15_000),
+            "{left}"
+        );
+    } else {
+        assert!(left.is_null(), "{left}");
+    }
     let schedules = http(&console.addr, "GET", "/api/schedules", &[], "");
     assert_eq!(schedules.status, 200, "{}", schedules.body);
     assert!(json(&schedules).is_array());

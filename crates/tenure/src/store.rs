@@ -344,7 +344,9 @@ pub struct Entry {
     pub granted: bool,
     /// When the store first saw it granted, by the store's clock, if known.
     pub granted_at: Option<SystemTime>,
-    /// How long until the owning session expires unless renewed, by the store's clock.
+    /// How long until the owning session expires unless renewed, by the
+    /// store's clock; zero where the store does not tell
+    /// ([`Capabilities::expiry_times`]).
     pub expires_in: Duration,
     /// How many times its session holds it.
     pub holds: u32,
@@ -522,6 +524,10 @@ pub struct Capabilities {
     /// Entries say when they were granted, by the store's clock
     /// ([`Entry::granted_at`]; an election's `Leader::since`).
     pub grant_times: bool,
+    /// Entries say how long their session has left ([`Entry::expires_in`]).
+    /// Where false (ZooKeeper keeps a session's deadline to its servers),
+    /// `expires_in` is zero and means "not known", not "expiring".
+    pub expiry_times: bool,
     /// [`Joined::first`] is exact: the first claim of a name is told so even
     /// when several race for it, so a per-tick schedule runs every tick that
     /// an instance claims in time. Where false (over independent nodes, a
@@ -570,6 +576,7 @@ impl Capabilities {
             min_ttl: Duration::from_millis(100),
             max_ttl: Duration::from_secs(7 * 24 * 3600),
             grant_times: true,
+            expiry_times: true,
             exact_first: true,
             round_trips,
             watched_expiry: false,

@@ -17,6 +17,7 @@ pub(super) fn run(json: bool) -> Result<u8, Failure> {
                     "shared": c.shared,
                     "permits": c.permits,
                     "grant_times": c.grant_times,
+                    "expiry_times": c.expiry_times,
                     "exact_first": c.exact_first,
                     "fences": c.fences,
                     "fence_values": c.fence_values,
@@ -85,8 +86,12 @@ fn describe(c: &tenure::Capabilities) -> String {
             yes(c.cells)
         ),
         format!(
-            "  when a grant began: {} · every tick a per-tick schedule claims in time runs: {}",
+            "  when a grant began: {} · how long a session has left: {}",
             if c.grant_times { "known" } else { "not known" },
+            if c.expiry_times { "known" } else { "not known" },
+        ),
+        format!(
+            "  every tick a per-tick schedule claims in time runs: {}",
             if c.exact_first {
                 "yes"
             } else {

@@ -197,8 +197,20 @@ pub async fn schedules_json(
             }
             Err(e) => return Err(e),
         };
-        let next: Vec<String> = info
-            .next_ticks(now, 3)
+        // A pause that has run out is over (each instance resumes by its
+        // own clock); while one holds, the next ticks are those that will
+        // run: after its end, or none for a pause until resumed.
+        let paused = paused.filter(|p| p.holds_at(now));
+        let from = match &paused {
+            None => Some(now),
+            Some(p) => p
+                .until_ms
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|until| until.max(now)),
+        };
+        let next: Vec<String> = from
+            .map(|from| info.next_ticks(from, 3))
+            .unwrap_or_default()
             .iter()
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .collect();
@@ -254,8 +266,10 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                         "  PAUSED"
                     }
                 );
-                if let Some(next) = s["next_ticks"].as_array().and_then(|n| n.first()) {
-                    outln!("  next: {}", next.as_str().unwrap_or_default());
+                match s["next_ticks"].as_array().and_then(|n| n.first()) {
+                    Some(next) => outln!("  next: {}", next.as_str().unwrap_or_default()),
+                    None if !s["paused"].is_null() => outln!("  next: none until resumed"),
+                    None => {}
                 }
                 let last = &s["last_run"];
                 if !last.is_null() {

@@ -25,6 +25,9 @@ pub(crate) async fn status_json(
     store: &dyn Store,
     prefix: &str,
 ) -> tenure::Result<serde_json::Value> {
+    // Where the store does not tell (ZooKeeper), the time left is null,
+    // not zero.
+    let told = store.capabilities().expiry_times;
     let mut all = Vec::new();
     for name in store.names(prefix).await? {
         let queue = store.queue(&name).await?;
@@ -39,7 +42,7 @@ pub(crate) async fn status_json(
                     "label": e.label,
                     "session": e.session_tag,
                     "holds": e.holds,
-                    "ttl_left_ms": e.expires_in.as_millis(),
+                    "ttl_left_ms": told.then(|| e.expires_in.as_millis()),
                     "value": String::from_utf8_lossy(&e.value),
                 })
             })
@@ -54,6 +57,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: StatusArgs) -> Result<u8, F
         outln!("{}", status_json(store.as_ref(), &args.prefix).await?);
         return Ok(0);
     }
+    let told = store.capabilities().expiry_times;
     for name in store.names(&args.prefix).await? {
         let queue = store.queue(&name).await?;
         outln!("{name}");
@@ -65,7 +69,14 @@ pub(super) async fn run(store: Arc<dyn Store>, args: StatusArgs) -> Result<u8, F
                 e.kind,
                 escape_line(&e.label),
                 e.session_tag,
-                humantime::format_duration(Duration::from_millis(e.expires_in.as_millis() as u64)),
+                if told {
+                    humantime::format_duration(Duration::from_millis(
+                        e.expires_in.as_millis() as u64
+                    ))
+                    .to_string()
+                } else {
+                    "unknown".to_string()
+                },
             );
         }
     }

@@ -58,6 +58,11 @@ function leaseLeft(entry) {
 }
 
 function leaseCell(entry) {
+  if (entry.ttl_left_ms === null) {
+    const unknown = el("span", "not told", "lease");
+    unknown.title = "This store does not tell a client how long a session has left";
+    return unknown;
+  }
   const span = el("span", "", "lease");
   span.dataset.session = entry.session;
   span.dataset.ttlLeft = String(entry.ttl_left_ms);
@@ -77,7 +82,7 @@ function paintLease(span) {
 function note(name, text) {
   if (!state.timeline.has(name)) state.timeline.set(name, []);
   const list = state.timeline.get(name);
-  list.push(new Date().toLocaleTimeString() + "  " + text);
+  list.push(clock(new Date()) + "  " + text);
   if (list.length > 200) list.shift();
 }
 
@@ -104,7 +109,7 @@ function render() {
   const snap = state.snapshot;
   if (!snap) return;
   $("store").textContent = snap.store;
-  $("updated").textContent = "read " + new Date(Number(snap.at_ms)).toLocaleTimeString();
+  $("updated").textContent = "read " + clock(new Date(Number(snap.at_ms)));
   const err = $("store-error");
   err.hidden = !snap.error;
   err.textContent = snap.error ? "The store did not answer: " + snap.error : "";
@@ -122,6 +127,8 @@ function render() {
 
   const body = $("names").tBodies[0];
   body.replaceChildren();
+  // Until the first reading the page says so, not that the store is empty.
+  $("empty").textContent = "No name has a holder or a waiter.";
   $("empty").hidden = names.length > 0;
   $("actions-head").hidden = !state.admin;
   for (const n of names) {
@@ -229,15 +236,29 @@ function renderBuilds(builds) {
   if (builds.builds.length === 0) ul.append(el("li", "No live session.", "muted"));
 }
 
-function when(rfc3339) {
+// A time with its zone: in `zone` (a schedule's own) when given and
+// known to the browser, else in the browser's.
+const WHEN = { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short" };
+
+function when(rfc3339, zone) {
   if (!rfc3339) return "–";
   const d = new Date(rfc3339);
-  return isNaN(d) ? String(rfc3339) : d.toLocaleString();
+  if (isNaN(d)) return String(rfc3339);
+  try {
+    return d.toLocaleString(undefined, zone ? { ...WHEN, timeZone: zone } : WHEN);
+  } catch (e) {
+    return d.toLocaleString(undefined, WHEN);
+  }
+}
+
+function clock(date) {
+  return date.toLocaleTimeString(undefined, { timeZoneName: "short" });
 }
 
 function renderSchedules(schedules) {
   const body = $("schedules").tBodies[0];
   body.replaceChildren();
+  $("no-schedules").textContent = "No schedule has run on this store.";
   $("no-schedules").hidden = schedules.length > 0;
   $("schedule-actions-head").hidden = !state.admin;
   for (const s of schedules) {
@@ -245,12 +266,13 @@ function renderSchedules(schedules) {
     tr.dataset.job = s.job;
     tr.append(el("td", s.job, "mono name"), el("td", s.expr + " (" + s.time_zone + ")", "mono"),
       el("td", s.mode + ", missed: " + s.missed));
-    tr.append(el("td", (s.next_ticks || []).map(when).join(", ") || "–"));
-    const r = s.last_run;
-    tr.append(el("td", r ? when(r.tick) + " by " + r.by + " · token " + r.token + " · " + r.outcome +
-      " in " + Number(r.seconds).toFixed(3) + " s" : "never", "last-run"));
     const p = s.paused;
-    const stateTd = el("td", p ? "paused" + (p.until ? " until " + when(p.until) : "") + " by " + p.by +
+    const next = (s.next_ticks || []).map((t) => when(t, s.time_zone)).join(", ");
+    tr.append(el("td", next || (p ? "none until resumed" : "–"), "next-ticks"));
+    const r = s.last_run;
+    tr.append(el("td", r ? when(r.tick, s.time_zone) + " by " + r.by + " · token " + r.token + " · " + r.outcome +
+      " in " + Number(r.seconds).toFixed(3) + " s" : "never", "last-run"));
+    const stateTd = el("td", p ? "paused" + (p.until ? " until " + when(p.until, s.time_zone) : "") + " by " + p.by +
       ": " + p.reason : "running", p ? "paused" : "running");
     tr.append(stateTd);
     if (state.admin) {
@@ -265,7 +287,7 @@ function renderSchedules(schedules) {
 }
 
 function tick() {
-  for (const span of document.querySelectorAll(".lease")) paintLease(span);
+  for (const span of document.querySelectorAll(".lease[data-session]")) paintLease(span);
 }
 
 function connect() {

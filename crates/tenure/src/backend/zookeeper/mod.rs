@@ -159,6 +159,7 @@ pub fn capabilities() -> Capabilities {
         min_ttl: Duration::from_millis(400),
         max_ttl: Duration::from_secs(24 * 3600),
         grant_times: false,
+        expiry_times: false,
         ..Capabilities::durable_store(
             BACKEND,
             "the ZooKeeper server's session clock",
