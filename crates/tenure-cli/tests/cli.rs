@@ -1413,3 +1413,119 @@ fn shared_locks_and_permits() {
         assert_eq!(env.run(&bad).status.code(), Some(64), "{bad:?}");
     }
 }
+
+/// `tenure status` says what each name is — a lock, a read/write lock, a
+/// semaphore, an election (its leader and candidates, a leader-mode cron's
+/// too, whose leader says host:pid), a schedule's tick claim — in words
+/// and in the JSON, where an entry's mode keeps its old `kind`.
+#[test]
+fn status_says_what_each_name_is() {
+    let env = Env::sqlite();
+    let spawn = |args: &[&str]| {
+        env.cmd(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut running = vec![
+        spawn(&["lock", "plain"]),
+        spawn(&["lock", "--shared", "doc"]),
+        spawn(&["lock", "--permits", "3", "pool"]),
+        spawn(&["elect", "sched", "--value", "10.0.0.7:8080"]),
+        spawn(&["elect", "sched", "--value", "10.0.0.8:8080"]),
+        spawn(&[
+            "cron",
+            "* * * * * *",
+            "led",
+            "--mode",
+            "leader",
+            "--",
+            "true",
+        ]),
+        spawn(&["cron", "* * * * * *", "ticking", "--", "sleep", "3"]),
+    ];
+    let want = [
+        ("plain", "lock"),
+        ("doc", "read/write lock"),
+        ("pool", "semaphore"),
+        ("sched", "election"),
+        ("led", "election"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let listed = loop {
+        let out = env.run(&["status", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let kind_of = |name: &str| {
+            listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["name"] == name)
+                .map(|n| (n["kind"].clone(), n["entries"].as_array().unwrap().len()))
+        };
+        let all_there = want.iter().all(|(n, _)| kind_of(n).is_some())
+            && kind_of("sched").is_some_and(|(_, len)| len == 2)
+            && listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["name"].as_str().unwrap().starts_with("ticking@"));
+        if all_there {
+            for (name, kind) in want {
+                assert_eq!(kind_of(name).unwrap().0, kind, "{name}: {listed}");
+            }
+            break listed;
+        }
+        assert!(Instant::now() < deadline, "not all listed: {listed}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let claim = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"].as_str().unwrap().starts_with("ticking@"))
+        .unwrap();
+    assert_eq!(claim["kind"], "tick claim", "{listed}");
+    let entry = |name: &str| {
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .unwrap()["entries"][0]
+            .clone()
+    };
+    assert_eq!(entry("pool")["kind"], "Permits { count: 1, limit: 3 }");
+    assert_eq!(entry("pool")["mode"], "1 of 3 permits");
+    assert_eq!(entry("sched")["kind"], "Exclusive");
+    // A leader-mode cron's leader says who it is, as `tenure elect` does.
+    let led = entry("led")["value"].as_str().unwrap().to_string();
+    assert_eq!(led, entry("led")["label"].as_str().unwrap(), "{listed}");
+    assert!(led.contains(':'), "{led}");
+
+    let text = String::from_utf8(env.run(&["status"]).stdout).unwrap();
+    for line in [
+        "plain  (lock)",
+        "doc  (read/write lock)",
+        "pool  (semaphore)",
+        "sched  (election)",
+        "led  (election)",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line}: {text}");
+    }
+    assert!(text.contains("  leader    token="), "{text}");
+    assert!(text.contains("  candidate token="), "{text}");
+    assert!(text.contains(" value=10.0.0.7:8080"), "{text}");
+    assert!(text.contains(" 1 of 3 permits label="), "{text}");
+    assert!(text.contains("  (tick claim)"), "{text}");
+    assert!(!text.contains("Exclusive"), "{text}");
+    for child in &mut running {
+        signal(child.id(), libc::SIGTERM);
+    }
+    for child in &mut running {
+        wait_exit(child, Duration::from_secs(20));
+    }
+}

@@ -265,7 +265,7 @@ fn metrics_are_prometheus_text() {
         assert_eq!(a.status, 200);
         assert!(a.head.contains("text/plain; version=0.0.4"));
         if a.body
-            .contains("tenure_console_holders{name=\"metered\"} 1")
+            .contains("tenure_console_holders{name=\"metered\",kind=\"lock\"} 1")
         {
             break a.body;
         }

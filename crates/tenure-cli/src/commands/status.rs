@@ -1,10 +1,12 @@
 //! `tenure status [PREFIX]`: names with their holders and waiters, in
 //! queue order (its JSON is also the console's `/api/status`).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use tenure::store::{Entry, EntryKind};
 use tenure::Store;
 
 use crate::exit::Failure;
@@ -20,14 +22,79 @@ pub(crate) struct StatusArgs {
     json: bool,
 }
 
-/// `tenure status --json`'s answer (also the console's `/api/status`).
+/// What a name is, as status and the console show it. The store keeps an
+/// entry's mode (exclusive, shared, permits), not the recipe that made it:
+/// the rest comes from what tenure's recipes leave in the store. A name an
+/// elector or a leader-mode schedule campaigns on is listed in their
+/// registries; a per-tick schedule claims `JOB@UNIX_SECONDS`; an election
+/// started by other means (a library `Election`, or a build from before
+/// the registries) is known by its leader's value.
+pub(crate) struct Recipes {
+    electors: HashSet<String>,
+    jobs: HashSet<String>,
+}
+
+impl Recipes {
+    /// The registries, read once per listing; a store without cells (or
+    /// one that fails to answer here) lists none, and kinds come from the
+    /// entries alone.
+    pub(crate) async fn read(store: &Arc<dyn Store>) -> Recipes {
+        let electors = tenure::ElectorBoard::electors(store)
+            .await
+            .unwrap_or_default();
+        let jobs = tenure::ScheduleBoard::jobs(store).await.unwrap_or_default();
+        Recipes {
+            electors: electors.into_iter().collect(),
+            jobs: jobs.into_iter().collect(),
+        }
+    }
+
+    /// "lock", "read/write lock", "semaphore", "election" or "tick claim".
+    pub(crate) fn kind(&self, name: &str, entries: &[Entry]) -> &'static str {
+        let claim_of = name
+            .rsplit_once('@')
+            .filter(|(_, at)| !at.is_empty() && at.bytes().all(|b| b.is_ascii_digit()))
+            .map(|(job, _)| job);
+        if claim_of.is_some_and(|job| self.jobs.contains(job)) {
+            "tick claim"
+        } else if self.electors.contains(name) || self.jobs.contains(name) {
+            "election"
+        } else if entries.iter().any(|e| e.kind == EntryKind::Shared) {
+            "read/write lock"
+        } else if entries
+            .iter()
+            .any(|e| matches!(e.kind, EntryKind::Permits { .. }))
+        {
+            "semaphore"
+        } else if entries.iter().any(|e| e.granted && !e.value.is_empty()) {
+            "election"
+        } else {
+            "lock"
+        }
+    }
+}
+
+/// An entry's mode in words: "exclusive", "shared", "1 of 3 permits".
+fn mode(kind: EntryKind) -> String {
+    match kind {
+        EntryKind::Exclusive => "exclusive".into(),
+        EntryKind::Shared => "shared".into(),
+        EntryKind::Permits { count, limit } => format!("{count} of {limit} permits"),
+    }
+}
+
+/// `tenure status --json`'s answer (also the console's `/api/status`):
+/// each name with its kind and its entries in queue order. An entry's
+/// `kind` is its mode as the store keeps it (`Exclusive`, `Shared`,
+/// `Permits(N)`), kept as it was for scripts that read it.
 pub(crate) async fn status_json(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     prefix: &str,
 ) -> tenure::Result<serde_json::Value> {
     // Where the store does not tell (ZooKeeper), the time left is null,
     // not zero.
     let told = store.capabilities().expiry_times;
+    let recipes = Recipes::read(store).await;
     let mut all = Vec::new();
     for name in store.names(prefix).await? {
         let queue = store.queue(&name).await?;
@@ -39,6 +106,7 @@ pub(crate) async fn status_json(
                     "token": e.seq,
                     "state": if e.granted { "holder" } else { "waiter" },
                     "kind": format!("{:?}", e.kind),
+                    "mode": mode(e.kind),
                     "label": e.label,
                     "session": e.session_tag,
                     "holds": e.holds,
@@ -47,26 +115,53 @@ pub(crate) async fn status_json(
                 })
             })
             .collect();
-        all.push(serde_json::json!({ "name": name.as_str(), "entries": entries }));
+        all.push(serde_json::json!({
+            "name": name.as_str(),
+            "kind": recipes.kind(name.as_str(), &queue.entries),
+            "entries": entries,
+        }));
     }
     Ok(serde_json::Value::Array(all))
 }
 
+/// What an entry is called in a name of `kind`: an election's leader and
+/// candidates, a claimed tick, a lock's holders and waiters.
+fn role(kind: &str, granted: bool) -> &'static str {
+    match (kind, granted) {
+        ("election", true) => "leader",
+        ("election", false) => "candidate",
+        ("tick claim", _) => "claimed",
+        (_, true) => "holder",
+        (_, false) => "waiter",
+    }
+}
+
 pub(super) async fn run(store: Arc<dyn Store>, args: StatusArgs) -> Result<u8, Failure> {
     if args.json {
-        outln!("{}", status_json(store.as_ref(), &args.prefix).await?);
+        outln!("{}", status_json(&store, &args.prefix).await?);
         return Ok(0);
     }
     let told = store.capabilities().expiry_times;
+    let recipes = Recipes::read(&store).await;
     for name in store.names(&args.prefix).await? {
         let queue = store.queue(&name).await?;
-        outln!("{name}");
+        let kind = recipes.kind(name.as_str(), &queue.entries);
+        outln!("{name}  ({kind})");
         for e in &queue.entries {
+            // The mode says something only where it can differ.
+            let mode = match kind {
+                "read/write lock" | "semaphore" => format!(" {}", mode(e.kind)),
+                _ => String::new(),
+            };
+            let value = if e.value.is_empty() || kind == "tick claim" {
+                String::new()
+            } else {
+                format!(" value={}", escape_line(&String::from_utf8_lossy(&e.value)))
+            };
             outln!(
-                "  {:<6} token={} {:?} label={} session={} ttl_left={}",
-                if e.granted { "holder" } else { "waiter" },
+                "  {:<9} token={}{mode} label={} session={} ttl_left={}{value}",
+                role(kind, e.granted),
                 e.seq,
-                e.kind,
                 escape_line(&e.label),
                 e.session_tag,
                 if told {

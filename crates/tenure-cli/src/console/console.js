@@ -38,19 +38,13 @@ function duration(ms) {
   return Math.floor(m / 60) + " h " + (m % 60) + " min";
 }
 
-function kindText(kind) {
-  if (kind === "Exclusive") return "exclusive";
-  if (kind === "Shared") return "shared";
-  return String(kind).replace(/^Permits\s*/, "permits ");
-}
-
-// What a name is, from its entries: an election leader proclaims a value.
-function nameKind(entries) {
-  const kinds = new Set(entries.map((e) => kindText(e.kind)));
-  if (kinds.has("shared")) return "read-write lock";
-  if ([...kinds].some((k) => k.startsWith("permits"))) return "semaphore";
-  if (entries.some((e) => e.value && e.value.length > 0)) return "election";
-  return "mutex";
+// What an entry is called in a name of `kind` (the server says what each
+// name is: lock, read/write lock, semaphore, election or tick claim).
+function role(kind, entry) {
+  const granted = entry.state === "holder";
+  if (kind === "election") return granted ? "leader" : "candidate";
+  if (kind === "tick claim") return "claimed";
+  return granted ? "holder" : "waiter";
 }
 
 function leaseLeft(entry) {
@@ -134,7 +128,7 @@ function render() {
   for (const n of names) {
     const holders = n.entries.filter((e) => e.state === "holder");
     const waiters = n.entries.filter((e) => e.state === "waiter");
-    const kind = nameKind(n.entries);
+    const kind = n.kind || "lock";
     const tr = el("tr", undefined, "name-row");
     tr.dataset.name = n.name;
     if (state.selected === n.name) tr.classList.add("selected");
@@ -173,8 +167,8 @@ function render() {
     qb.replaceChildren();
     (chosen ? chosen.entries : []).forEach((e, i) => {
       const tr = el("tr");
-      tr.append(el("td", String(i + 1)), el("td", e.state), el("td", e.token, "mono"),
-        el("td", kindText(e.kind)), el("td", e.label), el("td", e.session, "mono"),
+      tr.append(el("td", String(i + 1)), el("td", role(chosen.kind, e)), el("td", e.token, "mono"),
+        el("td", e.mode), el("td", e.label), el("td", e.session, "mono"),
         el("td", String(e.holds)));
       const td = el("td");
       td.append(leaseCell(e));

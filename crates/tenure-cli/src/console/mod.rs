@@ -251,7 +251,7 @@ async fn read_loop(
     let (mut reads, mut failed) = (0u64, 0u64);
     loop {
         let read = tokio::time::timeout(Duration::from_secs(10), async {
-            let names = crate::commands::status::status_json(store.as_ref(), &prefix).await?;
+            let names = crate::commands::status::status_json(&store, &prefix).await?;
             // The schedules' board apart: if it cannot be read, the names
             // still are.
             let schedules = crate::commands::schedule::schedules_json(&store, &prefix).await;
@@ -494,34 +494,35 @@ async fn metrics(State(c): State<Arc<Console>>) -> Response {
     c.count("metrics");
     let s = c.fresh().await;
     let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(Option<String>, f64)>| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-        for (label, v) in rows {
-            match label {
-                Some(n) => out.push_str(&format!("{name}{{name=\"{}\"}} {v}\n", prom_escape(&n))),
-                None => out.push_str(&format!("{name} {v}\n")),
+    // Per name, the series carry the name and its kind ("lock", "election",
+    // …), so that rules can tell a standby candidate from a waiter.
+    let mut family =
+        |name: &str, kind: &str, help: &str, rows: Vec<(Option<(String, String)>, f64)>| {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (labels, v) in rows {
+                match labels {
+                    Some((n, k)) => out.push_str(&format!(
+                        "{name}{{name=\"{}\",kind=\"{}\"}} {v}\n",
+                        prom_escape(&n),
+                        prom_escape(&k)
+                    )),
+                    None => out.push_str(&format!("{name} {v}\n")),
+                }
             }
-        }
-    };
+        };
     // A schedule's per-tick claims (`JOB@UNIX_SECONDS`) would be a new
     // series every tick: they are left out, as the library leaves them out.
     let names: Vec<&serde_json::Value> = s
         .names
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|n| !n["name"].as_str().unwrap_or_default().contains('@'))
-                .collect()
-        })
+        .map(|a| a.iter().filter(|n| n["kind"] != "tick claim").collect())
         .unwrap_or_default();
-    let per = |f: &dyn Fn(&serde_json::Value) -> f64| -> Vec<(Option<String>, f64)> {
+    let per = |f: &dyn Fn(&serde_json::Value) -> f64| -> Vec<(Option<(String, String)>, f64)> {
         names
             .iter()
             .map(|n| {
-                (
-                    Some(n["name"].as_str().unwrap_or_default().to_string()),
-                    f(n),
-                )
+                let text = |k: &str| n[k].as_str().unwrap_or_default().to_string();
+                (Some((text("name"), text("kind"))), f(n))
             })
             .collect()
     };

@@ -698,7 +698,9 @@ impl Schedule {
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<Campaigned> {
         let election = Election::new(live, self.name.as_str())?;
-        let campaign = election.campaign(live.tag().as_bytes().to_vec());
+        // The leader says who it is as `tenure elect` does: host:pid, or
+        // the session's own label.
+        let campaign = election.campaign(live.label().as_bytes().to_vec());
         tokio::pin!(campaign);
         let mut seen = Utc::now();
         loop {
