@@ -110,7 +110,7 @@ pub(crate) async fn status_json(
                     "label": e.label,
                     "session": e.session_tag,
                     "holds": e.holds,
-                    "ttl_left_ms": told.then(|| e.expires_in.as_millis()),
+                    "ttl_left_ms": told.then_some(e.expires_in.as_millis()),
                     "value": String::from_utf8_lossy(&e.value),
                 })
             })
