@@ -895,6 +895,7 @@ fn bad_input_catalogue_exits_64_with_a_message_and_no_secret() {
         vec!["lock", "", "--", "true"],
         vec!["lock", &long_name, "--", "true"],
         vec!["lock", "a\u{1}b", "--", "true"],
+        vec!["lock", "x ", "--", "true"],
         vec!["elect", ""],
         vec!["leader", ""],
         vec!["fence", "", "5"],
@@ -967,6 +968,42 @@ fn bad_input_catalogue_exits_64_with_a_message_and_no_secret() {
         assert_eq!(out.status.code(), Some(64), "{:?}: {out:?}", &args[..2]);
         assert!(!stderr.trim().is_empty(), "{:?}: no message", &args[..2]);
         assert!(!stderr.contains("panicked"), "{:?}: {stderr}", &args[..2]);
+    }
+    // The words of the cases this catalogue grew by, exactly.
+    for (args, words) in [
+        (
+            vec!["lock", "x ", "--", "true"],
+            "tenure: invalid name \"x \": a name must not end in a space (MySQL and MariaDB \
+             would take it for the name without the space)",
+        ),
+        (
+            vec!["lock", "a\nb", "--", "true"],
+            "tenure: invalid name \"a\\nb\": a name must not contain control characters such as NUL or newline",
+        ),
+        (
+            vec!["--store", "redis://:pa/ss@127.0.0.1:1/0", "status"],
+            "tenure: invalid store URL redis://:***@127.0.0.1:1/0: a user name or password that \
+             holds '/', '?', '#' or '@' must be percent-encoded in the URL ('/' as %2F, '?' as \
+             %3F, '#' as %23, '@' as %40)",
+        ),
+        (
+            vec!["--store", "postgres://u:pa?ss@127.0.0.1:1/db", "status"],
+            "tenure: invalid store URL postgres://u:***@127.0.0.1:1/db: a user name or password \
+             that holds '/', '?', '#' or '@' must be percent-encoded in the URL ('/' as %2F, '?' \
+             as %3F, '#' as %23, '@' as %40)",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(&args)
+            .env("TENURE_STORE", &env.url)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim(),
+            words,
+            "{args:?}"
+        );
     }
     // URLs and credentials: the password never reaches the output.
     let every_store = tenure_testkit::stores::STORES
