@@ -4,12 +4,14 @@ mod etcd;
 mod mariadb;
 mod postgres;
 mod redis;
+mod sentinel;
 mod zookeeper;
 
 pub use etcd::EtcdCluster;
 pub use mariadb::MariaDbServer;
 pub use postgres::PostgresServer;
 pub use redis::RedisServer;
+pub use sentinel::RedisSentinel;
 pub use zookeeper::ZkEnsemble;
 
 /// What fault tests do to any of the kit's servers.

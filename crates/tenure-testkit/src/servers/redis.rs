@@ -13,6 +13,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     password: Option<String>,
     tls: Option<TlsFiles>,
+    /// The master it starts as a replica of (`--replicaof`), if any.
+    replica_of: Option<u16>,
     child: Option<Child>,
 }
 
@@ -30,6 +32,7 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("temp dir"),
             password: password.map(str::to_string),
             tls: None,
+            replica_of: None,
             child: None,
         };
         server.launch();
@@ -59,6 +62,23 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("temp dir"),
             password: None,
             tls: Some(tls),
+            replica_of: None,
+            child: None,
+        };
+        server.launch();
+        Some(server)
+    }
+
+    /// Starts one that replicates the server on `master` (`--replicaof`,
+    /// each time it is started), or `None` without the binary.
+    pub fn start_replica_of(master: u16) -> Option<RedisServer> {
+        find("redis-server", &["/usr/bin/redis-server"])?;
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            password: None,
+            tls: None,
+            replica_of: Some(master),
             child: None,
         };
         server.launch();
@@ -95,12 +115,17 @@ impl RedisServer {
         };
         cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            // A replica syncs at once (Redis waits 5 s for more replicas).
+            .args(["--repl-diskless-sync-delay", "0"])
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if let Some(p) = &self.password {
             cmd.args(["--requirepass", p]);
+        }
+        if let Some(master) = self.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);
         }
         self.child = Some(spawn_tied(cmd).expect("spawn redis-server"));
         assert!(

@@ -7,6 +7,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::layout::sessions_key;
+use super::master::{Followed, Master};
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use super::pubsub::Wakeups;
 use super::script::SCRIPT;
 use super::{capabilities, Inner, RedisStore, BACKEND, URL};
@@ -47,20 +49,80 @@ struct Parsed {
     prefix: String,
     /// A CA certificate file (PEM) to trust for `rediss://`.
     tls_ca: Option<String>,
+    /// For `redis+sentinel://`: the sentinels and what to ask them.
+    sentinel: Option<SentinelUrl>,
+}
+
+/// `redis+sentinel://[[user]:password@]host:port[,host:port…]/SERVICE[/DB]`.
+struct SentinelUrl {
+    sentinels: Vec<(String, u16)>,
+    service: String,
+    db: i64,
+    /// The sentinels' own, when they differ (`sentinel_username`,
+    /// `sentinel_password`).
+    sentinel_user: Option<String>,
+    sentinel_password: Option<String>,
+}
+
+fn parse_sentinel(url: &StoreUrl) -> Result<SentinelUrl> {
+    if url.scheme() == "rediss+sentinel" {
+        return Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "TLS behind Sentinel (rediss+sentinel://) in this build; use rediss:// to the \
+                   master, or redis+sentinel:// on a trusted network",
+        });
+    }
+    let sentinels = url.servers("sentinel")?;
+    let mut parts = url.path().trim_start_matches('/').split('/');
+    let service = parts.next().unwrap_or_default().to_string();
+    if service.is_empty() {
+        return Err(url.invalid(
+            "name the master's service after the sentinels: redis+sentinel://host:26379/mymaster[/DB]",
+        ));
+    }
+    let db = match parts.next() {
+        None | Some("") => 0,
+        Some(db) => db
+            .parse::<i64>()
+            .ok()
+            .filter(|db| *db >= 0)
+            .ok_or_else(|| url.invalid(format!("database {db:?} is not a number")))?,
+    };
+    if parts.next().is_some() {
+        return Err(url.invalid("the path is /SERVICE or /SERVICE/DB"));
+    }
+    Ok(SentinelUrl {
+        sentinels,
+        service,
+        db,
+        sentinel_user: url.option("sentinel_username").map(str::to_string),
+        sentinel_password: url.option("sentinel_password").map(str::to_string),
+    })
 }
 
 /// Our options (`prefix`, `tls_ca`) and the URL for the client without them.
 fn parse_url(url: &StoreUrl) -> Result<Parsed> {
-    let tls = url.scheme() == "rediss";
+    let tls = url.scheme().starts_with("rediss");
     if tls && !cfg!(feature = "tls") {
         return Err(Error::Unsupported {
             backend: BACKEND,
             what: "TLS (rediss://) without the cargo feature `tls`",
         });
     }
-    if url.authority().contains(',') {
-        return Err(url.invalid("redis:// takes one server; use redlock:// for several"));
-    }
+    let sentinel = if url.scheme().ends_with("+sentinel") {
+        Some(parse_sentinel(url)?)
+    } else {
+        if url.option("sentinel_username").is_some() || url.option("sentinel_password").is_some()
+        {
+            return Err(url.invalid("sentinel_username and sentinel_password go with redis+sentinel://"));
+        }
+        if url.authority().contains(',') {
+            return Err(url.invalid(
+                "redis:// takes one server; use redis+sentinel:// for sentinels, redlock:// for independent nodes",
+            ));
+        }
+        None
+    };
     let prefix = match url.option("prefix") {
         None => "tenure",
         Some(p) if !p.is_empty() && !p.contains(['{', '}']) => p,
@@ -86,7 +148,29 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         ),
         prefix: format!("{{{prefix}}}"),
         tls_ca,
+        sentinel,
     })
+}
+
+/// The sentinels to ask, each with the sentinels' credentials.
+fn sentinels(url: &StoreUrl, s: &SentinelUrl) -> Result<Vec<(String, redis::Client)>> {
+    let credentials = match (&s.sentinel_user, &s.sentinel_password) {
+        (None, None) => String::new(),
+        (user, password) => format!(
+            "{}:{}@",
+            utf8_percent_encode(user.as_deref().unwrap_or(""), NON_ALPHANUMERIC),
+            utf8_percent_encode(password.as_deref().unwrap_or(""), NON_ALPHANUMERIC)
+        ),
+    };
+    s.sentinels
+        .iter()
+        .map(|(host, port)| {
+            let at = format!("{host}:{port}");
+            redis::Client::open(format!("redis://{credentials}{at}"))
+                .map(|client| (at, client))
+                .map_err(|e| url.invalid(e.to_string()))
+        })
+        .collect()
 }
 
 /// A client for the parsed URL, trusting `tls_ca` if given.
@@ -131,28 +215,44 @@ impl RedisStore {
 
     async fn open_with(url: &StoreUrl, connect: Duration, respond: Duration) -> Result<Self> {
         let parsed = parse_url(url)?;
-        let client = client_for(url, &parsed)?;
-        let db = client
-            .get_connection_info()
-            .redis_settings()
-            .db()
-            .to_string();
+        let (master, db) = match &parsed.sentinel {
+            Some(s) => (
+                Master::sentinel(Followed::new(
+                    sentinels(url, s)?,
+                    s.service.clone(),
+                    url.userinfo_encoded(),
+                    s.db,
+                    connect,
+                    respond,
+                ))
+                .await?,
+                s.db.to_string(),
+            ),
+            None => {
+                let client = client_for(url, &parsed)?;
+                let db = client
+                    .get_connection_info()
+                    .redis_settings()
+                    .db()
+                    .to_string();
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect))
+                    .set_response_timeout(Some(respond))
+                    .set_number_of_retries(1);
+                let conn = tokio::time::timeout(
+                    connect + Duration::from_secs(1),
+                    ConnectionManager::new_with_config(client.clone(), config),
+                )
+                .await
+                .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
+                .map_err(redis_err)?;
+                (Master::Fixed { conn, client }, db)
+            }
+        };
         let prefix = parsed.prefix;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect))
-            .set_response_timeout(Some(respond))
-            .set_number_of_retries(1);
-        let conn = tokio::time::timeout(
-            connect + Duration::from_secs(1),
-            ConnectionManager::new_with_config(client.clone(), config),
-        )
-        .await
-        .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
-        .map_err(redis_err)?;
         let store = RedisStore {
             inner: Arc::new(Inner {
-                conn,
-                client,
+                master,
                 script: redis::Script::new(SCRIPT),
                 db,
                 sessions_key: sessions_key(&prefix),
@@ -165,5 +265,42 @@ impl RedisStore {
         };
         store.check_layout().await?;
         Ok(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(url: &str) -> Result<Parsed> {
+        parse_url(&StoreUrl::parse(url, &URL)?)
+    }
+
+    #[test]
+    fn sentinel_urls() {
+        let p = parsed("redis+sentinel://:pw@h1:26379,h2:26380/mymaster/3?sentinel_password=sp")
+            .unwrap();
+        let s = p.sentinel.unwrap();
+        assert_eq!(s.sentinels, vec![("h1".into(), 26379), ("h2".into(), 26380)]);
+        assert_eq!((s.service.as_str(), s.db), ("mymaster", 3));
+        assert_eq!(s.sentinel_password.as_deref(), Some("sp"));
+        let s = parsed("redis+sentinel://h1:26379/mymaster").unwrap().sentinel.unwrap();
+        assert_eq!(s.db, 0);
+        for (url, says) in [
+            ("redis+sentinel://h1:26379", "name the master's service"),
+            ("redis+sentinel://h1:26379/", "name the master's service"),
+            ("redis+sentinel://h1:26379/m/x", "is not a number"),
+            ("redis+sentinel://h1:26379/m/1/2", "/SERVICE or /SERVICE/DB"),
+            ("redis+sentinel://h1/m", "host:port"),
+            ("redis://h:1/0?sentinel_password=x", "go with redis+sentinel://"),
+            ("redis://h1:1,h2:2/0", "use redis+sentinel:// for sentinels"),
+        ] {
+            let e = parsed(url).err().unwrap_or_else(|| panic!("{url} parsed"));
+            assert!(e.to_string().contains(says), "{url}: {e}");
+        }
+        assert!(matches!(
+            parsed("rediss+sentinel://h1:26379/m"),
+            Err(Error::Unsupported { .. })
+        ));
     }
 }

@@ -3,7 +3,6 @@
 
 use redis::Value;
 
-use super::connect::redis_err;
 use super::reply::text;
 use super::{RedisStore, BACKEND};
 use crate::error::{Error, Result};
@@ -46,12 +45,12 @@ impl RedisStore {
             {
                 // An upgrade to this build's format was finished: the
                 // marker refuses older builds, and this one reads on.
-                let mut conn = self.inner.conn.clone();
+                let mut conn = self.inner.master.conn().await?;
                 let id: Option<Vec<u8>> = redis::cmd("GET")
                     .arg(format!("{}:id", self.inner.prefix))
                     .query_async(&mut conn)
                     .await
-                    .map_err(redis_err)?;
+                    .map_err(|e| self.inner.master.failed(e))?;
                 vec![Value::SimpleString("ok".into()), id.map_or(Value::Nil, Value::BulkString)]
             }
             other => other?,
@@ -69,12 +68,12 @@ impl RedisStore {
 
     /// The layout marker as it is now.
     async fn marker(&self) -> Result<String> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.master.conn().await?;
         let found: Option<String> = redis::cmd("GET")
             .arg(sessions_key(&self.inner.prefix))
             .query_async(&mut conn)
             .await
-            .map_err(redis_err)?;
+            .map_err(|e| self.inner.master.failed(e))?;
         Ok(found.unwrap_or_default())
     }
 
@@ -82,7 +81,7 @@ impl RedisStore {
     /// build's format, which builds of 0.1.0 refuse from their next
     /// connection on. Says what changed (nothing when done already).
     pub(crate) async fn retire_older_layouts(&self) -> Result<Vec<String>> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.master.conn().await?;
         let changed: i64 = redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end return 0",
         )
@@ -91,7 +90,7 @@ impl RedisStore {
         .arg(super::FORMAT)
         .invoke_async(&mut conn)
         .await
-        .map_err(redis_err)?;
+        .map_err(|e| self.inner.master.failed(e))?;
         Ok(if changed == 1 {
             vec![format!(
                 "{} {}: layout marker {KEY_LAYOUT} -> {} (builds of 0.1.0 refuse it from their next connection)",

@@ -16,6 +16,7 @@
 
 mod connect;
 mod layout;
+mod master;
 mod node;
 mod pubsub;
 mod reply;
@@ -24,8 +25,6 @@ mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
-
-use redis::aio::ConnectionManager;
 
 use super::url::UrlRules;
 use crate::store::{Capabilities, Wake};
@@ -51,11 +50,13 @@ pub(crate) const PING: crate::backend::probe::Greeting = crate::backend::probe::
     protocol: "Redis",
     hello: b"PING\r\n",
     answers: |b| matches!(b.first(), Some(b'+' | b'-')),
-    tls_schemes: &["rediss"],
+    tls_schemes: &["rediss", "rediss+sentinel"],
 };
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "tls_ca"]).with_fragment();
+pub(crate) const URL: UrlRules =
+    UrlRules::servers(&["prefix", "tls_ca", "sentinel_username", "sentinel_password"])
+        .with_fragment();
 
 /// The Redis backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -78,8 +79,7 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    conn: ConnectionManager,
-    client: redis::Client,
+    master: master::Master,
     script: redis::Script,
     prefix: String,
     sessions_key: String,

@@ -88,14 +88,14 @@ impl RedisStore {
     /// Records the build that opened `session` on this node (format 5).
     pub(crate) async fn record_build(&self, session: &SessionKey) -> Result<()> {
         let build = crate::store::Build::this(super::FORMAT).encode();
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.master.conn().await?;
         redis::cmd("HSET")
             .arg(super::layout::builds_key(&self.inner.prefix))
             .arg(session.secret())
             .arg(build)
             .query_async::<()>(&mut conn)
             .await
-            .map_err(redis_err)
+            .map_err(|e| self.inner.master.failed(e))
     }
 
     /// This node's sessions not yet ended, by secret: (tag, label, build).
@@ -103,7 +103,7 @@ impl RedisStore {
     pub(crate) async fn session_builds_by_secret(
         &self,
     ) -> Result<std::collections::HashMap<String, (String, String, Option<String>)>> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.master.conn().await?;
         let (info, builds): (
             std::collections::HashMap<String, String>,
             std::collections::HashMap<String, String>,
@@ -117,7 +117,7 @@ impl RedisStore {
             .arg(super::layout::builds_key(&self.inner.prefix))
             .query_async(&mut conn)
             .await
-            .map_err(redis_err)?;
+            .map_err(|e| self.inner.master.failed(e))?;
         let ended: Vec<&String> = builds.keys().filter(|s| !info.contains_key(*s)).collect();
         if !ended.is_empty() {
             redis::cmd("HDEL")
@@ -230,13 +230,13 @@ impl RedisStore {
             .round_trips
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key = self.entries_key(name);
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.master.conn().await?;
         let record: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(&key)
             .arg(seq.to_string())
             .query_async(&mut conn)
             .await
-            .map_err(redis_err)?;
+            .map_err(|e| self.inner.master.failed(e))?;
         Ok(record.is_some_and(|r| r.ends_with(b"\t")))
     }
 

@@ -185,13 +185,16 @@ impl RedisStore {
             w.failed.failed();
             false
         };
-        let pubsub =
-            match tokio::time::timeout(CONNECT_TIMEOUT, self.inner.client.get_async_pubsub()).await
-            {
-                Ok(Ok(pubsub)) => pubsub,
-                Ok(Err(e)) => return fail(&e),
-                Err(e) => return fail(&e),
-            };
+        // Behind Sentinel, the master of the moment.
+        let client = match self.inner.master.client().await {
+            Ok(client) => client,
+            Err(e) => return fail(&e),
+        };
+        let pubsub = match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub()).await {
+            Ok(Ok(pubsub)) => pubsub,
+            Ok(Err(e)) => return fail(&e),
+            Err(e) => return fail(&e),
+        };
         let (mut new_sink, mut stream) = pubsub.split();
         for key in w.listeners.keys() {
             match tokio::time::timeout(RESPONSE_TIMEOUT, new_sink.subscribe(&key)).await {

@@ -3,7 +3,6 @@
 
 use redis::Value;
 
-use super::connect::redis_err;
 use super::reply::{bad_reply, text};
 use super::{RedisStore, BACKEND};
 use crate::backend::codec;
@@ -54,11 +53,11 @@ impl RedisStore {
         for a in args {
             invocation.arg(*a);
         }
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.master.conn().await?;
         match invocation
             .invoke_async(&mut conn)
             .await
-            .map_err(redis_err)?
+            .map_err(|e| self.inner.master.failed(e))?
         {
             Value::Int(n) => Ok(Reply::Fast(n)),
             Value::Array(reply) => self.status(reply, op, args).map(Reply::Table),

@@ -1,0 +1,156 @@
+//! Redis behind Sentinel: a master, one replica, and three sentinels
+//! (`redis-server --sentinel`) that watch the master as `mymaster`, with a
+//! quorum of two, and fail over a second after it stops answering.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::process::*;
+use crate::servers::RedisServer;
+use crate::{free_port, missing};
+
+/// The service name the sentinels watch.
+pub const SERVICE: &str = "mymaster";
+
+/// A master, its replica and three sentinels, each of its own.
+pub struct RedisSentinel {
+    /// The two data nodes; which one is master changes with a failover.
+    pub nodes: [RedisServer; 2],
+    sentinels: Vec<(u16, Child)>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisSentinel {
+    /// Starts them and waits until every sentinel knows the replica and
+    /// the other sentinels (so that a failover can happen); fails on CI
+    /// and skips elsewhere without `redis-server`.
+    pub fn start_or_skip() -> Option<RedisSentinel> {
+        let Some(master) = RedisServer::start() else {
+            missing("redis-server", "redis-server");
+            return None;
+        };
+        let replica = RedisServer::start_replica_of(master.port())?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ask(replica.port(), &["INFO", "replication"]).contains("master_link_status:up") {
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut set = RedisSentinel {
+            sentinels: Vec::new(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            nodes: [master, replica],
+        };
+        for i in 0..3 {
+            let port = free_port();
+            let conf = set.dir.path().join(format!("sentinel-{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+                     sentinel monitor {SERVICE} 127.0.0.1 {master} 2\n\
+                     sentinel down-after-milliseconds {SERVICE} 1000\n\
+                     sentinel failover-timeout {SERVICE} 4000\n\
+                     sentinel parallel-syncs {SERVICE} 1\n",
+                    dir = set.dir.path().display(),
+                    master = set.nodes[0].port(),
+                ),
+            )
+            .expect("write sentinel.conf");
+            let mut cmd = Command::new("redis-server");
+            cmd.arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let child = spawn_tied(cmd).expect("spawn redis-server --sentinel");
+            assert!(
+                wait_for_port(port, Duration::from_secs(10)),
+                "sentinel did not start"
+            );
+            set.sentinels.push((port, child));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !set.sentinels.iter().all(|(port, _)| {
+            ask(*port, &["SENTINEL", "REPLICAS", SERVICE]).contains("slave")
+                && ask(*port, &["SENTINEL", "SENTINELS", SERVICE])
+                    .matches("127.0.0.1")
+                    .count()
+                    >= 2
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not learn of the replica and of each other"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Some(set)
+    }
+
+    /// `redis+sentinel://` for the three sentinels and the service.
+    pub fn url(&self) -> String {
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(port, _)| format!("127.0.0.1:{port}"))
+            .collect();
+        format!("redis+sentinel://{}/{SERVICE}/0", sentinels.join(","))
+    }
+
+    /// The port of the node the sentinels name as master now.
+    pub fn master_port(&self) -> Option<u16> {
+        let (port, _) = self.sentinels.first()?;
+        ask(*port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE])
+            .lines()
+            .nth(1)?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// What sentinel `i` says of the master (ip, port, flags, epoch).
+    pub fn sentinel_view(&self, i: usize) -> String {
+        let Some((port, _)) = self.sentinels.get(i) else {
+            return String::new();
+        };
+        ask(*port, &["SENTINEL", "MASTER", SERVICE]).replace('\n', " ")
+    }
+
+    /// The data node on `port`.
+    pub fn node(&mut self, port: u16) -> Option<&mut RedisServer> {
+        self.nodes.iter_mut().find(|n| n.port() == port)
+    }
+
+    /// Waits until the sentinels name a master other than `old`, and it
+    /// says it is master; its port.
+    pub fn wait_failover(&self, old: u16, within: Duration) -> Option<u16> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(port) = self.master_port().filter(|p| *p != old) {
+                if ask(port, &["ROLE"]).starts_with("master") {
+                    return Some(port);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+/// `redis-cli -p PORT ARGS…`'s answer (empty when it fails).
+fn ask(port: u16, args: &[&str]) -> String {
+    Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.sentinels {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

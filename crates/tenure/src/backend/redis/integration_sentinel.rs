@@ -1,0 +1,183 @@
+//! Redis behind Sentinel (`redis+sentinel://`): the conformance suite
+//! through the sentinels, and failovers while a lock is held.
+#![cfg(feature = "redis")]
+
+use std::sync::OnceLock;
+
+use tenure_testkit::RedisSentinel;
+
+fn shared() -> Option<&'static RedisSentinel> {
+    static SET: OnceLock<Option<RedisSentinel>> = OnceLock::new();
+    SET.get_or_init(RedisSentinel::start_or_skip).as_ref()
+}
+
+async fn target() -> Option<tenure_testkit::conformance::Target> {
+    let set = shared()?;
+    Some(tenure_testkit::conformance::Target::new(set.url()).await)
+}
+
+tenure_testkit::conformance_tests!(target());
+
+/// A set of its own, for a test that fails the master over.
+fn own() -> Option<RedisSentinel> {
+    RedisSentinel::start_or_skip()
+}
+
+/// The master SIGKILLed while a lock is held and another waits: the
+/// sentinels promote the replica, and the store follows — the holder keeps
+/// its lease (the replica had it), releases, and the waiter is granted on
+/// the new master with a higher token. Then the old master is started
+/// again, empty, at its old address, as a process supervisor would: while
+/// it says it is master (until the sentinels turn it into a replica), a
+/// client of the Sentinel URL is never granted the lock held on the new
+/// master, and the old master is never written to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_and_the_old_master_is_not_written_to() {
+    use std::time::{Duration, Instant};
+    let Some(mut set) = own() else { return };
+    let url = set.url();
+    let store = tenure::open(&url).await.unwrap();
+    let holder = tenure::Session::with_options(
+        &store,
+        tenure::SessionOptions::new().ttl(Duration::from_secs(15)),
+    )
+    .await
+    .unwrap();
+    let guard = tenure::Mutex::new(&holder, "failover")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let first = guard.token();
+    let waiter_session = tenure::Session::new(&store).await.unwrap();
+    let waiter = {
+        let s = waiter_session.clone();
+        tokio::spawn(async move { tenure::Mutex::new(&s, "failover").unwrap().lock().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let old = set.master_port().expect("a master");
+    set.node(old).unwrap().kill();
+    let new = set
+        .wait_failover(old, Duration::from_secs(30))
+        .expect("the sentinels promoted the replica");
+    assert_ne!(new, old);
+    // The old master comes back empty at its old address, as master.
+    set.node(old).unwrap().restart();
+    let restarted = redis::Client::open(format!("redis://127.0.0.1:{old}/0")).unwrap();
+    let mut direct = restarted.get_multiplexed_async_connection().await.unwrap();
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut direct).await.unwrap();
+    assert_eq!(
+        role.first(),
+        Some(&redis::Value::BulkString(b"master".to_vec())),
+        "the restarted node says it is master: the case under test"
+    );
+    // While it does, fresh clients of the Sentinel URL try the lock. Right
+    // after a failover the sentinels may name no master for a moment: such
+    // a client is told the store is unavailable, and tries again.
+    let until = Instant::now() + Duration::from_secs(3);
+    let (mut tries, mut unavailable, mut still_master) = (0, 0, 0);
+    while Instant::now() < until {
+        let s = match tenure::open(&url).await {
+            Ok(other) => tenure::Session::new(&other).await,
+            Err(e) => Err(e),
+        };
+        let s = match s {
+            Ok(s) => s,
+            Err(tenure::Error::Unavailable { .. }) => {
+                unavailable += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(e) => panic!("{e:?}"),
+        };
+        let got = tenure::Mutex::new(&s, "failover")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap();
+        if got.is_some() {
+            let views: Vec<String> = (0..3).map(|i| set.sentinel_view(i)).collect();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query_async(&mut direct)
+                .await
+                .unwrap_or_default();
+            let promoted = redis::Client::open(format!("redis://127.0.0.1:{new}/0")).unwrap();
+            let mut promoted = promoted.get_multiplexed_async_connection().await.unwrap();
+            let on_new: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query_async(&mut promoted)
+                .await
+                .unwrap_or_default();
+            panic!(
+                "granted beside the holder after the failover (old {old}, new {new}): \
+                 {views:#?}; keys on the old master: {keys:?}; on the new: {on_new:?}"
+            );
+        }
+        s.close().await.unwrap();
+        tries += 1;
+        // Nothing of tenure's reaches the restarted node while it says it
+        // is master (once the sentinels make it a replica, it copies the
+        // new master and drops this connection).
+        let role: Result<Vec<redis::Value>, _> = redis::cmd("ROLE").query_async(&mut direct).await;
+        if role.is_ok_and(|r| r.first() == Some(&redis::Value::BulkString(b"master".to_vec()))) {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query_async(&mut direct)
+                .await
+                .unwrap_or_default();
+            assert!(keys.is_empty(), "written to the old master: {keys:?}");
+            still_master += 1;
+        }
+    }
+    eprintln!("{tries} tries refused, {unavailable} told the store was unavailable");
+    assert!(tries > 0, "no try got an answer");
+    assert!(
+        still_master > 0,
+        "the old master was never seen as master during the tries"
+    );
+
+    // The holder kept its lease through the failover, and hands over.
+    assert!(!guard.is_lost(), "the holder lost its lease");
+    guard.release().await.unwrap();
+    // A waiter whose call was in flight when the master died is told the
+    // store was unavailable (it may lock again); one that kept waiting is
+    // granted. Either way the next grant's token is higher.
+    let waited = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter was answered in time")
+        .unwrap();
+    let granted = match waited {
+        Ok(granted) => granted,
+        Err(tenure::Error::Unavailable { .. } | tenure::Error::SessionLost(_)) => {
+            let again = tenure::Session::new(&store).await.unwrap();
+            tenure::Mutex::new(&again, "failover")
+                .unwrap()
+                .lock_timeout(Duration::from_secs(20))
+                .await
+                .unwrap()
+        }
+        Err(e) => panic!("the waiter: {e:?}"),
+    };
+    assert!(granted.token() > first);
+    granted.release().await.unwrap();
+}
+
+/// A URL for Sentinel that names no service, or a service the sentinels do
+/// not watch, is refused in words.
+#[tokio::test]
+async fn a_service_the_sentinels_do_not_watch() {
+    let Some(set) = shared() else { return };
+    let url = set.url();
+    let no_service = url.replace("/mymaster/0", "");
+    let e = tenure::open(&no_service).await.unwrap_err();
+    assert!(e.to_string().contains("name the master's service"), "{e}");
+    let other = url.replace("/mymaster/", "/nosuch/");
+    let e = tenure::open(&other).await.unwrap_err();
+    assert!(matches!(e, tenure::Error::Unavailable { .. }), "{e:?}");
+    assert!(e.to_string().contains("sentinels"), "{e}");
+    let tls = url.replace("redis+sentinel://", "rediss+sentinel://");
+    let e = tenure::open(&tls).await.unwrap_err();
+    assert!(matches!(e, tenure::Error::Unsupported { .. }), "{e:?}");
+}

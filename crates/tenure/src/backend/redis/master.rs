@@ -1,0 +1,272 @@
+//! The server tenure writes to: one fixed server (`redis://`), or the
+//! master a set of Sentinels names (`redis+sentinel://`).
+//!
+//! Behind Sentinel, no connection is ever made again to an address by
+//! itself: after a call fails on its connection, or a node answers that it
+//! is not (or no longer) the master, the connection is dropped and the
+//! next call asks the sentinels which node is master now (checking that
+//! node's `ROLE`). So a failover is followed, and an old master restarted
+//! empty at its old address is not written to, unless the sentinels name
+//! it again.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+use super::connect::redis_err;
+use super::BACKEND;
+use crate::error::{Error, Result};
+
+/// Where a store's calls go.
+pub(super) enum Master {
+    /// `redis://`: one server, which the connection manager reconnects to.
+    Fixed {
+        conn: ConnectionManager,
+        client: redis::Client,
+    },
+    /// `redis+sentinel://`: the master the sentinels name.
+    Sentinel(Followed),
+}
+
+/// The master the sentinels named last, while its connection works.
+pub(super) struct Followed {
+    /// One client per sentinel (with the sentinels' credentials).
+    pub(super) sentinels: Vec<(String, redis::Client)>,
+    pub(super) service: String,
+    /// `user:password@` for the master, percent-encoded, or empty.
+    pub(super) userinfo: String,
+    pub(super) db: i64,
+    pub(super) connect: Duration,
+    pub(super) respond: Duration,
+    current: std::sync::Mutex<Option<(MultiplexedConnection, redis::Client)>>,
+}
+
+/// A connection for one call.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Managed(ConnectionManager),
+    Direct(MultiplexedConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Managed(c) => c.req_packed_command(cmd),
+            Conn::Direct(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Managed(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Direct(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Managed(c) => c.get_db(),
+            Conn::Direct(c) => c.get_db(),
+        }
+    }
+}
+
+impl Master {
+    /// Follows the master the sentinels name; the first is connected to
+    /// now, so that a URL whose sentinels name no master fails to open.
+    pub(super) async fn sentinel(followed: Followed) -> Result<Master> {
+        followed.conn().await?;
+        Ok(Master::Sentinel(followed))
+    }
+
+    /// A connection to the master.
+    pub(super) async fn conn(&self) -> Result<Conn> {
+        match self {
+            Master::Fixed { conn, .. } => Ok(Conn::Managed(conn.clone())),
+            Master::Sentinel(f) => f.conn().await.map(Conn::Direct),
+        }
+    }
+
+    /// A client for the master (for the pub/sub connection, which is made
+    /// again, to the master of the moment, whenever it is lost).
+    pub(super) async fn client(&self) -> Result<redis::Client> {
+        match self {
+            Master::Fixed { client, .. } => Ok(client.clone()),
+            Master::Sentinel(f) => {
+                f.conn().await?;
+                f.current
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .as_ref()
+                    .map(|(_, client)| client.clone())
+                    .ok_or_else(|| Error::unavailable(BACKEND, "the master's connection was lost"))
+            }
+        }
+    }
+
+    /// A call failed with `e`: behind Sentinel, a connection that failed or
+    /// a node that is not the master is let go, and the next call asks the
+    /// sentinels again. The error as tenure's.
+    pub(super) fn failed(&self, e: RedisError) -> Error {
+        if let Master::Sentinel(f) = self {
+            let not_master = e
+                .code()
+                .is_some_and(|c| matches!(c, "READONLY" | "MASTERDOWN" | "LOADING"));
+            if not_master
+                || e.is_io_error()
+                || e.is_connection_dropped()
+                || e.is_timeout()
+                || e.is_connection_refusal()
+            {
+                *f.current
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            }
+        }
+        redis_err(e)
+    }
+}
+
+impl Followed {
+    pub(super) fn new(
+        sentinels: Vec<(String, redis::Client)>,
+        service: String,
+        userinfo: String,
+        db: i64,
+        connect: Duration,
+        respond: Duration,
+    ) -> Followed {
+        Followed {
+            sentinels,
+            service,
+            userinfo,
+            db,
+            connect,
+            respond,
+            current: std::sync::Mutex::new(None),
+        }
+    }
+
+    async fn conn(&self) -> Result<MultiplexedConnection> {
+        if let Some((conn, _)) = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            return Ok(conn.clone());
+        }
+        let (host, port) = self.ask_sentinels().await?;
+        let at = format!("{host}:{port}");
+        let client = redis::Client::open(format!("redis://{}{at}/{}", self.userinfo, self.db))
+            .map_err(redis_err)?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect))
+            .set_response_timeout(Some(self.respond));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| Error::unavailable(BACKEND, format!("master {at}: {e}")))?;
+        // The node itself must say it is master: one the sentinels have
+        // not yet turned into a replica is not written to.
+        let role: Vec<Value> = redis::cmd("ROLE")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| Error::unavailable(BACKEND, format!("master {at}: {e}")))?;
+        if role.first() != Some(&Value::BulkString(b"master".to_vec())) {
+            return Err(Error::unavailable(
+                BACKEND,
+                format!("{at}, which the sentinels name as master, says it is not"),
+            ));
+        }
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((conn.clone(), client));
+        Ok(conn)
+    }
+
+    /// Asks every sentinel, at once, which node is the service's master,
+    /// and believes the answer of the latest configuration (the highest
+    /// `config-epoch`, which each failover raises): right after a failover
+    /// a sentinel that has not heard of it yet still names the old master,
+    /// which may be back, empty, at its old address.
+    async fn ask_sentinels(&self) -> Result<(String, u16)> {
+        let asks: Vec<_> = self
+            .sentinels
+            .iter()
+            .map(|(at, client)| {
+                let (at, client, service) = (at.clone(), client.clone(), self.service.clone());
+                let (connect, respond) = (self.connect, self.respond);
+                tokio::spawn(async move {
+                    let asked = async {
+                        let config = redis::AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(connect))
+                            .set_response_timeout(Some(respond));
+                        let mut conn = client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await?;
+                        redis::cmd("SENTINEL")
+                            .arg("MASTER")
+                            .arg(&service)
+                            .query_async::<std::collections::HashMap<String, String>>(&mut conn)
+                            .await
+                    };
+                    match tokio::time::timeout(connect + respond, asked).await {
+                        Ok(Ok(master)) => Ok(master),
+                        Ok(Err(e)) => Err(format!("sentinel {at}: {e}")),
+                        Err(_) => Err(format!("sentinel {at}: no answer in time")),
+                    }
+                })
+            })
+            .collect();
+        let mut best: Option<(u64, String, u16)> = None;
+        let mut said = Vec::new();
+        for ask in asks {
+            let master = match ask.await {
+                Ok(Ok(master)) => master,
+                Ok(Err(e)) => {
+                    said.push(e);
+                    continue;
+                }
+                Err(e) => {
+                    said.push(e.to_string());
+                    continue;
+                }
+            };
+            let flags = master.get("flags").map(String::as_str).unwrap_or_default();
+            if flags.split(',').any(|f| matches!(f, "s_down" | "o_down")) {
+                said.push(format!("a sentinel sees the master down ({flags})"));
+                continue;
+            }
+            let (Some(ip), Some(port), Some(epoch)) = (
+                master.get("ip"),
+                master.get("port").and_then(|p| p.parse::<u16>().ok()),
+                master.get("config-epoch").and_then(|e| e.parse::<u64>().ok()),
+            ) else {
+                said.push(format!("a sentinel's answer without ip, port and epoch: {master:?}"));
+                continue;
+            };
+            if best.as_ref().is_none_or(|(e, _, _)| epoch > *e) {
+                best = Some((epoch, ip.clone(), port));
+            }
+        }
+        match best {
+            Some((_, ip, port)) => Ok((ip, port)),
+            None => Err(Error::unavailable(
+                BACKEND,
+                format!(
+                    "sentinels: no master of {:?} named: {}",
+                    self.service,
+                    said.join("; ")
+                ),
+            )),
+        }
+    }
+}
