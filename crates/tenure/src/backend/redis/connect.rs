@@ -11,7 +11,7 @@ use super::master::{Followed, Master};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use super::pubsub::Wakeups;
 use super::script::SCRIPT;
-use super::{capabilities, Inner, RedisStore, BACKEND, URL};
+use super::{capabilities, Inner, RedisStore, Replicas, BACKEND, URL};
 use crate::backend::url::{mask_password, StoreUrl};
 use crate::error::{Error, Result};
 
@@ -51,6 +51,41 @@ struct Parsed {
     tls_ca: Option<String>,
     /// For `redis+sentinel://`: the sentinels and what to ask them.
     sentinel: Option<SentinelUrl>,
+    /// `replicas=N[&replicas_timeout=D]`.
+    replicas: Option<Replicas>,
+}
+
+/// How long a grant, a renewal or a fence waits for its replicas unless
+/// `replicas_timeout` says otherwise: replicas on one network acknowledge
+/// in a millisecond or so, and the wait must end well within a TTL (and
+/// within the answer timeout, which bounds the call that carries it).
+const REPLICAS_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn parse_replicas(url: &StoreUrl) -> Result<Option<Replicas>> {
+    let within = match url.option("replicas_timeout") {
+        None => REPLICAS_TIMEOUT,
+        Some(d) => {
+            let d = humantime::parse_duration(d)
+                .map_err(|e| url.invalid(format!("replicas_timeout={d:?}: {e}")))?;
+            if d.is_zero() || d >= RESPONSE_TIMEOUT {
+                return Err(url.invalid(format!(
+                    "replicas_timeout must be more than zero and under {}",
+                    humantime::format_duration(RESPONSE_TIMEOUT)
+                )));
+            }
+            d
+        }
+    };
+    match url.option("replicas") {
+        None if url.option("replicas_timeout").is_some() => {
+            Err(url.invalid("replicas_timeout goes with replicas=N"))
+        }
+        None | Some("0") => Ok(None),
+        Some(n) => match n.parse::<u32>() {
+            Ok(count) if count <= 16 => Ok(Some(Replicas { count, within })),
+            _ => Err(url.invalid(format!("replicas={n:?} must be a number from 0 to 16"))),
+        },
+    }
 }
 
 /// `redis+sentinel://[[user]:password@]host:port[,host:port…]/SERVICE[/DB]`.
@@ -149,6 +184,7 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         prefix: format!("{{{prefix}}}"),
         tls_ca,
         sentinel,
+        replicas: parse_replicas(url)?,
     })
 }
 
@@ -253,6 +289,7 @@ impl RedisStore {
         let store = RedisStore {
             inner: Arc::new(Inner {
                 master,
+                replicas: parsed.replicas,
                 script: redis::Script::new(SCRIPT),
                 db,
                 sessions_key: sessions_key(&prefix),
@@ -302,5 +339,28 @@ mod tests {
             parsed("rediss+sentinel://h1:26379/m"),
             Err(Error::Unsupported { .. })
         ));
+    }
+
+    #[test]
+    fn replicas_option() {
+        let r = parsed("redis://h:1/0?replicas=2").unwrap().replicas.unwrap();
+        assert_eq!((r.count, r.within), (2, REPLICAS_TIMEOUT));
+        let r = parsed("redis+sentinel://h:1/m?replicas=1&replicas_timeout=250ms")
+            .unwrap()
+            .replicas
+            .unwrap();
+        assert_eq!((r.count, r.within), (1, Duration::from_millis(250)));
+        assert!(parsed("redis://h:1/0?replicas=0").unwrap().replicas.is_none());
+        for (url, says) in [
+            ("redis://h:1/0?replicas=x", "from 0 to 16"),
+            ("redis://h:1/0?replicas=17", "from 0 to 16"),
+            ("redis://h:1/0?replicas=1&replicas_timeout=0s", "more than zero"),
+            ("redis://h:1/0?replicas=1&replicas_timeout=3s", "under 3s"),
+            ("redis://h:1/0?replicas=1&replicas_timeout=soon", "replicas_timeout"),
+            ("redis://h:1/0?replicas_timeout=1s", "goes with replicas=N"),
+        ] {
+            let e = parsed(url).err().unwrap_or_else(|| panic!("{url} parsed"));
+            assert!(e.to_string().contains(says), "{url}: {e}");
+        }
     }
 }

@@ -55,8 +55,15 @@ pub(crate) const PING: crate::backend::probe::Greeting = crate::backend::probe::
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
 pub(crate) const URL: UrlRules =
-    UrlRules::servers(&["prefix", "tls_ca", "sentinel_username", "sentinel_password"])
-        .with_fragment();
+    UrlRules::servers(&[
+        "prefix",
+        "tls_ca",
+        "sentinel_username",
+        "sentinel_password",
+        "replicas",
+        "replicas_timeout",
+    ])
+    .with_fragment();
 
 /// The Redis backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -78,8 +85,17 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
+/// `replicas=N`: how many replicas must acknowledge what a grant, a
+/// renewal or a fence depends on, and how long to wait for them.
+#[derive(Debug, Clone, Copy)]
+struct Replicas {
+    count: u32,
+    within: Duration,
+}
+
 struct Inner {
     master: master::Master,
+    replicas: Option<Replicas>,
     script: redis::Script,
     prefix: String,
     sessions_key: String,

@@ -48,10 +48,19 @@ impl RedisStore {
         };
         let write: &[u8] = if value.is_empty() { b"" } else { b"1" };
         let args: [&[u8]; 4] = [name.as_str().as_bytes(), token.as_bytes(), write, value];
-        let reply = self.call("fence", &args).await?;
+        // An admission raises the fence: with `replicas=N` it counts once
+        // acknowledged, or a failover could lower it again.
+        let (reply, acked) = match op {
+            FenceOp::Read => (self.call("fence", &args).await?, true),
+            FenceOp::Admit { .. } => self.call_acked("fence", &args).await?,
+        };
         let highest = text(reply.get(1).ok_or_else(|| bad_reply("short fence reply"))?)?;
+        let admitted = reply.first().map(text).transpose()?.as_deref() == Some("ok");
+        if admitted && !acked {
+            return Err(self.unacknowledged(&format!("the fence admission on {name:?}")));
+        }
         Ok(FenceState {
-            admitted: reply.first().map(text).transpose()?.as_deref() == Some("ok"),
+            admitted,
             highest: highest
                 .parse()
                 .map_err(|_| bad_reply(&format!("fence highest {highest:?}")))?,
@@ -160,8 +169,8 @@ impl RedisStore {
             JoinMode::IfGranted => "ifgranted",
         };
         let proposed = proposed.map(|p| p.to_string()).unwrap_or_default();
-        let reply = self
-            .call_fast(
+        let (reply, acked) = self
+            .call_fast_acked(
                 "join",
                 &[
                     session.secret().as_bytes(),
@@ -180,12 +189,13 @@ impl RedisStore {
             // The fast path's answer: granted, one hold; negative if the
             // name's counter was new.
             Reply::Fast(n) => {
-                return Ok(NodeJoin::Placed(Joined {
+                let joined = Joined {
                     seq: n.unsigned_abs(),
                     granted: true,
                     holds: 1,
                     first: n < 0,
-                }))
+                };
+                return self.placed(session, name, joined, acked).await;
             }
         };
         let field = |i: usize| reply.get(i).ok_or_else(|| bad_reply("short join reply"));
@@ -216,9 +226,31 @@ impl RedisStore {
                     };
                     self.inner.wakeups.joined.keep(name, joined.seq, wait);
                 }
-                Ok(NodeJoin::Placed(joined))
+                self.placed(session, name, joined, acked).await
             }
         }
+    }
+
+    /// A join placed in the queue. With `replicas=N`, a grant the replicas
+    /// did not acknowledge is not kept: the entry is left again and the
+    /// caller told (a failover to a replica without it could grant the
+    /// name to another). A waiting entry needs no acknowledgement: its
+    /// grant will be acknowledged when it comes.
+    async fn placed(
+        &self,
+        session: &SessionKey,
+        name: &Name,
+        joined: Joined,
+        acked: bool,
+    ) -> Result<NodeJoin> {
+        if joined.granted && !acked {
+            self.inner.wakeups.joined.take(name, joined.seq);
+            if let Err(e) = crate::store::Store::leave(self, session, name, joined.seq).await {
+                tracing::debug!(error = %e, %name, "leaving an unacknowledged grant failed");
+            }
+            return Err(self.unacknowledged(&format!("the grant of {name:?}")));
+        }
+        Ok(NodeJoin::Placed(joined))
     }
 
     /// Whether the entry `seq` of `name` is still queued and not granted,

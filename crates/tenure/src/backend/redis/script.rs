@@ -65,6 +65,84 @@ impl RedisStore {
         }
     }
 
+    /// [`Self::call`] followed, in the same round trip on the same
+    /// connection, by `WAIT` for the replicas the URL asks for
+    /// (`replicas=N`): with whether they all acknowledged every write the
+    /// connection made so far, this call's included. Without `replicas`, a
+    /// plain call, acknowledged.
+    pub(super) async fn call_acked(&self, op: &str, args: &[&[u8]]) -> Result<(Vec<Value>, bool)> {
+        match self.call_fast_acked(op, args).await? {
+            (Reply::Table(reply), acked) => Ok((reply, acked)),
+            (Reply::Fast(n), _) => Err(bad_reply(&format!("{op} answered {n}"))),
+        }
+    }
+
+    /// [`Self::call_fast`], acknowledged as [`Self::call_acked`] says.
+    pub(super) async fn call_fast_acked(&self, op: &str, args: &[&[u8]]) -> Result<(Reply, bool)> {
+        let Some(replicas) = self.inner.replicas else {
+            return Ok((self.call_fast(op, args).await?, true));
+        };
+        self.inner
+            .round_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut invocation = self.inner.script.key(&self.inner.sessions_key);
+        invocation.arg(&self.inner.prefix).arg(op);
+        for a in args {
+            invocation.arg(*a);
+        }
+        let mut conn = self.inner.master.conn().await?;
+        let mut loaded = false;
+        loop {
+            let answer: redis::RedisResult<(Value, i64)> = redis::pipe()
+                .invoke_script(&invocation)
+                .cmd("WAIT")
+                .arg(replicas.count)
+                .arg(u64::try_from(replicas.within.as_millis()).unwrap_or(u64::MAX))
+                .query_async(&mut conn)
+                .await;
+            let (reply, acked) = match answer {
+                // A new master (after a failover) has not loaded the script.
+                Err(e)
+                    if !loaded
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    loaded = true;
+                    self.inner
+                        .script
+                        .load_async(&mut conn)
+                        .await
+                        .map_err(|e| self.inner.master.failed(e))?;
+                    continue;
+                }
+                Err(e) => return Err(self.inner.master.failed(e)),
+                Ok(answer) => answer,
+            };
+            let acked = u32::try_from(acked).unwrap_or(0) >= replicas.count;
+            return match reply {
+                Value::Int(n) => Ok((Reply::Fast(n), acked)),
+                Value::Array(reply) => Ok((Reply::Table(self.status(reply, op, args)?), acked)),
+                other => Err(bad_reply(&format!("{other:?}"))),
+            };
+        }
+    }
+
+    /// What a caller is told when the replicas did not acknowledge in time.
+    pub(super) fn unacknowledged(&self, what: &str) -> crate::error::Error {
+        let (count, within) = self
+            .inner
+            .replicas
+            .map(|r| (r.count, r.within))
+            .unwrap_or_default();
+        crate::error::Error::unavailable(
+            super::BACKEND,
+            format!(
+                "{what} was not acknowledged by {count} replica(s) within {} (replicas={count})",
+                humantime::format_duration(within)
+            ),
+        )
+    }
+
     /// Turns the script's status word (`reply[0]`) into a result.
     fn status(&self, reply: Vec<Value>, op: &str, args: &[&[u8]]) -> Result<Vec<Value>> {
         match reply.first().map(text).transpose()?.as_deref() {

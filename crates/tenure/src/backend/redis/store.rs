@@ -38,9 +38,16 @@ impl Store for RedisStore {
     }
 
     async fn keep_alive(&self, session: &SessionKey) -> Result<()> {
-        self.call("keepalive", &[session.secret().as_bytes()])
-            .await
-            .map(|_| ())
+        // With `replicas=N`, a renewal the replicas did not acknowledge is
+        // not one: the session's local deadline is not extended.
+        let (_, acked) = self
+            .call_acked("keepalive", &[session.secret().as_bytes()])
+            .await?;
+        if acked {
+            Ok(())
+        } else {
+            Err(self.unacknowledged("a renewal"))
+        }
     }
 
     async fn close_session(&self, session: &SessionKey) -> Result<()> {
@@ -139,7 +146,15 @@ impl Store for RedisStore {
             },
             first,
         )
-        .await
+        .await?;
+        // With `replicas=N`, a grant (by a release's announcement or a
+        // look) is acted on once a write of this client after it — a
+        // renewal — is acknowledged: replication keeps the master's order,
+        // so the grant is on the replicas too.
+        if self.inner.replicas.is_some() {
+            self.keep_alive(session).await?;
+        }
+        Ok(())
     }
 
     async fn set_value(&self, key: &SessionKey, name: &Name, seq: u64, value: &[u8]) -> Result<()> {
