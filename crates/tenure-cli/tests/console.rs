@@ -836,10 +836,12 @@ fn pause_resume_and_end_session_from_the_page() {
     let next_ticks = format!("{schedule} return r.querySelector('.next-ticks').textContent");
     let next = browser.js(&next_ticks);
     assert!(next.as_str().unwrap().contains("UTC"), "{next}");
-    let last = browser.js(&format!(
-        "{schedule} return r.querySelector('.last-run').textContent"
-    ));
-    assert!(last.as_str().unwrap().contains("UTC"), "{last}");
+    // The page shows the run at its next reading.
+    browser.until(
+        &format!("{schedule} return r.querySelector('.last-run').textContent.includes('UTC')"),
+        true.into(),
+        Duration::from_secs(5),
+    );
     // The dialog: the job typed again, a reason, submit.
     let act = |target: &str, reason: &str| {
         browser.js(&format!(
