@@ -1,6 +1,7 @@
 //! Redis behind Sentinel: a master, one replica, and three sentinels
 //! (`redis-server --sentinel`) that watch the master as `mymaster`, with a
-//! quorum of two, and fail over a second after it stops answering.
+//! quorum of two, and fail over two seconds after it stops answering (a
+//! shorter wait saw a loaded machine fail a healthy master over).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,7 +49,7 @@ impl RedisSentinel {
                 format!(
                     "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
                      sentinel monitor {SERVICE} 127.0.0.1 {master} 2\n\
-                     sentinel down-after-milliseconds {SERVICE} 1000\n\
+                     sentinel down-after-milliseconds {SERVICE} 2000\n\
                      sentinel failover-timeout {SERVICE} 4000\n\
                      sentinel parallel-syncs {SERVICE} 1\n",
                     dir = set.dir.path().display(),
@@ -112,6 +113,20 @@ impl RedisSentinel {
             return String::new();
         };
         ask(*port, &["SENTINEL", "MASTER", SERVICE]).replace('\n', " ")
+    }
+
+    /// The highest configuration epoch the sentinels report (each
+    /// failover raises it).
+    pub fn config_epoch(&self) -> u64 {
+        (0..self.sentinels.len())
+            .filter_map(|i| {
+                let view = self.sentinel_view(i);
+                let mut words = view.split_whitespace();
+                words.find(|w| *w == "config-epoch")?;
+                words.next()?.parse().ok()
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// The data node on `port`.

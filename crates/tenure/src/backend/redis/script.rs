@@ -45,6 +45,17 @@ impl RedisStore {
     /// integer (building a reply table costs the script more than the
     /// commands it saves).
     pub(super) async fn call_fast(&self, op: &str, args: &[&[u8]]) -> Result<Reply> {
+        let invocation = self.invocation(op, args);
+        let mut conn = self.inner.master.conn().await?;
+        let value = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.inner.master.failed(e))?;
+        self.reply(value, op, args)
+    }
+
+    /// One call of the script (counted as a round trip).
+    fn invocation(&self, op: &str, args: &[&[u8]]) -> redis::ScriptInvocation<'_> {
         self.inner
             .round_trips
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -53,12 +64,12 @@ impl RedisStore {
         for a in args {
             invocation.arg(*a);
         }
-        let mut conn = self.inner.master.conn().await?;
-        match invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.inner.master.failed(e))?
-        {
+        invocation
+    }
+
+    /// The script's answer: a fast path's bare integer, or a table.
+    fn reply(&self, value: Value, op: &str, args: &[&[u8]]) -> Result<Reply> {
+        match value {
             Value::Int(n) => Ok(Reply::Fast(n)),
             Value::Array(reply) => self.status(reply, op, args).map(Reply::Table),
             other => Err(bad_reply(&format!("{other:?}"))),
@@ -82,14 +93,7 @@ impl RedisStore {
         let Some(replicas) = self.inner.replicas else {
             return Ok((self.call_fast(op, args).await?, true));
         };
-        self.inner
-            .round_trips
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut invocation = self.inner.script.key(&self.inner.sessions_key);
-        invocation.arg(&self.inner.prefix).arg(op);
-        for a in args {
-            invocation.arg(*a);
-        }
+        let invocation = self.invocation(op, args);
         let mut conn = self.inner.master.conn().await?;
         let mut loaded = false;
         loop {
@@ -119,11 +123,7 @@ impl RedisStore {
                 Ok(answer) => answer,
             };
             let acked = u32::try_from(acked).unwrap_or(0) >= replicas.count;
-            return match reply {
-                Value::Int(n) => Ok((Reply::Fast(n), acked)),
-                Value::Array(reply) => Ok((Reply::Table(self.status(reply, op, args)?), acked)),
-                other => Err(bad_reply(&format!("{other:?}"))),
-            };
+            return Ok((self.reply(reply, op, args)?, acked));
         }
     }
 
