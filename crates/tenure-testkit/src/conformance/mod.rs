@@ -17,6 +17,7 @@
 
 mod election;
 mod faults;
+mod input;
 mod locks;
 mod metrics;
 mod once;
@@ -28,6 +29,7 @@ mod upgrade;
 
 pub use election::*;
 pub use faults::*;
+pub use input::*;
 pub use locks::*;
 pub use metrics::*;
 pub use once::*;
