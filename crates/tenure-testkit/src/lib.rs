@@ -40,8 +40,8 @@ mod tls;
 pub use clock::SteppableClock;
 pub use process::spawn_tied;
 pub use servers::{
-    ClockedServer, Cluster, EtcdCluster, MariaDbServer, PostgresServer, RedisSentinel, RedisServer,
-    Server, ZkEnsemble,
+    ClockedServer, Cluster, EtcdCluster, MariaDbServer, PostgresServer, RedisCluster,
+    RedisSentinel, RedisServer, Server, ZkEnsemble,
 };
 pub use tls::TlsFiles;
 

@@ -4,6 +4,7 @@ mod etcd;
 mod mariadb;
 mod postgres;
 mod redis;
+mod redis_cluster;
 mod sentinel;
 mod zookeeper;
 
@@ -11,6 +12,7 @@ pub use etcd::EtcdCluster;
 pub use mariadb::MariaDbServer;
 pub use postgres::PostgresServer;
 pub use redis::RedisServer;
+pub use redis_cluster::RedisCluster;
 pub use sentinel::RedisSentinel;
 pub use zookeeper::ZkEnsemble;
 
@@ -93,3 +95,14 @@ macro_rules! impl_cluster {
 }
 
 impl_cluster!(EtcdCluster, ZkEnsemble);
+
+/// `redis-cli -p PORT ARGS…`'s answer (empty when it fails).
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
+    std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}

@@ -15,6 +15,8 @@ pub struct RedisServer {
     tls: Option<TlsFiles>,
     /// The master it starts as a replica of (`--replicaof`), if any.
     replica_of: Option<u16>,
+    /// Whether it is a node of a Redis Cluster (`--cluster-enabled yes`).
+    cluster: bool,
     child: Option<Child>,
 }
 
@@ -33,6 +35,7 @@ impl RedisServer {
             password: password.map(str::to_string),
             tls: None,
             replica_of: None,
+            cluster: false,
             child: None,
         };
         server.launch();
@@ -63,6 +66,7 @@ impl RedisServer {
             password: None,
             tls: Some(tls),
             replica_of: None,
+            cluster: false,
             child: None,
         };
         server.launch();
@@ -79,6 +83,32 @@ impl RedisServer {
             password: None,
             tls: None,
             replica_of: Some(master),
+            cluster: false,
+            child: None,
+        };
+        server.launch();
+        Some(server)
+    }
+
+    /// Starts a node of a Redis Cluster (not yet in one: see
+    /// [`crate::RedisCluster`]) on a port whose bus port (port + 10000) is
+    /// free too, or `None` without the binary. It keeps its `nodes.conf`
+    /// across [`RedisServer::restart`], as a node whose disk survived.
+    pub fn start_cluster_node() -> Option<RedisServer> {
+        find("redis-server", &["/usr/bin/redis-server"])?;
+        let port = loop {
+            let port = free_port();
+            if port < 55535 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+                break port;
+            }
+        };
+        let mut server = RedisServer {
+            port,
+            dir: tempfile::tempdir().expect("temp dir"),
+            password: None,
+            tls: None,
+            replica_of: None,
+            cluster: true,
             child: None,
         };
         server.launch();
@@ -123,6 +153,11 @@ impl RedisServer {
             .stderr(Stdio::null());
         if let Some(p) = &self.password {
             cmd.args(["--requirepass", p]);
+        }
+        if self.cluster {
+            // A failed master is failed over after two seconds (a shorter
+            // wait saw a loaded machine fail a healthy one over).
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
         }
         if let Some(master) = self.replica_of {
             cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);

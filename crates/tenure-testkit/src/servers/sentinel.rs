@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::process::*;
-use crate::servers::RedisServer;
+use crate::servers::{redis_cli as ask, RedisServer};
 use crate::{free_port, missing};
 
 /// The service name the sentinels watch.
@@ -148,17 +148,6 @@ impl RedisSentinel {
         }
         None
     }
-}
-
-/// `redis-cli -p PORT ARGS…`'s answer (empty when it fails).
-fn ask(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .stderr(Stdio::null())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
 }
 
 impl Drop for RedisSentinel {

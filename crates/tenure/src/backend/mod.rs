@@ -34,7 +34,7 @@ stores! {
     }
     always { memory: "memory", ["memory", "mem"], "memory://", MemoryStore }
     sqlite: "sqlite", "sqlite", ["sqlite"], "sqlite:///var/lib/app/locks.db", SqliteStore;
-    redis: "redis", "redis", ["redis", "rediss", "redis+sentinel", "rediss+sentinel"], "redis://:password@host:6379/0", RedisStore;
+    redis: "redis", "redis", ["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"], "redis://:password@host:6379/0", RedisStore;
     redlock: "redlock", "redlock", ["redlock", "redlocks"], "redlock://h1:6379,h2:6379,h3:6379", RedlockStore;
     etcd: "etcd", "etcd", ["etcd", "etcds"], "etcd://host:2379,host:2379", EtcdStore;
     zookeeper: "zookeeper", "zookeeper", ["zk", "zookeeper", "zks"], "zk://host:2181,host:2181/app", ZkStore;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::layout::sessions_key;
+use super::cluster::Clustered;
 use super::master::{Followed, Master};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use super::pubsub::Wakeups;
@@ -27,6 +28,17 @@ pub(super) fn redis_err(e: redis::RedisError) -> Error {
             reason: e.to_string(),
         };
     }
+    if e.to_string().contains("non local key") {
+        // A script that met a key already moved to another node: Redis
+        // stopped it there (see the docs on resharding).
+        return Error::unavailable(
+            BACKEND,
+            format!("the cluster is moving tenure's slot to another node: {e}"),
+        );
+    }
+    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) {
+        return Error::backend(BACKEND, format!("{e}: {CLUSTER_HINT}"));
+    }
     if e.to_string().contains("DB index is out of range") {
         // The URL's /N names a database the server does not have.
         return Error::InvalidArgument {
@@ -41,6 +53,10 @@ pub(super) fn redis_err(e: redis::RedisError) -> Error {
     Error::backend(BACKEND, e)
 }
 
+/// What a node of a Redis Cluster reached by `redis://` says.
+const CLUSTER_HINT: &str = "the server is a node of a Redis Cluster, which keeps tenure's keys on \
+     whichever node holds their slot: name one or more of its nodes in a redis+cluster://host:port[,host:port…] URL";
+
 /// What a `redis://` or `rediss://` URL asks for.
 struct Parsed {
     /// The URL for the client, without our options.
@@ -53,6 +69,8 @@ struct Parsed {
     sentinel: Option<SentinelUrl>,
     /// `replicas=N[&replicas_timeout=D]`.
     replicas: Option<Replicas>,
+    /// For `redis+cluster://`: the nodes to start from (`host:port`).
+    cluster: Option<Vec<String>>,
 }
 
 /// How long a grant, a renewal or a fence waits for its replicas unless
@@ -135,6 +153,30 @@ fn parse_sentinel(url: &StoreUrl) -> Result<SentinelUrl> {
     })
 }
 
+/// `redis+cluster://[[user]:password@]host:port[,host:port…][/0]`: the
+/// nodes to start from (any nodes of the cluster; tenure finds the one
+/// that holds its slot).
+fn parse_cluster(url: &StoreUrl) -> Result<Vec<String>> {
+    if url.scheme() == "rediss+cluster" {
+        return Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "TLS to a Redis Cluster (rediss+cluster://) in this build; use \
+                   redis+cluster:// on a trusted network",
+        });
+    }
+    if url.option("sentinel_username").is_some() || url.option("sentinel_password").is_some() {
+        return Err(url.invalid("sentinel_username and sentinel_password go with redis+sentinel://"));
+    }
+    if !matches!(url.path(), "" | "/" | "/0") {
+        return Err(url.invalid("a Redis Cluster has only database 0: end the URL with the nodes, or /0"));
+    }
+    Ok(url
+        .servers("node")?
+        .into_iter()
+        .map(|(host, port)| format!("{host}:{port}"))
+        .collect())
+}
+
 /// Our options (`prefix`, `tls_ca`) and the URL for the client without them.
 fn parse_url(url: &StoreUrl) -> Result<Parsed> {
     let tls = url.scheme().starts_with("rediss");
@@ -144,8 +186,15 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
             what: "TLS (rediss://) without the cargo feature `tls`",
         });
     }
+    let cluster = if url.scheme().ends_with("+cluster") {
+        Some(parse_cluster(url)?)
+    } else {
+        None
+    };
     let sentinel = if url.scheme().ends_with("+sentinel") {
         Some(parse_sentinel(url)?)
+    } else if cluster.is_some() {
+        None
     } else {
         if url.option("sentinel_username").is_some() || url.option("sentinel_password").is_some()
         {
@@ -153,7 +202,7 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         }
         if url.authority().contains(',') {
             return Err(url.invalid(
-                "redis:// takes one server; use redis+sentinel:// for sentinels, redlock:// for independent nodes",
+                "redis:// takes one server; use redis+sentinel:// for sentinels, redis+cluster:// for the nodes of a Redis Cluster, redlock:// for independent nodes",
             ));
         }
         None
@@ -185,6 +234,7 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         tls_ca,
         sentinel,
         replicas: parse_replicas(url)?,
+        cluster,
     })
 }
 
@@ -232,6 +282,21 @@ fn client_for(url: &StoreUrl, parsed: &Parsed) -> Result<redis::Client> {
     }
 }
 
+/// A node of a Redis Cluster named by `redis://` is refused, even one
+/// that holds tenure's slot now: a resharding or a failover would move the
+/// keys away from it.
+async fn refuse_cluster_node(url: &StoreUrl, mut conn: ConnectionManager) -> Result<()> {
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query_async(&mut conn)
+        .await
+        .map_err(redis_err)?;
+    if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+        return Err(url.invalid(CLUSTER_HINT));
+    }
+    Ok(())
+}
+
 impl RedisStore {
     /// Opens a store from a `redis://` URL (as [`crate::open`] does), typed.
     pub async fn open(url: &str) -> Result<Self> {
@@ -251,8 +316,17 @@ impl RedisStore {
 
     async fn open_with(url: &StoreUrl, connect: Duration, respond: Duration) -> Result<Self> {
         let parsed = parse_url(url)?;
-        let (master, db) = match &parsed.sentinel {
-            Some(s) => (
+        let (master, db) = match (&parsed.sentinel, &parsed.cluster) {
+            (_, Some(seeds)) => (
+                Master::Cluster(Arc::new(Clustered::new(
+                    seeds.clone(),
+                    url.userinfo_encoded(),
+                    connect,
+                    respond,
+                ))),
+                "0".to_string(),
+            ),
+            (Some(s), None) => (
                 Master::sentinel(Followed::new(
                     sentinels(url, s)?,
                     s.service.clone(),
@@ -264,7 +338,7 @@ impl RedisStore {
                 .await?,
                 s.db.to_string(),
             ),
-            None => {
+            (None, None) => {
                 let client = client_for(url, &parsed)?;
                 let db = client
                     .get_connection_info()
@@ -282,6 +356,7 @@ impl RedisStore {
                 .await
                 .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
                 .map_err(redis_err)?;
+                refuse_cluster_node(url, conn.clone()).await?;
                 (Master::Fixed { conn, client }, db)
             }
         };
@@ -293,6 +368,7 @@ impl RedisStore {
                 script: redis::Script::new(SCRIPT),
                 db,
                 sessions_key: sessions_key(&prefix),
+                moving_key: format!("{prefix}:moving"),
                 prefix,
                 url: url.masked().to_string(),
                 caps: capabilities(),
@@ -337,6 +413,27 @@ mod tests {
         }
         assert!(matches!(
             parsed("rediss+sentinel://h1:26379/m"),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn cluster_urls() {
+        let p = parsed("redis+cluster://:pw@h1:7000,h2:7001?prefix=jobs&replicas=1").unwrap();
+        assert_eq!(p.cluster.unwrap(), vec!["h1:7000".to_string(), "h2:7001".to_string()]);
+        assert_eq!(p.prefix, "{jobs}");
+        assert!(p.replicas.is_some());
+        assert!(parsed("redis+cluster://h1:7000/0").unwrap().cluster.is_some());
+        for (url, says) in [
+            ("redis+cluster://h1:7000/1", "only database 0"),
+            ("redis+cluster://h1/", "host:port"),
+            ("redis+cluster://h1:1?sentinel_password=x", "go with redis+sentinel://"),
+        ] {
+            let e = parsed(url).err().unwrap_or_else(|| panic!("{url} parsed"));
+            assert!(e.to_string().contains(says), "{url}: {e}");
+        }
+        assert!(matches!(
+            parsed("rediss+cluster://h1:7000"),
             Err(Error::Unsupported { .. })
         ));
     }

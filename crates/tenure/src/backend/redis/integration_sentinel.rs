@@ -6,6 +6,9 @@ use std::sync::OnceLock;
 
 use tenure_testkit::RedisSentinel;
 
+#[path = "failover_checks.rs"]
+mod failover_checks;
+
 fn shared() -> Option<&'static RedisSentinel> {
     static SET: OnceLock<Option<RedisSentinel>> = OnceLock::new();
     SET.get_or_init(RedisSentinel::start_or_skip).as_ref()
@@ -37,24 +40,7 @@ async fn a_failover_is_followed_and_the_old_master_is_not_written_to() {
     let Some(mut set) = own() else { return };
     let url = set.url();
     let store = tenure::open(&url).await.unwrap();
-    let holder = tenure::Session::with_options(
-        &store,
-        tenure::SessionOptions::new().ttl(Duration::from_secs(15)),
-    )
-    .await
-    .unwrap();
-    let guard = tenure::Mutex::new(&holder, "failover")
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
-    let first = guard.token();
-    let waiter_session = tenure::Session::new(&store).await.unwrap();
-    let waiter = {
-        let s = waiter_session.clone();
-        tokio::spawn(async move { tenure::Mutex::new(&s, "failover").unwrap().lock().await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = failover_checks::hold_with_waiter(&store).await;
 
     let old = set.master_port().expect("a master");
     set.node(old).unwrap().kill();
@@ -163,29 +149,7 @@ async fn a_failover_is_followed_and_the_old_master_is_not_written_to() {
     );
 
     // The holder kept its lease through the failover, and hands over.
-    assert!(!guard.is_lost(), "the holder lost its lease");
-    guard.release().await.unwrap();
-    // A waiter whose call was in flight when the master died is told the
-    // store was unavailable (it may lock again); one that kept waiting is
-    // granted. Either way the next grant's token is higher.
-    let waited = tokio::time::timeout(Duration::from_secs(20), waiter)
-        .await
-        .expect("the waiter was answered in time")
-        .unwrap();
-    let granted = match waited {
-        Ok(granted) => granted,
-        Err(tenure::Error::Unavailable { .. } | tenure::Error::SessionLost(_)) => {
-            let again = tenure::Session::new(&store).await.unwrap();
-            tenure::Mutex::new(&again, "failover")
-                .unwrap()
-                .lock_timeout(Duration::from_secs(20))
-                .await
-                .unwrap()
-        }
-        Err(e) => panic!("the waiter: {e:?}"),
-    };
-    assert!(granted.token() > first);
-    granted.release().await.unwrap();
+    failover_checks::hand_over(held, &store).await;
 }
 
 /// A URL for Sentinel that names no service, or a service the sentinels do
@@ -204,17 +168,6 @@ async fn a_service_the_sentinels_do_not_watch() {
     let tls = url.replace("redis+sentinel://", "rediss+sentinel://");
     let e = tenure::open(&tls).await.unwrap_err();
     assert!(matches!(e, tenure::Error::Unsupported { .. }), "{e:?}");
-}
-
-/// The conformance suite again with `replicas=1`: every grant, renewal and
-/// fence admission acknowledged by the replica.
-mod with_replicas {
-    async fn target() -> Option<tenure_testkit::conformance::Target> {
-        let set = super::shared()?;
-        Some(tenure_testkit::conformance::Target::new(format!("{}?replicas=1", set.url())).await)
-    }
-
-    tenure_testkit::conformance_tests!(target());
 }
 
 /// What one round of a failover with replication held back did.

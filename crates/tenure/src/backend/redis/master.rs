@@ -1,5 +1,7 @@
-//! The server tenure writes to: one fixed server (`redis://`), or the
-//! master a set of Sentinels names (`redis+sentinel://`).
+//! The server tenure writes to: one fixed server (`redis://`), the
+//! master a set of Sentinels names (`redis+sentinel://`), or the node of a
+//! Redis Cluster that holds the prefix's slot (`redis+cluster://`, see
+//! [`super::cluster`]).
 //!
 //! Behind Sentinel, no connection is ever made again to an address by
 //! itself: after a call fails on its connection, or a node answers that it
@@ -14,6 +16,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
+use super::cluster::{ClusterConn, Clustered};
 use super::connect::redis_err;
 use super::BACKEND;
 use crate::error::{Error, Result};
@@ -27,6 +30,8 @@ pub(super) enum Master {
     },
     /// `redis+sentinel://`: the master the sentinels name.
     Sentinel(Followed),
+    /// `redis+cluster://`: the node that holds the prefix's slot.
+    Cluster(std::sync::Arc<Clustered>),
 }
 
 /// The master the sentinels named last, while its connection works.
@@ -47,6 +52,8 @@ pub(super) struct Followed {
 pub(super) enum Conn {
     Managed(ConnectionManager),
     Direct(MultiplexedConnection),
+    /// Boxed: a node's client is large beside a connection.
+    Cluster(Box<ClusterConn>),
 }
 
 impl ConnectionLike for Conn {
@@ -54,6 +61,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Managed(c) => c.req_packed_command(cmd),
             Conn::Direct(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -66,6 +74,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Managed(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Direct(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -73,6 +82,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Managed(c) => c.get_db(),
             Conn::Direct(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -90,6 +100,10 @@ impl Master {
         match self {
             Master::Fixed { conn, .. } => Ok(Conn::Managed(conn.clone())),
             Master::Sentinel(f) => f.conn().await.map(Conn::Direct),
+            Master::Cluster(c) => Ok(Conn::Cluster(Box::new(ClusterConn {
+                cluster: c.clone(),
+                node: c.node().await?,
+            }))),
         }
     }
 
@@ -98,6 +112,7 @@ impl Master {
     pub(super) async fn client(&self) -> Result<redis::Client> {
         match self {
             Master::Fixed { client, .. } => Ok(client.clone()),
+            Master::Cluster(c) => c.client().await,
             Master::Sentinel(f) => {
                 f.conn().await?;
                 f.current
@@ -114,19 +129,26 @@ impl Master {
     /// a node that is not the master is let go, and the next call asks the
     /// sentinels again. The error as tenure's.
     pub(super) fn failed(&self, e: RedisError) -> Error {
-        if let Master::Sentinel(f) = self {
-            let not_master = e
-                .code()
-                .is_some_and(|c| matches!(c, "READONLY" | "MASTERDOWN" | "LOADING"));
-            if not_master
-                || e.is_io_error()
-                || e.is_connection_dropped()
-                || e.is_timeout()
-                || e.is_connection_refusal()
-            {
-                *f.current
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        let lost = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_timeout()
+            || e.is_connection_refusal();
+        match self {
+            Master::Fixed { .. } => {}
+            Master::Sentinel(f) => {
+                let not_master = e
+                    .code()
+                    .is_some_and(|c| matches!(c, "READONLY" | "MASTERDOWN" | "LOADING"));
+                if not_master || lost {
+                    *f.current
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                }
+            }
+            Master::Cluster(c) => {
+                if lost || e.code().is_some_and(|c| c == "LOADING") {
+                    c.lost();
+                }
             }
         }
         redis_err(e)

@@ -6,7 +6,9 @@
 //! operation (`EVALSHA`), so every operation is atomic and one round trip.
 //!
 //! All keys share the hash tag `{NAME}` (default `{tenure}`): one cluster slot,
-//! so a script may touch sessions and queues together. Waiters are woken by
+//! so a script may touch sessions and queues together. Where the calls go
+//! (one server, the master Sentinel names, the node of a Redis Cluster that
+//! holds the slot) is `master.rs`'s and `cluster.rs`'s business. Waiters are woken by
 //! pub/sub on a channel of their own entry (a release wakes only the next
 //! waiter); a holder that expires silently is noticed by polling no later
 //! than its expiry. Fencing counters are seeded from Redis's `TIME` in
@@ -14,6 +16,7 @@
 //! data (as long as a name saw fewer than a million changes per second on
 //! average: the counter also counts versions).
 
+mod cluster;
 mod connect;
 mod layout;
 mod master;
@@ -50,7 +53,7 @@ pub(crate) const PING: crate::backend::probe::Greeting = crate::backend::probe::
     protocol: "Redis",
     hello: b"PING\r\n",
     answers: |b| matches!(b.first(), Some(b'+' | b'-')),
-    tls_schemes: &["rediss", "rediss+sentinel"],
+    tls_schemes: &["rediss", "rediss+sentinel", "rediss+cluster"],
 };
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
@@ -99,6 +102,8 @@ struct Inner {
     script: redis::Script,
     prefix: String,
     sessions_key: String,
+    /// `P:moving`, never written (see [`RedisStore::invocation`]).
+    moving_key: String,
     /// The database number the URL selects (in a release's grant message).
     db: String,
     url: String,

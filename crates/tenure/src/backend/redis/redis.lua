@@ -72,7 +72,10 @@
 --                       'evict', 'expire' and a waiter's confirming 'look'
 --                       grant and may then end what they granted.
 --
--- KEYS[1] = P:sessions (routes the call); ARGV[1] = P; ARGV[2] = operation.
+-- KEYS[1] = P:sessions (routes the call); KEYS[2] = P:moving, a key never
+-- written, declared so that Redis Cluster refuses the call while the slot
+-- migrates (a declared key it cannot find then); ARGV[1] = P; ARGV[2] =
+-- operation.
 --
 -- A redis.call costs about as much as the command itself (a microsecond or
 -- so): the common case, a name nobody else is queued on, has fast paths

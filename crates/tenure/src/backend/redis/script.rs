@@ -59,7 +59,12 @@ impl RedisStore {
         self.inner
             .round_trips
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The second key is never written: declared by every call, it is a
+        // key Redis Cluster finds missing while the slot migrates, so it
+        // refuses the call (TRYAGAIN or ASK, waited out) rather than run a
+        // script that could meet a key already moved half way through.
         let mut invocation = self.inner.script.key(&self.inner.sessions_key);
+        invocation.key(&self.inner.moving_key);
         invocation.arg(&self.inner.prefix).arg(op);
         for a in args {
             invocation.arg(*a);
