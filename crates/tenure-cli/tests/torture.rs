@@ -305,7 +305,13 @@ fn every_store_with_its_server_faults() {
         .iter()
         .filter(|s| s.is_built_in())
         .flat_map(|s| s.torture_scenarios.iter().map(move |t| (s.backend, t)));
+    // TORTURE_SCENARIO=sentinel (say) runs only the scenarios whose
+    // "backend: name" holds it, to try one by hand.
+    let only = std::env::var("TORTURE_SCENARIO").unwrap_or_default();
     for (seed, (backend, scenario)) in (12..).zip(scenarios) {
+        if !format!("{backend}: {}", scenario.name).contains(&only) {
+            continue;
+        }
         eprintln!("== {backend}: {}", scenario.name);
         let Some(faulted) = (scenario.start)() else {
             eprintln!("SKIPPED: {backend}: server not installed");

@@ -15,7 +15,8 @@ use crate::faults::{
     TortureScenario, TwoNodesKilled, NETWORK_AND_CLIENT,
 };
 use crate::servers::{
-    ClockedServer, EtcdCluster, MariaDbServer, PostgresServer, RedisServer, ZkEnsemble,
+    redis_cluster, sentinel, ClockedServer, EtcdCluster, MariaDbServer, PostgresServer,
+    RedisCluster, RedisSentinel, RedisServer, ZkEnsemble,
 };
 use crate::Server;
 
@@ -190,12 +191,38 @@ pub static STORES: &[StoreFixture] = &[
             name: "redis-server",
             provides: "redis-server",
         }],
-        torture_scenarios: &[TortureScenario {
-            // A killed Redis comes back empty (no persistence): paused only.
-            name: "server_paused",
-            ttl: "1s",
-            start: || RedisServer::start_or_skip().map(|s| Faulted::new(s.url(), paused(s))),
-        }],
+        torture_scenarios: &[
+            TortureScenario {
+                // A killed Redis comes back empty (no persistence): paused only.
+                name: "server_paused",
+                ttl: "1s",
+                start: || RedisServer::start_or_skip().map(|s| Faulted::new(s.url(), paused(s))),
+            },
+            TortureScenario {
+                // Grants wait for the replica (replicas=1): without it, a
+                // failover may lose an acknowledged grant (docs/stores/redis.md).
+                name: "sentinel_master_killed",
+                ttl: "1s",
+                start: || {
+                    let set = RedisSentinel::start_or_skip()?;
+                    let url = format!("{}?replicas=1", set.url());
+                    Some(Faulted::new(url, sentinel::MasterKilled::new(set)))
+                },
+            },
+            TortureScenario {
+                name: "cluster_master_killed",
+                ttl: "1s",
+                start: || {
+                    let set = RedisCluster::start_or_skip()?;
+                    let ports: Vec<u16> = set.nodes.iter().map(RedisServer::port).collect();
+                    let url = format!("{}?replicas=1", RedisCluster::url_via(&ports));
+                    Some(Faulted::new(
+                        url,
+                        redis_cluster::SlotMasterKilled::new(set, "{tenure}"),
+                    ))
+                },
+            },
+        ],
         long_run: LongRun {
             ttl: "1s",
             faults: NETWORK_AND_CLIENT,

@@ -4,8 +4,8 @@ mod etcd;
 mod mariadb;
 mod postgres;
 mod redis;
-mod redis_cluster;
-mod sentinel;
+pub mod redis_cluster;
+pub mod sentinel;
 mod zookeeper;
 
 pub use etcd::EtcdCluster;
@@ -105,4 +105,22 @@ pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
+}
+
+/// Polls `done` every 100 ms until it holds (true) or `within` has passed
+/// (false, after saying on stderr that `what` did not happen).
+pub(crate) fn wait_until(
+    within: std::time::Duration,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        if std::time::Instant::now() > deadline {
+            eprintln!("{what} did not happen within {within:?}");
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    true
 }

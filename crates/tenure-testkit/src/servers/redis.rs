@@ -208,6 +208,15 @@ impl RedisServer {
         self.launch();
     }
 
+    /// Starts it again on the same port, empty, as a replica of the server
+    /// on `master` (as a supervisor whose configuration follows the
+    /// failovers would).
+    pub fn restart_replica_of(&mut self, master: u16) {
+        self.kill();
+        self.replica_of = Some(master);
+        self.launch();
+    }
+
     /// SIGSTOP: the server stops answering but keeps its connections.
     pub fn pause(&self) {
         if let Some(child) = &self.child {

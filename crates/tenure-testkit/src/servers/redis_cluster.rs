@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::missing;
-use crate::servers::{redis_cli as ask, RedisServer};
+use crate::servers::{redis_cli as ask, wait_until, RedisServer};
 
 /// Six nodes; which are masters changes with failovers.
 pub struct RedisCluster {
@@ -209,5 +209,66 @@ impl RedisCluster {
             }
         }
         moved
+    }
+}
+
+/// A torture fault: the master of `key`'s slot SIGKILLed once its replica
+/// is in sync; at the fault's end, once the cluster has promoted the
+/// replica, it is started again (its cluster configuration kept, its data
+/// not), and the fault ends once it has rejoined as a replica and synced.
+pub struct SlotMasterKilled {
+    set: RedisCluster,
+    slot: u16,
+    killed: Option<u16>,
+}
+
+impl SlotMasterKilled {
+    pub fn new(set: RedisCluster, key: &str) -> SlotMasterKilled {
+        let slot = set.slot(key);
+        SlotMasterKilled {
+            set,
+            slot,
+            killed: None,
+        }
+    }
+}
+
+impl crate::faults::Fault for SlotMasterKilled {
+    fn start(&mut self, turn: usize) {
+        let Some(master) = self.set.owner(self.slot) else {
+            eprintln!("cluster fault {turn}: the slot has no master");
+            return;
+        };
+        // A replica that has not synced would be promoted empty.
+        if !wait_until(Duration::from_secs(30), "the replica's sync", || {
+            ask(master, &["INFO", "replication"]).contains("state=online")
+        }) {
+            eprintln!("cluster fault {turn}: not killed");
+            return;
+        }
+        if let Some(node) = self.set.node(master) {
+            node.kill();
+        }
+        // The fault starts now: the failover happens while it is in force.
+        self.killed = Some(master);
+    }
+
+    fn stop(&mut self, turn: usize) {
+        let Some(port) = self.killed.take() else {
+            return;
+        };
+        if self
+            .set
+            .wait_failover(self.slot, port, Duration::from_secs(30))
+            .is_none()
+        {
+            eprintln!("cluster fault {turn}: no failover within 30 s");
+        }
+        if let Some(node) = self.set.node(port) {
+            node.restart();
+        }
+        wait_until(Duration::from_secs(30), "the restarted node's sync", || {
+            ask(port, &["INFO", "replication"]).contains("master_link_status:up")
+        });
     }
 }

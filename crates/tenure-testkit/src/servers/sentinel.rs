@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::process::*;
-use crate::servers::{redis_cli as ask, RedisServer};
+use crate::servers::{redis_cli as ask, wait_until, RedisServer};
 use crate::{free_port, missing};
 
 /// The service name the sentinels watch.
@@ -156,5 +156,65 @@ impl Drop for RedisSentinel {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A torture fault: the master SIGKILLed once its replica is in sync; at
+/// the fault's end, once the sentinels have promoted the replica, it is
+/// started again, empty, as the new master's replica, and the fault ends
+/// once it has synced (with `replicas=1` nothing is granted while the
+/// master has no replica). The old master restarted empty *as master* is
+/// the failover test's case (`integration_sentinel.rs`).
+pub struct MasterKilled {
+    set: RedisSentinel,
+    killed: Option<u16>,
+}
+
+impl MasterKilled {
+    pub fn new(set: RedisSentinel) -> MasterKilled {
+        MasterKilled { set, killed: None }
+    }
+}
+
+impl crate::faults::Fault for MasterKilled {
+    fn start(&mut self, turn: usize) {
+        let Some(master) = self.set.master_port() else {
+            eprintln!("sentinel fault {turn}: no master named");
+            return;
+        };
+        // A replica that has not synced would be promoted empty: a loss
+        // of every lock that no client could prevent.
+        let nodes: Vec<u16> = self.set.nodes.iter().map(RedisServer::port).collect();
+        let synced = wait_until(Duration::from_secs(30), "the replica's sync", || {
+            nodes.iter().any(|port| {
+                *port != master
+                    && ask(*port, &["INFO", "replication"]).contains("master_link_status:up")
+            })
+        });
+        if !synced {
+            eprintln!("sentinel fault {turn}: not killed");
+            return;
+        }
+        if let Some(node) = self.set.node(master) {
+            node.kill();
+        }
+        // The fault starts now: the failover happens while it is in force.
+        self.killed = Some(master);
+    }
+
+    fn stop(&mut self, turn: usize) {
+        let Some(port) = self.killed.take() else {
+            return;
+        };
+        let Some(master) = self.set.wait_failover(port, Duration::from_secs(30)) else {
+            eprintln!("sentinel fault {turn}: no failover within 30 s");
+            return;
+        };
+        if let Some(node) = self.set.node(port) {
+            node.restart_replica_of(master);
+        }
+        wait_until(Duration::from_secs(30), "the restarted node's sync", || {
+            ask(port, &["INFO", "replication"]).contains("master_link_status:up")
+        });
     }
 }
