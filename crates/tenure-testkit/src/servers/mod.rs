@@ -98,9 +98,17 @@ impl_cluster!(EtcdCluster, ZkEnsemble);
 
 /// `redis-cli -p PORT ARGS…`'s answer (empty when it fails).
 pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
-    std::process::Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
+    redis_cli_tls(port, None, args)
+}
+
+/// [`redis_cli`], by TLS when `tls` is given (trusting its CA).
+pub(crate) fn redis_cli_tls(port: u16, tls: Option<&crate::TlsFiles>, args: &[&str]) -> String {
+    let mut cmd = std::process::Command::new("redis-cli");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(tls) = tls {
+        cmd.arg("--tls").arg("--cacert").arg(&tls.ca);
+    }
+    cmd.args(args)
         .stderr(std::process::Stdio::null())
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())

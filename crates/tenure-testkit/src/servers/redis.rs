@@ -56,6 +56,10 @@ impl RedisServer {
     /// Starts one that speaks only TLS with the given files, which the
     /// caller keeps (several servers may share one CA).
     pub fn start_tls_with(tls: TlsFiles) -> Option<RedisServer> {
+        Self::start_tls_with_replica(tls, None)
+    }
+
+    fn start_tls_with_replica(tls: TlsFiles, replica_of: Option<u16>) -> Option<RedisServer> {
         if find("redis-server", &["/usr/bin/redis-server"]).is_none() {
             missing("redis-server", "redis-server");
             return None;
@@ -65,7 +69,7 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("temp dir"),
             password: None,
             tls: Some(tls),
-            replica_of: None,
+            replica_of,
             cluster: false,
             child: None,
         };
@@ -88,6 +92,12 @@ impl RedisServer {
         };
         server.launch();
         Some(server)
+    }
+
+    /// Starts one that speaks only TLS with the given files and replicates
+    /// the server on `master` (by TLS).
+    pub fn start_tls_replica_of(master: u16, tls: TlsFiles) -> Option<RedisServer> {
+        Self::start_tls_with_replica(tls, Some(master))
     }
 
     /// Starts a node of a Redis Cluster (not yet in one: see
@@ -141,7 +151,9 @@ impl RedisServer {
                 .arg(&tls.key)
                 .arg("--tls-ca-cert-file")
                 .arg(&tls.ca)
-                .args(["--tls-auth-clients", "no"]),
+                .args(["--tls-auth-clients", "no"])
+                // A replica reaches its master by TLS too.
+                .args(["--tls-replication", "yes"]),
         };
         cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])

@@ -7,8 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::process::*;
-use crate::servers::{redis_cli as ask, wait_until, RedisServer};
-use crate::{free_port, missing};
+use crate::servers::{redis_cli_tls, wait_until, RedisServer};
+use crate::{free_port, missing, TlsFiles};
 
 /// The service name the sentinels watch.
 pub const SERVICE: &str = "mymaster";
@@ -18,6 +18,8 @@ pub struct RedisSentinel {
     /// The two data nodes; which one is master changes with a failover.
     pub nodes: [RedisServer; 2],
     sentinels: Vec<(u16, Child)>,
+    /// For the TLS set: every node and sentinel speaks only TLS.
+    tls: Option<TlsFiles>,
     dir: tempfile::TempDir,
 }
 
@@ -26,28 +28,63 @@ impl RedisSentinel {
     /// the other sentinels (so that a failover can happen); fails on CI
     /// and skips elsewhere without `redis-server`.
     pub fn start_or_skip() -> Option<RedisSentinel> {
-        let Some(master) = RedisServer::start() else {
+        Self::start_with(None, tempfile::tempdir().expect("temp dir"))
+    }
+
+    /// [`RedisSentinel::start_or_skip`], everything by TLS only (data
+    /// nodes, replication, sentinels), with a test CA (fails on CI and
+    /// skips elsewhere without `openssl`).
+    pub fn start_tls_or_skip() -> Option<RedisSentinel> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tls = TlsFiles::make(dir.path())?;
+        Self::start_with(Some(tls), dir)
+    }
+
+    /// Starts the set, its sentinels' files in `dir` (with the TLS files).
+    fn start_with(tls: Option<TlsFiles>, dir: tempfile::TempDir) -> Option<RedisSentinel> {
+        let master = match &tls {
+            Some(tls) => RedisServer::start_tls_with(tls.clone()),
+            None => RedisServer::start(),
+        };
+        let Some(master) = master else {
             missing("redis-server", "redis-server");
             return None;
         };
-        let replica = RedisServer::start_replica_of(master.port())?;
+        let replica = match &tls {
+            Some(tls) => RedisServer::start_tls_replica_of(master.port(), tls.clone())?,
+            None => RedisServer::start_replica_of(master.port())?,
+        };
+        let mut set = RedisSentinel {
+            sentinels: Vec::new(),
+            tls,
+            dir,
+            nodes: [master, replica],
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !ask(replica.port(), &["INFO", "replication"]).contains("master_link_status:up") {
+        while !set
+            .ask(set.nodes[1].port(), &["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
             assert!(Instant::now() < deadline, "the replica did not sync");
             std::thread::sleep(Duration::from_millis(50));
         }
-        let mut set = RedisSentinel {
-            sentinels: Vec::new(),
-            dir: tempfile::tempdir().expect("temp dir"),
-            nodes: [master, replica],
-        };
         for i in 0..3 {
             let port = free_port();
             let conf = set.dir.path().join(format!("sentinel-{i}.conf"));
+            let listen = match &set.tls {
+                None => format!("port {port}\n"),
+                Some(tls) => format!(
+                    "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+                     tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                    tls.cert.display(),
+                    tls.key.display(),
+                    tls.ca.display()
+                ),
+            };
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+                    "{listen}bind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
                      sentinel monitor {SERVICE} 127.0.0.1 {master} 2\n\
                      sentinel down-after-milliseconds {SERVICE} 2000\n\
                      sentinel failover-timeout {SERVICE} 4000\n\
@@ -71,8 +108,10 @@ impl RedisSentinel {
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         while !set.sentinels.iter().all(|(port, _)| {
-            ask(*port, &["SENTINEL", "REPLICAS", SERVICE]).contains("slave")
-                && ask(*port, &["SENTINEL", "SENTINELS", SERVICE])
+            set.ask(*port, &["SENTINEL", "REPLICAS", SERVICE])
+                .contains("slave")
+                && set
+                    .ask(*port, &["SENTINEL", "SENTINELS", SERVICE])
                     .matches("127.0.0.1")
                     .count()
                     >= 2
@@ -86,20 +125,34 @@ impl RedisSentinel {
         Some(set)
     }
 
-    /// `redis+sentinel://` for the three sentinels and the service.
+    /// `redis-cli`'s answer from the node or sentinel on `port` (by TLS
+    /// for the TLS set).
+    fn ask(&self, port: u16, args: &[&str]) -> String {
+        redis_cli_tls(port, self.tls.as_ref(), args)
+    }
+
+    /// `redis+sentinel://` for the three sentinels and the service
+    /// (`rediss+sentinel://…?tls_ca=` for the TLS set).
     pub fn url(&self) -> String {
         let sentinels: Vec<String> = self
             .sentinels
             .iter()
             .map(|(port, _)| format!("127.0.0.1:{port}"))
             .collect();
-        format!("redis+sentinel://{}/{SERVICE}/0", sentinels.join(","))
+        match &self.tls {
+            None => format!("redis+sentinel://{}/{SERVICE}/0", sentinels.join(",")),
+            Some(tls) => format!(
+                "rediss+sentinel://{}/{SERVICE}/0?tls_ca={}",
+                sentinels.join(","),
+                tls.ca.display()
+            ),
+        }
     }
 
     /// The port of the node the sentinels name as master now.
     pub fn master_port(&self) -> Option<u16> {
         let (port, _) = self.sentinels.first()?;
-        ask(*port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE])
+        self.ask(*port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE])
             .lines()
             .nth(1)?
             .trim()
@@ -112,7 +165,8 @@ impl RedisSentinel {
         let Some((port, _)) = self.sentinels.get(i) else {
             return String::new();
         };
-        ask(*port, &["SENTINEL", "MASTER", SERVICE]).replace('\n', " ")
+        self.ask(*port, &["SENTINEL", "MASTER", SERVICE])
+            .replace('\n', " ")
     }
 
     /// The highest configuration epoch the sentinels report (each
@@ -140,7 +194,7 @@ impl RedisSentinel {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             if let Some(port) = self.master_port().filter(|p| *p != old) {
-                if ask(port, &["ROLE"]).starts_with("master") {
+                if self.ask(port, &["ROLE"]).starts_with("master") {
                     return Some(port);
                 }
             }
@@ -188,7 +242,10 @@ impl crate::faults::Fault for MasterKilled {
         let synced = wait_until(Duration::from_secs(30), "the replica's sync", || {
             nodes.iter().any(|port| {
                 *port != master
-                    && ask(*port, &["INFO", "replication"]).contains("master_link_status:up")
+                    && self
+                        .set
+                        .ask(*port, &["INFO", "replication"])
+                        .contains("master_link_status:up")
             })
         });
         if !synced {
@@ -214,7 +271,9 @@ impl crate::faults::Fault for MasterKilled {
             node.restart_replica_of(master);
         }
         wait_until(Duration::from_secs(30), "the restarted node's sync", || {
-            ask(port, &["INFO", "replication"]).contains("master_link_status:up")
+            self.set
+                .ask(port, &["INFO", "replication"])
+                .contains("master_link_status:up")
         });
     }
 }

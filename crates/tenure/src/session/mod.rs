@@ -233,12 +233,28 @@ impl Session {
         let label = options.label.unwrap_or_else(default_label);
         let suspended_at_send = crate::clock::suspended();
         let sent = Instant::now();
-        let opened = store
-            .open_session(&SessionSpec {
-                ttl,
-                label: label.clone(),
-            })
-            .await?;
+        // Opened to the end even if the caller stops waiting (a session
+        // half opened — without its build recorded — would be taken for an
+        // older build's by `upgrade::finish`); one nobody will use is closed.
+        let spec = SessionSpec {
+            ttl,
+            label: label.clone(),
+        };
+        let opening = {
+            let store = store.clone();
+            async move { store.open_session(&spec).await }
+        };
+        let abandoned = {
+            let store = store.clone();
+            move |opened: Result<crate::store::OpenedSession>| {
+                if let Ok(opened) = opened {
+                    crate::task::spawn_detached(async move {
+                        let _ = store.close_session(&opened.key).await;
+                    });
+                }
+            }
+        };
+        let opened = crate::task::finish(opening, abandoned).await?;
         let inner = Arc::new(Inner {
             store: store.clone(),
             key: opened.key,

@@ -118,13 +118,6 @@ struct SentinelUrl {
 }
 
 fn parse_sentinel(url: &StoreUrl) -> Result<SentinelUrl> {
-    if url.scheme() == "rediss+sentinel" {
-        return Err(Error::Unsupported {
-            backend: BACKEND,
-            what: "TLS behind Sentinel (rediss+sentinel://) in this build; use rediss:// to the \
-                   master, or redis+sentinel:// on a trusted network",
-        });
-    }
     let sentinels = url.servers("sentinel")?;
     let mut parts = url.path().trim_start_matches('/').split('/');
     let service = parts.next().unwrap_or_default().to_string();
@@ -238,8 +231,55 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
     })
 }
 
+/// How to reach a node known by its address (a sentinel, the master a
+/// sentinel names): in plain text or by TLS (`rediss+…`), trusting the
+/// URL's `tls_ca` (or the system's roots), skipping the checks with
+/// `#insecure` as redis-rs does.
+#[derive(Clone)]
+pub(super) struct Reach {
+    tls: bool,
+    ca: Option<Vec<u8>>,
+    insecure: bool,
+}
+
+impl Reach {
+    fn of(url: &StoreUrl, tls_ca: Option<&str>) -> Result<Reach> {
+        let ca = match tls_ca {
+            Some(path) => {
+                Some(std::fs::read(path).map_err(|e| url.invalid(format!("tls_ca={path}: {e}")))?)
+            }
+            None => None,
+        };
+        Ok(Reach {
+            tls: url.scheme().starts_with("rediss"),
+            ca,
+            insecure: url.fragment() == Some("insecure"),
+        })
+    }
+
+    /// A client for the node at `at` (`host:port`), with `userinfo`
+    /// (percent-encoded, ending in `@`, or empty) and database `db`.
+    pub(super) fn client(&self, userinfo: &str, at: &str, db: Option<i64>) -> redis::RedisResult<redis::Client> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let db = db.map(|d| format!("/{d}")).unwrap_or_default();
+        let fragment = if self.insecure { "#insecure" } else { "" };
+        let url = format!("{scheme}://{userinfo}{at}{db}{fragment}");
+        match &self.ca {
+            #[cfg(feature = "tls")]
+            Some(pem) => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            _ => redis::Client::open(url),
+        }
+    }
+}
+
 /// The sentinels to ask, each with the sentinels' credentials.
-fn sentinels(url: &StoreUrl, s: &SentinelUrl) -> Result<Vec<(String, redis::Client)>> {
+fn sentinels(url: &StoreUrl, s: &SentinelUrl, reach: &Reach) -> Result<Vec<(String, redis::Client)>> {
     let credentials = match (&s.sentinel_user, &s.sentinel_password) {
         (None, None) => String::new(),
         (user, password) => format!(
@@ -252,7 +292,8 @@ fn sentinels(url: &StoreUrl, s: &SentinelUrl) -> Result<Vec<(String, redis::Clie
         .iter()
         .map(|(host, port)| {
             let at = format!("{host}:{port}");
-            redis::Client::open(format!("redis://{credentials}{at}"))
+            reach
+                .client(&credentials, &at, None)
                 .map(|client| (at, client))
                 .map_err(|e| url.invalid(e.to_string()))
         })
@@ -326,9 +367,12 @@ impl RedisStore {
                 ))),
                 "0".to_string(),
             ),
-            (Some(s), None) => (
+            (Some(s), None) => {
+                let reach = Reach::of(url, parsed.tls_ca.as_deref())?;
+                (
                 Master::sentinel(Followed::new(
-                    sentinels(url, s)?,
+                    sentinels(url, s, &reach)?,
+                    reach,
                     s.service.clone(),
                     url.userinfo_encoded(),
                     s.db,
@@ -337,7 +381,8 @@ impl RedisStore {
                 ))
                 .await?,
                 s.db.to_string(),
-            ),
+            )
+            }
             (None, None) => {
                 let client = client_for(url, &parsed)?;
                 let db = client
@@ -411,10 +456,8 @@ mod tests {
             let e = parsed(url).err().unwrap_or_else(|| panic!("{url} parsed"));
             assert!(e.to_string().contains(says), "{url}: {e}");
         }
-        assert!(matches!(
-            parsed("rediss+sentinel://h1:26379/m"),
-            Err(Error::Unsupported { .. })
-        ));
+        let tls = parsed("rediss+sentinel://h1:26379/m?tls_ca=/ca.pem").unwrap();
+        assert_eq!(tls.tls_ca.as_deref(), Some("/ca.pem"));
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! Redis behind Sentinel (`redis+sentinel://`): the conformance suite
-//! through the sentinels, and failovers while a lock is held.
+//! Redis behind Sentinel (`redis+sentinel://`): failovers while a lock is
+//! held, with replication held back or not, and URLs the sentinels cannot
+//! answer. The conformance suite runs through the sentinels by TLS
+//! (`rediss+sentinel://`, in `integration_tls.rs`: the same code but for the
+//! connections' TLS), and with `replicas=1` on a cluster.
 #![cfg(feature = "redis")]
 
 use std::sync::OnceLock;
@@ -13,13 +16,6 @@ fn shared() -> Option<&'static RedisSentinel> {
     static SET: OnceLock<Option<RedisSentinel>> = OnceLock::new();
     SET.get_or_init(RedisSentinel::start_or_skip).as_ref()
 }
-
-async fn target() -> Option<tenure_testkit::conformance::Target> {
-    let set = shared()?;
-    Some(tenure_testkit::conformance::Target::new(set.url()).await)
-}
-
-tenure_testkit::conformance_tests!(target());
 
 /// A set of its own, for a test that fails the master over.
 fn own() -> Option<RedisSentinel> {
@@ -165,9 +161,10 @@ async fn a_service_the_sentinels_do_not_watch() {
     let e = tenure::open(&other).await.unwrap_err();
     assert!(matches!(e, tenure::Error::Unavailable { .. }), "{e:?}");
     assert!(e.to_string().contains("sentinels"), "{e}");
+    // TLS to sentinels that speak plain text: no answer, said as such.
     let tls = url.replace("redis+sentinel://", "rediss+sentinel://");
     let e = tenure::open(&tls).await.unwrap_err();
-    assert!(matches!(e, tenure::Error::Unsupported { .. }), "{e:?}");
+    assert!(matches!(e, tenure::Error::Unavailable { .. }), "{e:?}");
 }
 
 /// What one round of a failover with replication held back did.

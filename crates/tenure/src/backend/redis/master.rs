@@ -17,11 +17,14 @@ use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use super::cluster::{ClusterConn, Clustered};
-use super::connect::redis_err;
+use super::connect::{redis_err, Reach};
 use super::BACKEND;
 use crate::error::{Error, Result};
 
 /// Where a store's calls go.
+// One per store, made once and never moved after: the variants' sizes do
+// not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Master {
     /// `redis://`: one server, which the connection manager reconnects to.
     Fixed {
@@ -38,6 +41,8 @@ pub(super) enum Master {
 pub(super) struct Followed {
     /// One client per sentinel (with the sentinels' credentials).
     pub(super) sentinels: Vec<(String, redis::Client)>,
+    /// How to reach the master they name (TLS or not).
+    reach: Reach,
     pub(super) service: String,
     /// `user:password@` for the master, percent-encoded, or empty.
     pub(super) userinfo: String,
@@ -158,6 +163,7 @@ impl Master {
 impl Followed {
     pub(super) fn new(
         sentinels: Vec<(String, redis::Client)>,
+        reach: Reach,
         service: String,
         userinfo: String,
         db: i64,
@@ -166,6 +172,7 @@ impl Followed {
     ) -> Followed {
         Followed {
             sentinels,
+            reach,
             service,
             userinfo,
             db,
@@ -186,7 +193,9 @@ impl Followed {
         }
         let (host, port) = self.ask_sentinels().await?;
         let at = format!("{host}:{port}");
-        let client = redis::Client::open(format!("redis://{}{at}/{}", self.userinfo, self.db))
+        let client = self
+            .reach
+            .client(&self.userinfo, &at, Some(self.db))
             .map_err(redis_err)?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect))

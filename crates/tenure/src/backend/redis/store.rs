@@ -23,7 +23,12 @@ impl Store for RedisStore {
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         let opened = OpenedSession::random()?;
         self.open_session_as(&opened, spec).await?;
-        self.record_build(&opened.key).await?;
+        if let Err(e) = self.record_build(&opened.key).await {
+            // A session without its build would be taken for an older
+            // build's (and refuse `upgrade finish`): it is closed again.
+            let _ = self.close_session(&opened.key).await;
+            return Err(e);
+        }
         Ok(opened)
     }
 

@@ -25,9 +25,15 @@ impl<D: SqlDriver> Store for SqlStore<D> {
             .open(opened.key.secret(), &opened.tag, &label, spec.ttl_ms())
             .await?;
         let build = crate::store::Build::this(self.driver.format()).encode();
-        self.driver
-            .record_build(opened.key.secret(), &build)
-            .await?;
+        if let Err(e) = self.driver.record_build(opened.key.secret(), &build).await {
+            // A session without its build would be taken for an older
+            // build's (and refuse `upgrade finish`): it is closed again.
+            let _ = self
+                .driver
+                .call("close", &[Arg::Text(opened.key.secret())])
+                .await;
+            return Err(e);
+        }
         Ok(opened)
     }
 
