@@ -843,6 +843,31 @@ fn extras<'a>(
                 ),
                 owning(url, |url, n| async move { redis_script_raw(&url, n).await }),
             ];
+            // The same cycle behind Sentinel and on a Redis Cluster, each
+            // with and without replicas=1 (against the single server's floor:
+            // the same redis-server on loopback).
+            for (what, deployed) in redis_deployments() {
+                let labelled = |mut stats: Stats, what: &str| {
+                    stats.label = stats.label.replacen("redis tenure", &format!("redis tenure {what}"), 1);
+                    stats
+                };
+                let d = deployed.clone();
+                let what_u = what.clone();
+                extras.uncontended.push(owning(d, move |d, n| {
+                    let what = what_u.clone();
+                    async move {
+                        let store = tenure::open(&d.0).await.unwrap();
+                        labelled(uncontended(&store, n).await, &what)
+                    }
+                }));
+                extras.contended.push(owning(deployed, move |d, rounds| {
+                    let what = what.clone();
+                    async move {
+                        let store = tenure::open(&d.0).await.unwrap();
+                        labelled(contended(&store, 16, rounds).await, &what)
+                    }
+                }));
+            }
         }
         "redlock" => {
             let nodes = redlock_nodes(url);
@@ -892,6 +917,39 @@ fn extras<'a>(
         _ => {}
     }
     extras
+}
+
+/// A store URL and the servers behind it, kept running while a row needs
+/// them.
+type Deployed = Arc<(String, Box<dyn std::any::Any + Send + Sync>)>;
+
+/// Redis behind Sentinel and on a cluster, each with and without
+/// `replicas=1`: (what, URL and servers). None when redis-server is missing.
+fn redis_deployments() -> Vec<(String, Deployed)> {
+    let mut out = Vec::new();
+    if let Some(set) = tenure_testkit::RedisSentinel::start_or_skip() {
+        let url = set.url();
+        let servers: Arc<Box<dyn std::any::Any + Send + Sync>> = Arc::new(Box::new(set));
+        for (what, url) in [
+            ("via Sentinel".to_string(), url.clone()),
+            ("via Sentinel replicas=1".to_string(), format!("{url}?replicas=1")),
+        ] {
+            let keep: Box<dyn std::any::Any + Send + Sync> = Box::new(servers.clone());
+            out.push((what, Arc::new((url, keep))));
+        }
+    }
+    if let Some(set) = tenure_testkit::RedisCluster::start_or_skip() {
+        let url = set.url_not_at("{tenure}");
+        let servers: Arc<Box<dyn std::any::Any + Send + Sync>> = Arc::new(Box::new(set));
+        for (what, url) in [
+            ("on Cluster".to_string(), url.clone()),
+            ("on Cluster replicas=1".to_string(), format!("{url}?replicas=1")),
+        ] {
+            let keep: Box<dyn std::any::Any + Send + Sync> = Box::new(servers.clone());
+            out.push((what, Arc::new((url, keep))));
+        }
+    }
+    out
 }
 
 /// A runner of `f` on a copy of `arg` of its own for each run (a URL, the
@@ -1061,8 +1119,11 @@ fn main() {
                 let median = ratio_to_floor(r, floor);
                 if r.label.contains("non-fair") {
                     ratios.insert(format!("{backend} non-fair"), serde_json::json!(median));
-                } else if r.label.starts_with(&format!("{backend} tenure")) {
+                } else if r.label == format!("{backend} tenure") {
                     ratios.insert(backend.to_string(), serde_json::json!(median));
+                } else if r.label.starts_with(&format!("{backend} tenure")) {
+                    // Another deployment of the backend (Sentinel, Cluster).
+                    ratios.insert(r.label.clone(), serde_json::json!(median));
                 } else if r.label.contains("peer") {
                     peers.insert(r.label.clone(), serde_json::json!(median));
                 }
