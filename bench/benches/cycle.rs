@@ -23,6 +23,9 @@ struct Stats {
     total: Span,
     /// Cycles per second of each turn (one for a run not taken in turns).
     turns: Vec<f64>,
+    /// Store operations per grant, by all contenders (keep-alives and each
+    /// contender's session open and close not counted): contended rows.
+    ops_per_grant: Option<f64>,
 }
 
 /// The name (`/proc/PID/comm`) of the server processes whose CPU time the
@@ -126,6 +129,7 @@ fn stats(label: impl Into<String>, samples: Vec<Duration>, total: Span) -> Stats
         samples,
         total,
         turns: vec![rate],
+        ops_per_grant: None,
     }
 }
 
@@ -222,19 +226,31 @@ async fn uncontended_kind(store: &Arc<dyn Store>, cycles: usize, fair: bool) -> 
 }
 
 async fn contended(store: &Arc<dyn Store>, tasks: usize, rounds: usize) -> Stats {
-    contended_kind(store, tasks, rounds, true).await
+    contended_kind(store, tasks, rounds, true, None).await
 }
 
 /// [`contended`] with the non-fair mutex.
 async fn contended_unfair(store: &Arc<dyn Store>, tasks: usize, rounds: usize) -> Stats {
-    contended_kind(store, tasks, rounds, false).await
+    contended_kind(store, tasks, rounds, false, None).await
 }
 
-async fn contended_kind(store: &Arc<dyn Store>, tasks: usize, rounds: usize, fair: bool) -> Stats {
+/// `tasks` contenders on one name, each taking it `rounds` times (or until
+/// `budget` has passed: a contender still waiting then gives up), counting
+/// the store operations every contender makes.
+async fn contended_kind(
+    store: &Arc<dyn Store>,
+    tasks: usize,
+    rounds: usize,
+    fair: bool,
+    budget: Option<Duration>,
+) -> Stats {
+    let counting = common::counting::Counting::wrap(store.clone());
+    let counted: Arc<dyn Store> = counting.clone();
+    let deadline = budget.map(|b| Instant::now() + b);
     let mut handles = Vec::new();
     let start = Clock::start();
     for _ in 0..tasks {
-        let store = store.clone();
+        let store = counted.clone();
         handles.push(tokio::spawn(async move {
             let session =
                 Session::with_options(&store, SessionOptions::new().ttl(Duration::from_secs(30)))
@@ -244,7 +260,14 @@ async fn contended_kind(store: &Arc<dyn Store>, tasks: usize, rounds: usize, fai
             let mut samples = Vec::with_capacity(rounds);
             for _ in 0..rounds {
                 let t = Instant::now();
-                let g = mutex.lock().await.unwrap();
+                let g = match deadline {
+                    None => mutex.lock().await.unwrap(),
+                    Some(d) => match mutex.lock_timeout(d.saturating_duration_since(t)).await {
+                        Ok(g) => g,
+                        Err(tenure::Error::Timeout(_)) => break,
+                        Err(e) => panic!("{e}"),
+                    },
+                };
                 samples.push(t.elapsed());
                 // Let the others queue up behind the holder.
                 tokio::task::yield_now().await;
@@ -259,7 +282,9 @@ async fn contended_kind(store: &Arc<dyn Store>, tasks: usize, rounds: usize, fai
         samples.extend(h.await.unwrap());
     }
     let total = start.elapsed();
-    stats(
+    let grants = samples.len().max(1) as f64;
+    let ops = counting.calls().saturating_sub(2 * tasks as u64) as f64;
+    let mut row = stats(
         format!(
             "{} tenure{}, {tasks} contenders (wait for grant)",
             store.capabilities().backend,
@@ -267,7 +292,9 @@ async fn contended_kind(store: &Arc<dyn Store>, tasks: usize, rounds: usize, fai
         ),
         samples,
         total,
-    )
+    );
+    row.ops_per_grant = Some(ops / grants);
+    row
 }
 
 /// The floor: one INSERT to take a row-with-expiry lock, one DELETE to drop
@@ -1005,6 +1032,9 @@ struct Started {
     contended_rounds: usize,
 }
 
+/// How long the thousand contenders' rows may take, per store and lock.
+const THOUSAND_BUDGET: Duration = Duration::from_secs(20);
+
 fn main() {
     let cycles: usize = std::env::var("BENCH_CYCLES")
         .ok()
@@ -1095,6 +1125,22 @@ fn main() {
             measure_server(s.fixture.server_process);
             rows.push(contended(&s.store, 16, s.contended_rounds).await);
             rows.push(contended_unfair(&s.store, 16, s.contended_rounds).await);
+            // Store operations per grant as waiters grow: one contender
+            // (as many grants as the 16 take), and a thousand, each once,
+            // within a budget.
+            for fair in [true, false] {
+                let grants = 16 * s.contended_rounds;
+                rows.push(contended_kind(&s.store, 1, grants, fair, None).await);
+                // A ZooKeeper session is a connection, and the server takes
+                // 60 from one address (tenure's store stops at 50).
+                if s.fixture.backend == "zookeeper" {
+                    eprintln!("zookeeper: no row of a thousand contenders (a session per connection)");
+                    continue;
+                }
+                rows.push(
+                    contended_kind(&s.store, 1000, 1, fair, Some(THOUSAND_BUDGET)).await,
+                );
+            }
             for peer in &mut s.contended {
                 rows.push(peer(s.contended_rounds).await);
             }
@@ -1107,8 +1153,8 @@ fn main() {
             .find(|r| r.label.starts_with(backend) && r.label.contains("floor"))
     };
     println!(
-        "{:<58} {:>10} {:>12} {:>10} {:>10} {:>9} {:>10}",
-        "run", "cycles", "cycles/s", "p50 µs", "p99 µs", "vs floor", "server µs"
+        "{:<58} {:>10} {:>12} {:>10} {:>10} {:>9} {:>10} {:>9}",
+        "run", "cycles", "cycles/s", "p50 µs", "p99 µs", "vs floor", "server µs", "ops/grant"
     );
     let mut ratios = serde_json::Map::new();
     let mut peers = serde_json::Map::new();
@@ -1132,14 +1178,15 @@ fn main() {
             _ => "-".into(),
         };
         println!(
-            "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1} {:>9} {:>10}",
+            "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1} {:>9} {:>10} {:>9}",
             r.label,
             r.cycles(),
             r.per_sec(),
             r.percentile_us(0.50),
             r.percentile_us(0.99),
             ratio,
-            r.server_us().map_or("-".into(), |us| format!("{us:.1}"))
+            r.server_us().map_or("-".into(), |us| format!("{us:.1}")),
+            r.ops_per_grant.map_or("-".into(), |n| format!("{n:.1}"))
         );
     }
     // SQLite's tenure rows against the floor checkpointed as tenure is.
@@ -1169,6 +1216,7 @@ fn main() {
             "run": r.label, "cycles": r.cycles(), "per_sec": r.per_sec(),
             "p50_us": r.percentile_us(0.50), "p99_us": r.percentile_us(0.99),
             "server_cpu_us_per_cycle": r.server_us(),
+            "store_ops_per_grant": r.ops_per_grant,
             "turns_per_sec": r.turns,
         })).collect::<Vec<_>>(),
         "sqlite_statements": { "acquire": acquire, "release": release, "renew": renew },
