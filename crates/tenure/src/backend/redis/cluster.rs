@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 
+use super::connect::Reach;
 use super::BACKEND;
 use crate::error::{Error, Result};
 
@@ -38,6 +39,8 @@ pub(super) struct Clustered {
     /// `host:port` of the nodes the URL names, then of those a `MOVED`
     /// named: where to start again when the current node is lost.
     known: std::sync::Mutex<Vec<String>>,
+    /// How to reach a node (plain text: TLS to a cluster is refused).
+    reach: Reach,
     /// `user:password@` for every node, percent-encoded, or empty.
     userinfo: String,
     connect: Duration,
@@ -94,12 +97,14 @@ fn next_of_value(v: &Value) -> Next {
 impl Clustered {
     pub(super) fn new(
         seeds: Vec<String>,
+        reach: Reach,
         userinfo: String,
         connect: Duration,
         respond: Duration,
     ) -> Clustered {
         Clustered {
             known: std::sync::Mutex::new(seeds),
+            reach,
             userinfo,
             connect,
             respond,
@@ -140,7 +145,7 @@ impl Clustered {
     }
 
     async fn connect_to(&self, at: &str) -> RedisResult<Node> {
-        let client = redis::Client::open(format!("redis://{}{at}", self.userinfo))?;
+        let client = self.reach.client(&self.userinfo, at, None)?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect))
             .set_response_timeout(Some(self.respond));

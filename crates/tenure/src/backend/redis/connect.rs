@@ -263,7 +263,11 @@ impl Reach {
         let scheme = if self.tls { "rediss" } else { "redis" };
         let db = db.map(|d| format!("/{d}")).unwrap_or_default();
         let fragment = if self.insecure { "#insecure" } else { "" };
-        let url = format!("{scheme}://{userinfo}{at}{db}{fragment}");
+        self.open(&format!("{scheme}://{userinfo}{at}{db}{fragment}"))
+    }
+
+    /// A client for a whole `redis://` or `rediss://` URL, trusting the CA.
+    fn open(&self, url: &str) -> redis::RedisResult<redis::Client> {
         match &self.ca {
             #[cfg(feature = "tls")]
             Some(pem) => redis::Client::build_with_tls(
@@ -308,19 +312,9 @@ fn client_for(url: &StoreUrl, parsed: &Parsed) -> Result<redis::Client> {
                 .replace(&parsed.base, &mask_password(&parsed.base)),
         )
     };
-    match &parsed.tls_ca {
-        #[cfg(feature = "tls")]
-        Some(path) => {
-            let pem =
-                std::fs::read(path).map_err(|e| url.invalid(format!("tls_ca={path}: {e}")))?;
-            let certs = redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem),
-            };
-            redis::Client::build_with_tls(parsed.base.as_str(), certs).map_err(bad)
-        }
-        _ => redis::Client::open(parsed.base.as_str()).map_err(bad),
-    }
+    Reach::of(url, parsed.tls_ca.as_deref())?
+        .open(&parsed.base)
+        .map_err(bad)
 }
 
 /// A node of a Redis Cluster named by `redis://` is refused, even one
@@ -361,6 +355,7 @@ impl RedisStore {
             (_, Some(seeds)) => (
                 Master::Cluster(Arc::new(Clustered::new(
                     seeds.clone(),
+                    Reach::of(url, None)?,
                     url.userinfo_encoded(),
                     connect,
                     respond,
