@@ -203,7 +203,9 @@ impl Running {
 
     async fn stop(self) {
         let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(10), self.task)
+        // Stopping closes the elector's session (a store call): once on a
+        // loaded CI machine, ZooKeeper over TLS took more than 10 s.
+        tokio::time::timeout(Duration::from_secs(30), self.task)
             .await
             .expect("the elector stopped")
             .unwrap()
