@@ -227,9 +227,10 @@ fn old_first(b: &Builds, env: &Env) {
     assert_eq!(finished.status.code(), Some(0), "finish: {finished:?}");
     b.run(false, env, &["upgrade", "finish"]);
     // What finishing said is what happens to an old build now: refused
-    // where the store keeps a marker older builds read (64, or 69 from
-    // Redlock's 0.1.0: no node would take it, naming the layout); where it
-    // keeps none, it said that older builds are not refused.
+    // where the store keeps a marker older builds read (64, or 69 from a
+    // 0.1.0 build over independent nodes: no node would take it, naming
+    // the layout); where it keeps none, it said that older builds are not
+    // refused.
     let said_finish = String::from_utf8_lossy(&finished.stdout).into_owned();
     let fresh_old = output_within(
         b.cmd(true, env, &["lock", "up/f", "--", "true"]),

@@ -461,9 +461,9 @@ mod board {
     /// leader steps down within one renew interval. A pause with an end
     /// lifts by itself at that time, judged by each instance's own clock
     /// (as a schedule's pause). Needs a store with cells
-    /// ([`Capabilities::cells`](crate::Capabilities)): on one without
-    /// (Redlock) reads find no pause and a pause is refused with
-    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    /// ([`Capabilities::cells`](crate::Capabilities)): on one without, such
+    /// as one over independent nodes, reads find no pause and a pause is
+    /// refused with [`Error::Unsupported`](crate::Error::Unsupported).
     ///
     /// # Examples
     ///

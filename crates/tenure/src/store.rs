@@ -525,7 +525,7 @@ pub struct Capabilities {
     /// ([`Entry::granted_at`]; an election's `Leader::since`).
     pub grant_times: bool,
     /// Entries say how long their session has left ([`Entry::expires_in`]).
-    /// Where false (ZooKeeper keeps a session's deadline to its servers),
+    /// Where false (a store that keeps a session's deadline to its servers),
     /// `expires_in` is zero and means "not known", not "expiring".
     pub expiry_times: bool,
     /// [`Joined::first`] is exact: the first claim of a name is told so even

@@ -91,8 +91,8 @@ pub(crate) async fn status_json(
     store: &Arc<dyn Store>,
     prefix: &str,
 ) -> tenure::Result<serde_json::Value> {
-    // Where the store does not tell (ZooKeeper), the time left is null,
-    // not zero.
+    // Where the store does not tell how long a session has left
+    // (`expiry_times` is false), the time left is null, not zero.
     let told = store.capabilities().expiry_times;
     let recipes = Recipes::read(store).await;
     let mut all = Vec::new();

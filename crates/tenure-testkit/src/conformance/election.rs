@@ -204,7 +204,7 @@ impl Running {
     async fn stop(self) {
         let _ = self.stop.send(());
         // Stopping closes the elector's session (a store call): once on a
-        // loaded CI machine, ZooKeeper over TLS took more than 10 s.
+        // loaded CI machine, a store reached over TLS took more than 10 s.
         tokio::time::timeout(Duration::from_secs(30), self.task)
             .await
             .expect("the elector stopped")
