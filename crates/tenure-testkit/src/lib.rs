@@ -23,6 +23,7 @@ pub fn missing(what: &str, package: &str) {
 }
 
 pub mod conformance;
+pub mod counting;
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {

@@ -12,6 +12,10 @@ use crate::session::Session;
 use crate::store::{EntryKind, JoinMode, JoinRequest, Joined, Name};
 use crate::task::{finish, spawn_detached};
 
+mod barging;
+
+pub use barging::WAKE_LINE_PREFIX;
+
 impl Session {
     /// Joins a queue; cancel safe: if this future is dropped after the store
     /// took the entry, the entry is left again in the background.
@@ -126,7 +130,7 @@ impl Session {
         }
     }
 
-    async fn acquire_as(
+    pub(super) async fn acquire_as(
         &self,
         name: &Name,
         kind: EntryKind,
@@ -167,102 +171,14 @@ impl Session {
     }
 }
 
-impl Session {
-    /// Takes `name` without a place in its queue: tries (a join that leaves
-    /// nothing behind unless granted) and, while the name reads held by
-    /// others, waits for it to change (a release, an entry or a session
-    /// ending) and reads it again; once a try may succeed (the name reads
-    /// free, held by this session, or held only by leases that lapsed by
-    /// the store's clock, which a try confirms by watching), tries again.
-    /// So whoever asks first after a release wins. A wait for a change is
-    /// cut at [`BARGING_RECHECK`], and the name read again.
-    async fn acquire_barging(
-        &self,
-        name: &Name,
-        kind: EntryKind,
-        value: Vec<u8>,
-        wait: Wait,
-        mut probe: Option<&mut Acquiring>,
-    ) -> Result<Option<(Hold, Joined)>> {
-        let deadline = wait.expired();
-        tokio::pin!(deadline);
-        // Back-off for tries refused although the name read as worth a try
-        // (a holder whose lease lapsed by the store's clock, then renewed).
-        let mut pause = Duration::ZERO;
-        let store = self.store().clone();
-        let watched_expiry = store.capabilities().watched_expiry;
-        let attempts = async {
-            loop {
-                if let Some((hold, joined)) = self
-                    // Likely free: the first try (a non-fair lock is free
-                    // most of the time), or the name just read so.
-                    .join(name, kind, value.clone(), JoinMode::IfGranted, true)
-                    .await?
-                {
-                    return self.still_ours(hold, joined);
-                }
-                if let Some(probe) = probe.as_deref_mut() {
-                    probe.waiting();
-                }
-                // Until a try may succeed, only read: on some stores a try
-                // is a write even when it is refused (a consensus store's
-                // transaction goes through the quorum), and every waiter
-                // wakes at each change.
-                let mut waited = false;
-                loop {
-                    let queue = store.queue(name).await?;
-                    let worth_a_try = queue.entries.is_empty()
-                        // Its own session holds it: a try reenters.
-                        || queue.entries.iter().any(|e| e.granted && e.session_tag == self.tag())
-                        // Held only by leases lapsed by the store's clock,
-                        // which only a try (watching them) may end.
-                        || (watched_expiry && queue.entries.iter().all(|e| e.expires_in.is_zero()));
-                    if worth_a_try {
-                        break;
-                    }
-                    waited = true;
-                    let changed = store.wait_changed(name, queue.version);
-                    // A change, or a second without one (a lease that
-                    // lapsed by the store's clock is announced by nobody):
-                    // either way, read again.
-                    if let Ok(Err(e)) = tokio::time::timeout(BARGING_RECHECK, changed).await {
-                        return Err(e);
-                    }
-                }
-                if waited {
-                    pause = Duration::ZERO;
-                } else {
-                    // Refused, yet worth a try at once again.
-                    pause = (pause * 2).clamp(BARGING_MIN_PAUSE, BARGING_RECHECK);
-                    tokio::time::sleep(pause).await;
-                }
-            }
-        };
-        tokio::select! {
-            result = attempts => result,
-            reason = self.lost() => Err(Error::SessionLost(reason)),
-            () = &mut deadline => {
-                let waited = wait.length();
-                Err(Error::Timeout(waited))
-            }
-        }
-    }
-}
-
-/// How long a non-fair waiter waits for a change of the name before it
-/// reads the name again anyway.
-const BARGING_RECHECK: Duration = Duration::from_secs(1);
-
-/// The first back-off of a non-fair waiter whose try was refused although
-/// the name read as worth a try.
-const BARGING_MIN_PAUSE: Duration = Duration::from_millis(5);
-
 /// The order in which waiters are granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Order {
     /// In arrival order: a waiter has a place in the queue.
     Fifo,
-    /// Whoever asks first after a release: waiters hold no place.
+    /// Whoever asks first after a release: waiters hold no place in the
+    /// name's queue (only in its wake-up line) until they have waited the
+    /// store's bound.
     Barging,
 }
 
@@ -272,7 +188,7 @@ impl Session {
     /// still, a scheduler that ran this task before the lease's own timer)
     /// may already be another's, so the caller is told the session is lost
     /// and the entry is left (in the background: the dropped hold).
-    fn still_ours(&self, hold: Hold, joined: Joined) -> Result<Option<(Hold, Joined)>> {
+    pub(super) fn still_ours(&self, hold: Hold, joined: Joined) -> Result<Option<(Hold, Joined)>> {
         match self.lost_reason() {
             Some(reason) => {
                 drop(hold);

@@ -59,28 +59,40 @@ impl Mutex {
 
     /// Fair (the default: waiters are granted in arrival order) or not.
     ///
-    /// A non-fair waiter holds no place in the name's queue: it tries, and
-    /// while the name reads held by others it waits for the name to change
-    /// (a release, a holder's session ending: woken by the store where it
-    /// can notify, and it reads the name again after a second without a
-    /// change in any case), and it tries again once the name reads free (or
-    /// held only by leases lapsed by the store's clock); so whoever asks
-    /// first after a release wins, and a waiter may be passed over any
-    /// number of times. What is granted is the same as the fair lock's: a
-    /// fencing token greater than every earlier one on the name, held by the
-    /// session (released within the TTL when the holder dies), reentrant,
+    /// A non-fair lock is taken by whoever asks first after a release. A
+    /// caller tries; refused, it waits in the name's *wake-up line*
+    /// (`tenure.wake:NAME`, a queue of its own), in order of arrival. Only
+    /// the first in that line watches the name: when the name changes and
+    /// reads free, it tries, and a caller that asks at that moment (the
+    /// releaser again, a newcomer) may win before it; it then waits for the
+    /// next change. So a release wakes one waiter however many wait, and a
+    /// waiter that loses goes back to watching.
+    ///
+    /// **Starvation bound.** A waiter that has waited
+    /// [`Capabilities::barging_bound`](crate::Capabilities::barging_bound)
+    /// since its first try (a few of the store's handoffs: `tenure backends`
+    /// shows it) takes a place in the name's own queue, as a fair waiter
+    /// does: it is granted at a release before any later try, as Go's
+    /// `sync.Mutex` turns to handing over a lock whose waiter has waited a
+    /// millisecond. Under sustained contention the lock then behaves as the
+    /// fair one, at about twice its store operations per grant.
+    ///
+    /// What is granted is the same as the fair lock's: a fencing token
+    /// greater than every earlier one on the name, held by the session
+    /// (released within the TTL when the holder dies), reentrant,
     /// [`lost`](MutexGuard::lost) as everywhere. A fair and a non-fair mutex
     /// on one name are one lock: the fair one's queued waiters are granted
     /// before any non-fair try. An uncontended lock and release cost what
     /// the fair lock's cost (on some stores one read more: see their pages).
+    /// Builds of 0.2.0 and before do not use the wake-up line: each of
+    /// their non-fair waiters watches the name itself, and has no bound.
     ///
-    /// Choose the non-fair lock for a few contenders that would rather not
-    /// wait their turn behind a waiter that is slow to wake, or when
-    /// waiters should not show in the queue ([`Store::queue`](crate::Store::queue),
-    /// `tenure status`); choose the fair lock for many waiters on one name:
-    /// each release of a non-fair lock wakes every waiter, and each of them
-    /// asks the store again (two operations each), where the fair lock
-    /// wakes only the next in line.
+    /// Choose the non-fair lock when a release should go to whoever is
+    /// ready now (a holder that takes the name again at once, a newcomer)
+    /// rather than to a waiter that is slow to wake, and a waiter may wait
+    /// up to the bound longer than its turn; choose the fair lock for
+    /// strict arrival order. The library guide's "Fair or not"
+    /// (docs/library.md) has the figures of both.
     ///
     /// # Examples
     ///

@@ -10,6 +10,8 @@
 use crate::error::{Error, Result};
 use crate::store::{EntryKind, Expect, Name};
 
+pub use crate::acquire::WAKE_LINE_PREFIX;
+
 /// Which entries of a queue (given in order) are granted.
 pub fn grants(kinds: &[EntryKind]) -> Vec<bool> {
     let mut rule = GrantWalk::new();

@@ -1,9 +1,12 @@
 //! A store that counts the calls made to it (the `Store` trait's
 //! operations, by everyone who uses it), keep-alives apart: what a grant
-//! costs in store operations, beside what it costs in time.
+//! costs in store operations, beside what it costs in time. The bench's
+//! operations per grant and the conformance checks of wake-ups count
+//! through it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tenure::store::{
@@ -16,14 +19,32 @@ use tenure::Result;
 #[derive(Debug)]
 pub struct Counting {
     inner: Arc<dyn Store>,
+    capabilities: Capabilities,
     calls: AtomicU64,
     keep_alives: AtomicU64,
 }
 
 impl Counting {
+    /// `inner`, counted.
     pub fn wrap(inner: Arc<dyn Store>) -> Arc<Counting> {
+        let capabilities = inner.capabilities().clone();
         Arc::new(Counting {
             inner,
+            capabilities,
+            calls: AtomicU64::new(0),
+            keep_alives: AtomicU64::new(0),
+        })
+    }
+
+    /// `inner`, counted, stating `bound` as its
+    /// [`Capabilities::barging_bound`]: a check of how non-fair waiters
+    /// wait in line, before any of them has waited the store's own bound.
+    pub fn with_barging_bound(inner: Arc<dyn Store>, bound: Duration) -> Arc<Counting> {
+        let mut capabilities = inner.capabilities().clone();
+        capabilities.barging_bound = bound;
+        Arc::new(Counting {
+            inner,
+            capabilities,
             calls: AtomicU64::new(0),
             keep_alives: AtomicU64::new(0),
         })
@@ -42,7 +63,7 @@ impl Counting {
 #[async_trait]
 impl Store for Counting {
     fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
+        &self.capabilities
     }
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         self.count();
