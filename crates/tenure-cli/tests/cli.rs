@@ -1453,7 +1453,8 @@ fn shared_locks_and_permits() {
 
 /// `tenure status` says what each name is — a lock, a read/write lock, a
 /// semaphore, an election (its leader and candidates, a leader-mode cron's
-/// too, whose leader says host:pid), a schedule's tick claim — in words
+/// too, whose leader says host:pid), a schedule's tick claim, a lock's
+/// non-fair waiters (its wake-up line, whose first watches the lock) — in words
 /// and in the JSON, where an entry's mode keeps its old `kind`.
 #[test]
 fn status_says_what_each_name_is() {
@@ -1483,8 +1484,16 @@ fn status_says_what_each_name_is() {
         ]),
         spawn(&["cron", "* * * * * *", "ticking", "--", "sleep", "3"]),
     ];
+    // Held, so that a non-fair waiter of it waits in its wake-up line.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !String::from_utf8_lossy(&env.run(&["status"]).stdout).contains("plain  (lock)") {
+        assert!(Instant::now() < deadline, "plain was never held");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    running.push(spawn(&["lock", "--unfair", "plain", "--", "true"]));
     let want = [
         ("plain", "lock"),
+        ("tenure.wake:plain", "non-fair waiters"),
         ("doc", "read/write lock"),
         ("pool", "semaphore"),
         ("sched", "election"),
@@ -1550,9 +1559,11 @@ fn status_says_what_each_name_is() {
         "pool  (semaphore)",
         "sched  (election)",
         "led  (election)",
+        "tenure.wake:plain  (non-fair waiters)",
     ] {
         assert!(text.lines().any(|l| l == line), "{line}: {text}");
     }
+    assert!(text.contains("  watching  token="), "{text}");
     assert!(text.contains("  leader    token="), "{text}");
     assert!(text.contains("  candidate token="), "{text}");
     assert!(text.contains(" value=10.0.0.7:8080"), "{text}");

@@ -27,6 +27,7 @@ pub(super) fn run(json: bool) -> Result<u8, Failure> {
                     "min_ttl_ms": c.min_ttl.as_millis(),
                     "max_ttl_ms": c.max_ttl.as_millis(),
                     "round_trips": c.round_trips,
+                    "barging_bound_ms": c.barging_bound.as_millis(),
                 })
             })
             .collect();
@@ -99,6 +100,10 @@ fn describe(c: &tenure::Capabilities) -> String {
             }
         ),
         format!("  waiters are woken: {wake}"),
+        format!(
+            "  a non-fair waiter is passed over for at most: {}, then served before later tries",
+            humantime::format_duration(c.barging_bound)
+        ),
         format!("  a lease's expiry is judged by: {}", c.clock),
         format!(
             "  TTL: from {} to {}",

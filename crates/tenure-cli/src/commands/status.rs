@@ -49,8 +49,12 @@ impl Recipes {
         }
     }
 
-    /// "lock", "read/write lock", "semaphore", "election" or "tick claim".
+    /// "lock", "read/write lock", "semaphore", "election", "tick claim" or
+    /// "non-fair waiters" (a lock's wake-up line).
     pub(crate) fn kind(&self, name: &str, entries: &[Entry]) -> &'static str {
+        if name.starts_with(tenure::queue::WAKE_LINE_PREFIX) {
+            return "non-fair waiters";
+        }
         let claim_of = name
             .rsplit_once('@')
             .filter(|(_, at)| !at.is_empty() && at.bytes().all(|b| b.is_ascii_digit()))
@@ -131,6 +135,9 @@ fn role(kind: &str, granted: bool) -> &'static str {
         ("election", true) => "leader",
         ("election", false) => "candidate",
         ("tick claim", _) => "claimed",
+        // The first of a lock's non-fair waiters watches the lock.
+        ("non-fair waiters", true) => "watching",
+        ("non-fair waiters", false) => "waiting",
         (_, true) => "holder",
         (_, false) => "waiter",
     }
