@@ -244,7 +244,7 @@ async fn contended_kind(
     fair: bool,
     budget: Option<Duration>,
 ) -> Stats {
-    let counting = common::counting::Counting::wrap(store.clone());
+    let counting = tenure_testkit::counting::Counting::wrap(store.clone());
     let counted: Arc<dyn Store> = counting.clone();
     let deadline = budget.map(|b| Instant::now() + b);
     let mut handles = Vec::new();
@@ -1058,8 +1058,21 @@ fn main() {
     if let Ok(url) = std::env::var("BENCH_URL") {
         let rows = rt.block_on(async {
             let store = tenure::open(&url).await.unwrap();
-            // BENCH_URL_ROWS=contended: that row alone.
+            // BENCH_URL_ROWS=contended: that row alone; =fairness: the fair
+            // and non-fair contended rows at 16 and 1,000 contenders.
             let mut rows = Vec::new();
+            if std::env::var("BENCH_URL_ROWS").as_deref() == Ok("fairness") {
+                let rounds = (cycles / 16).max(5);
+                for fair in [true, false] {
+                    rows.push(contended_kind(&store, 16, rounds, fair, None).await);
+                    eprintln!("done: {}", rows[rows.len() - 1].label);
+                }
+                for fair in [true, false] {
+                    let budget = Some(THOUSAND_BUDGET);
+                    rows.push(contended_kind(&store, 1000, 1, fair, budget).await);
+                }
+                return rows;
+            }
             if std::env::var("BENCH_URL_ROWS").as_deref() != Ok("contended") {
                 rows.push(uncontended(&store, cycles).await);
             }
@@ -1068,12 +1081,13 @@ fn main() {
         });
         for r in &rows {
             println!(
-                "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1}",
+                "{:<58} {:>10} {:>12.0} {:>10.1} {:>10.1} {:>8.1}",
                 r.label,
                 r.cycles(),
                 r.per_sec(),
                 r.percentile_us(0.50),
-                r.percentile_us(0.99)
+                r.percentile_us(0.99),
+                r.ops_per_grant.unwrap_or(f64::NAN)
             );
         }
         return;
@@ -1107,12 +1121,15 @@ fn main() {
                 contended_rounds,
             } = extras(fixture.backend, &running.url, &store, dir.path(), cycles);
             measure_server(fixture.server_process);
-            let mut runners = vec![
-                runner(|n| uncontended(&store, n)),
-                runner(|n| uncontended_unfair(&store, n)),
-            ];
-            runners.extend(more);
-            rows.extend(interleaved(cycles, runners).await);
+            // BENCH_CONTENDED_ONLY=1: the contended rows alone.
+            if std::env::var_os("BENCH_CONTENDED_ONLY").is_none() {
+                let mut runners = vec![
+                    runner(|n| uncontended(&store, n)),
+                    runner(|n| uncontended_unfair(&store, n)),
+                ];
+                runners.extend(more);
+                rows.extend(interleaved(cycles, runners).await);
+            }
             started.push(Started {
                 fixture,
                 _running: running,

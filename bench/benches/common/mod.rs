@@ -3,8 +3,6 @@
 // Each bench compiles this on its own and uses part of it.
 #![allow(dead_code)]
 
-pub mod counting;
-
 /// The process's pid and parent pid and name from `/proc/PID/stat`.
 fn proc_stat(pid: u32) -> Option<(u32, String)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
