@@ -167,18 +167,25 @@ where
     Box::new(move |n| Box::pin(f(n)))
 }
 
+/// The turns [`interleaved`] takes.
+const TURNS: usize = 10;
+
 /// Runs every runner `cycles` times in all, in ten turns taken in order, so
 /// that a slow spell of the machine (a VM's neighbours) falls on each of them
 /// alike and the ratios between them stay fair (each row keeps its turns'
 /// rates: its ratio to the floor is the median of the turns' ratios).
 async fn interleaved(cycles: usize, mut runners: Vec<Runner<'_>>) -> Vec<Stats> {
-    const TURNS: usize = 10;
     let mut out: Vec<Option<Stats>> = runners.iter().map(|_| None).collect();
     for _ in 0..TURNS {
         for (slot, run) in out.iter_mut().zip(runners.iter_mut()) {
             let turn = run((cycles / TURNS).max(1)).await;
             match slot {
                 Some(all) => {
+                    // Operations per grant over all turns, by their grants.
+                    if let (Some(a), Some(t)) = (all.ops_per_grant, turn.ops_per_grant) {
+                        let (na, nt) = (all.samples.len() as f64, turn.samples.len() as f64);
+                        all.ops_per_grant = Some((a * na + t * nt) / (na + nt).max(1.0));
+                    }
                     all.turns.extend(turn.turns);
                     all.samples.extend(turn.samples);
                     all.total += turn.total;
@@ -1140,8 +1147,15 @@ fn main() {
         }
         for mut s in started {
             measure_server(s.fixture.server_process);
-            rows.push(contended(&s.store, 16, s.contended_rounds).await);
-            rows.push(contended_unfair(&s.store, 16, s.contended_rounds).await);
+            // The fair and non-fair lock at 16 contenders in turns taken
+            // in order, each turn as many rounds as one run used to take.
+            let store = &s.store;
+            let rounds = s.contended_rounds;
+            let both = vec![
+                runner(move |n| contended(store, 16, n)),
+                runner(move |n| contended_unfair(store, 16, n)),
+            ];
+            rows.extend(interleaved(rounds * TURNS, both).await);
             // Store operations per grant as waiters grow: one contender
             // (as many grants as the 16 take), and a thousand, each once,
             // within a budget.
