@@ -259,7 +259,12 @@ impl Reach {
 
     /// A client for the node at `at` (`host:port`), with `userinfo`
     /// (percent-encoded, ending in `@`, or empty) and database `db`.
-    pub(super) fn client(&self, userinfo: &str, at: &str, db: Option<i64>) -> redis::RedisResult<redis::Client> {
+    pub(super) fn client(
+        &self,
+        userinfo: &str,
+        at: &str,
+        db: Option<i64>,
+    ) -> redis::RedisResult<redis::Client> {
         let scheme = if self.tls { "rediss" } else { "redis" };
         let db = db.map(|d| format!("/{d}")).unwrap_or_default();
         let fragment = if self.insecure { "#insecure" } else { "" };
@@ -283,7 +288,11 @@ impl Reach {
 }
 
 /// The sentinels to ask, each with the sentinels' credentials.
-fn sentinels(url: &StoreUrl, s: &SentinelUrl, reach: &Reach) -> Result<Vec<(String, redis::Client)>> {
+fn sentinels(
+    url: &StoreUrl,
+    s: &SentinelUrl,
+    reach: &Reach,
+) -> Result<Vec<(String, redis::Client)>> {
     let credentials = match (&s.sentinel_user, &s.sentinel_password) {
         (None, None) => String::new(),
         (user, password) => format!(
@@ -315,6 +324,35 @@ fn client_for(url: &StoreUrl, parsed: &Parsed) -> Result<redis::Client> {
     Reach::of(url, parsed.tls_ca.as_deref())?
         .open(&parsed.base)
         .map_err(bad)
+}
+
+/// A single server (`redis://`, `rediss://`), through a connection manager
+/// that reconnects to it; a node of a Redis Cluster is refused.
+async fn fixed(
+    url: &StoreUrl,
+    parsed: &Parsed,
+    connect: Duration,
+    respond: Duration,
+) -> Result<(Master, String)> {
+    let client = client_for(url, parsed)?;
+    let db = client
+        .get_connection_info()
+        .redis_settings()
+        .db()
+        .to_string();
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect))
+        .set_response_timeout(Some(respond))
+        .set_number_of_retries(1);
+    let conn = tokio::time::timeout(
+        connect + Duration::from_secs(1),
+        ConnectionManager::new_with_config(client.clone(), config),
+    )
+    .await
+    .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
+    .map_err(redis_err)?;
+    refuse_cluster_node(url, conn.clone()).await?;
+    Ok((Master::Fixed { conn, client }, db))
 }
 
 /// A node of a Redis Cluster named by `redis://` is refused, even one
@@ -352,20 +390,20 @@ impl RedisStore {
     async fn open_with(url: &StoreUrl, connect: Duration, respond: Duration) -> Result<Self> {
         let parsed = parse_url(url)?;
         let (master, db) = match (&parsed.sentinel, &parsed.cluster) {
-            (_, Some(seeds)) => (
-                Master::Cluster(Arc::new(Clustered::new(
+            (_, Some(seeds)) => {
+                let reach = Reach::of(url, None)?;
+                let cluster = Clustered::new(
                     seeds.clone(),
-                    Reach::of(url, None)?,
+                    reach,
                     url.userinfo_encoded(),
                     connect,
                     respond,
-                ))),
-                "0".to_string(),
-            ),
+                );
+                (Master::Cluster(Arc::new(cluster)), "0".to_string())
+            }
             (Some(s), None) => {
                 let reach = Reach::of(url, parsed.tls_ca.as_deref())?;
-                (
-                Master::sentinel(Followed::new(
+                let followed = Followed::new(
                     sentinels(url, s, &reach)?,
                     reach,
                     s.service.clone(),
@@ -373,32 +411,10 @@ impl RedisStore {
                     s.db,
                     connect,
                     respond,
-                ))
-                .await?,
-                s.db.to_string(),
-            )
+                );
+                (Master::sentinel(followed).await?, s.db.to_string())
             }
-            (None, None) => {
-                let client = client_for(url, &parsed)?;
-                let db = client
-                    .get_connection_info()
-                    .redis_settings()
-                    .db()
-                    .to_string();
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect))
-                    .set_response_timeout(Some(respond))
-                    .set_number_of_retries(1);
-                let conn = tokio::time::timeout(
-                    connect + Duration::from_secs(1),
-                    ConnectionManager::new_with_config(client.clone(), config),
-                )
-                .await
-                .map_err(|_| Error::unavailable(BACKEND, "connect timed out"))?
-                .map_err(redis_err)?;
-                refuse_cluster_node(url, conn.clone()).await?;
-                (Master::Fixed { conn, client }, db)
-            }
+            (None, None) => fixed(url, &parsed, connect, respond).await?,
         };
         let prefix = parsed.prefix;
         let store = RedisStore {
