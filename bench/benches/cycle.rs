@@ -4,7 +4,9 @@
 //!
 //! Run: `cargo bench --manifest-path bench/Cargo.toml` (set `BENCH_CYCLES`
 //! to change the number of measured cycles, `BENCH_OUT` the JSON's path,
-//! `BENCH_ONLY=redis,postgres` to run only some server backends).
+//! `BENCH_ONLY=redis,postgres` to run only some server backends,
+//! `BENCH_CONTENDED_ONLY=1` for the contended rows alone; `BENCH_URL`: see
+//! `bench/README.md`).
 
 mod common;
 
@@ -882,7 +884,10 @@ fn extras<'a>(
             // the same redis-server on loopback).
             for (what, deployed) in redis_deployments() {
                 let labelled = |mut stats: Stats, what: &str| {
-                    stats.label = stats.label.replacen("redis tenure", &format!("redis tenure {what}"), 1);
+                    stats.label =
+                        stats
+                            .label
+                            .replacen("redis tenure", &format!("redis tenure {what}"), 1);
                     stats
                 };
                 let d = deployed.clone();
@@ -966,7 +971,10 @@ fn redis_deployments() -> Vec<(String, Deployed)> {
         let servers: Arc<Box<dyn std::any::Any + Send + Sync>> = Arc::new(Box::new(set));
         for (what, url) in [
             ("via Sentinel".to_string(), url.clone()),
-            ("via Sentinel replicas=1".to_string(), format!("{url}?replicas=1")),
+            (
+                "via Sentinel replicas=1".to_string(),
+                format!("{url}?replicas=1"),
+            ),
         ] {
             let keep: Box<dyn std::any::Any + Send + Sync> = Box::new(servers.clone());
             out.push((what, Arc::new((url, keep))));
@@ -977,7 +985,10 @@ fn redis_deployments() -> Vec<(String, Deployed)> {
         let servers: Arc<Box<dyn std::any::Any + Send + Sync>> = Arc::new(Box::new(set));
         for (what, url) in [
             ("on Cluster".to_string(), url.clone()),
-            ("on Cluster replicas=1".to_string(), format!("{url}?replicas=1")),
+            (
+                "on Cluster replicas=1".to_string(),
+                format!("{url}?replicas=1"),
+            ),
         ] {
             let keep: Box<dyn std::any::Any + Send + Sync> = Box::new(servers.clone());
             out.push((what, Arc::new((url, keep))));
@@ -1072,7 +1083,6 @@ fn main() {
                 let rounds = (cycles / 16).max(5);
                 for fair in [true, false] {
                     rows.push(contended_kind(&store, 16, rounds, fair, None).await);
-                    eprintln!("done: {}", rows[rows.len() - 1].label);
                 }
                 for fair in [true, false] {
                     let budget = Some(THOUSAND_BUDGET);
@@ -1165,12 +1175,12 @@ fn main() {
                 // A ZooKeeper session is a connection, and the server takes
                 // 60 from one address (tenure's store stops at 50).
                 if s.fixture.backend == "zookeeper" {
-                    eprintln!("zookeeper: no row of a thousand contenders (a session per connection)");
+                    eprintln!(
+                        "zookeeper: no row of a thousand contenders (a session per connection)"
+                    );
                     continue;
                 }
-                rows.push(
-                    contended_kind(&s.store, 1000, 1, fair, Some(THOUSAND_BUDGET)).await,
-                );
+                rows.push(contended_kind(&s.store, 1000, 1, fair, Some(THOUSAND_BUDGET)).await);
             }
             for peer in &mut s.contended {
                 rows.push(peer(s.contended_rounds).await);
