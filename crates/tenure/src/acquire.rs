@@ -32,22 +32,29 @@ impl Session {
         // The kind's own sense (permits within the limit) is checked here,
         // once, so no backend has to; its fit with the queue is the store's.
         crate::queue::check_compatible(name, kind, [])?;
+        // After this session's own calls on the name that went on in the
+        // background (a wait given up, a guard dropped).
+        self.settled(name).await;
         let store = self.store().clone();
         let key = self.key().clone();
         let task_name = name.clone();
+        let unsettled = self.unsettled(name);
         let undo = {
             let (store, key, name) = (store.clone(), key.clone(), name.clone());
+            let unsettled = unsettled.clone();
             move |result: Result<Option<Joined>>| {
                 // The caller is gone: undo the join.
                 if let Ok(Some(joined)) = result {
                     spawn_detached(async move {
                         let _ = store.leave(&key, &name, joined.seq).await;
+                        drop(unsettled);
                     });
                 }
             }
         };
         let joined = finish(
             async move {
+                let _unsettled = unsettled;
                 let request = JoinRequest {
                     name: &task_name,
                     kind,
@@ -270,8 +277,10 @@ impl Hold {
         // Decided inside the call, so that it holds even if the caller
         // stops waiting: a release the store did not answer ends the session.
         let session = self.session.clone();
+        let unsettled = session.unsettled(&name);
         finish(
             async move {
+                let _unsettled = unsettled;
                 let result = store.leave(&key, &name, seq).await;
                 if matches!(&result, Err(e) if e.is_temporary()) {
                     session.end_unconfirmed();
@@ -289,7 +298,9 @@ impl Drop for Hold {
         if self.armed {
             let session = self.session.clone();
             let (name, seq) = (self.name.clone(), self.seq);
+            let unsettled = session.unsettled(&name);
             spawn_detached(async move {
+                let _unsettled = unsettled;
                 match session.store().leave(session.key(), &name, seq).await {
                     // Unanswered: the session ends (see `release`).
                     Err(e) if e.is_temporary() => session.end_unconfirmed(),

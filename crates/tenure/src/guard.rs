@@ -86,7 +86,8 @@ macro_rules! guard_type {
         /// on a best-effort basis: `Drop` cannot wait, so the release runs in
         /// a background task (if a tokio runtime is running) and its outcome
         /// is not reported; failing that, the store frees it when the session
-        /// expires.
+        /// expires. The session's next ask for the name waits until that
+        /// release has reached the store.
         #[must_use = "the lock is released when the guard is dropped"]
         #[derive(Debug)]
         pub struct $guard(pub(crate) Held);

@@ -193,7 +193,9 @@ impl Mutex {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future leaves the queue (in the background)
-    /// and holds nothing.
+    /// and holds nothing. The session's next ask for the name waits until
+    /// that leave has reached the store, so asking again at once gets the
+    /// answer a first ask would.
     pub async fn lock(&self) -> Result<MutexGuard> {
         self.take(Wait::Forever).await
     }

@@ -758,6 +758,55 @@ pub async fn check_cancelled_wait_leaves_queue(t: &Target) {
     wait_queue_len(&t.store, &name, 0).await;
 }
 
+/// A session that asks for a name again right after giving up a wait, or
+/// right after dropping its guard (both left in the background), gets the
+/// answer it would have got without the earlier ask: a timeout while the
+/// name is held, the lock once it is free, and no entry left behind; fair
+/// and non-fair alike.
+pub async fn check_ask_again_at_once(t: &Target) {
+    for fair in [true, false] {
+        let name = unique(if fair { "again" } else { "again-unfair" });
+        let (a, b) = (session(&t.store).await, session(&t.store).await);
+        let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+        let mb = Mutex::new(&b, &name).unwrap().fair(fair);
+        for round in 0..4 {
+            // Given up after a while, then at once again: still held by a.
+            let _ = tokio::time::timeout(Duration::from_millis(30 + 20 * round), mb.lock()).await;
+            match mb.lock_timeout(Duration::from_millis(150)).await {
+                Err(Error::Timeout(_)) => {}
+                other => panic!("fair={fair}, round {round}: asked again at once: {other:?}"),
+            }
+        }
+        held.release().await.unwrap();
+        let guard = tokio::time::timeout(Duration::from_secs(10), mb.lock())
+            .await
+            .expect("the name was released, yet the waiter was not granted")
+            .unwrap();
+        for round in 0..4 {
+            // Dropped (left in the background), then taken again at once.
+            drop(guard_of(&mb, round).await);
+        }
+        // The last guard dropped, and the lock taken again at once.
+        drop(guard);
+        let again = tokio::time::timeout(Duration::from_secs(10), mb.lock())
+            .await
+            .expect("the lock was not granted after its guards were dropped")
+            .unwrap();
+        again.release().await.unwrap();
+        wait_queue_len(&t.store, &name, 0).await;
+        b.close().await.unwrap();
+        a.close().await.unwrap();
+    }
+}
+
+/// A guard of `mutex` taken at once (reentrant: the session holds it).
+async fn guard_of(mutex: &Mutex, round: u64) -> MutexGuard {
+    match tokio::time::timeout(Duration::from_secs(10), mutex.lock()).await {
+        Ok(Ok(guard)) => guard,
+        other => panic!("round {round}: taken again after a drop: {other:?}"),
+    }
+}
+
 pub async fn check_fencing_monotonic(t: &Target) {
     let name = unique("fence");
     let mut last = 0;

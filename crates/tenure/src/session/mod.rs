@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 pub use crate::error::LostReason;
 use crate::error::{Error, Result};
-use crate::store::{SessionKey, SessionSpec, Store};
+use crate::store::{Name, SessionKey, SessionSpec, Store};
 use crate::task::{finish, spawn_detached};
 
 /// A lease on a store. Everything taken through a session is released by the
@@ -50,6 +50,12 @@ struct Inner {
     /// Non-reentrant mutexes' turns among this session's own holds, by
     /// name (entries no handle uses are pruned as others are added).
     gates: StdMutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// This session's calls that change a name's queue and may still be on
+    /// their way after their caller stopped waiting (a join given up, a
+    /// guard dropped), counted by name; see [`Session::settled`].
+    unsettled: StdMutex<std::collections::HashMap<String, usize>>,
+    /// Told whenever such a call ends.
+    settled: tokio::sync::Notify,
     /// What ends with the session ([`Session::tie`]): run once when it is
     /// lost or closed. The next id, and the hooks by id.
     on_end: StdMutex<(u64, std::collections::HashMap<u64, EndHook>)>,
@@ -84,6 +90,31 @@ impl Inner {
     }
 }
 
+/// A call of a session on a name that may still be on its way (see
+/// [`Session::unsettled`]); dropping the last clone ends it.
+#[derive(Debug)]
+pub(crate) struct Unsettled {
+    session: std::sync::Weak<Inner>,
+    name: String,
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        let Some(inner) = self.session.upgrade() else {
+            return;
+        };
+        let mut counts = inner.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.name) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.name);
+            }
+        }
+        drop(counts);
+        inner.settled.notify_waiters();
+    }
+}
+
 /// A value that lives until it is dropped or its session ends (is lost or
 /// closed), whichever comes first; dropping it then is a no-op. Metrics of a
 /// hold or a term are tied so: a lost lease ends them at once, not when the
@@ -107,6 +138,57 @@ impl Session {
         let gate = Arc::new(tokio::sync::Mutex::new(()));
         gates.insert(name.to_string(), gate.clone());
         gate
+    }
+
+    /// Counts a call of this session that changes `name`'s queue until the
+    /// returned ticket (and every clone of it) is dropped: moved into
+    /// whatever finishes the call in the background, it keeps the session's
+    /// next join of `name` waiting ([`Session::settled`]).
+    pub(crate) fn unsettled(&self, name: &Name) -> Arc<Unsettled> {
+        let mut counts = self
+            .inner
+            .unsettled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *counts.entry(name.as_str().to_string()).or_insert(0) += 1;
+        Arc::new(Unsettled {
+            session: Arc::downgrade(&self.inner),
+            name: name.as_str().to_string(),
+        })
+    }
+
+    /// Resolves once no call of this session that changes `name`'s queue is
+    /// still on its way: a join that met this session's own entry while its
+    /// leave was in flight would reuse an entry about to go (and on a store
+    /// of several nodes, find them in different states). Waits at most the
+    /// session's TTL: a call that long unanswered has ended the session.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub(crate) async fn settled(&self, name: &Name) {
+        let waited = async {
+            loop {
+                let told = self.inner.settled.notified();
+                tokio::pin!(told);
+                told.as_mut().enable();
+                let pending = {
+                    let counts = self
+                        .inner
+                        .unsettled
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    counts.contains_key(name.as_str())
+                };
+                if !pending {
+                    return;
+                }
+                told.await;
+            }
+        };
+        if tokio::time::timeout(self.inner.ttl, waited).await.is_err() {
+            tracing::debug!(%name, "a call of this session on the name is still unanswered");
+        }
     }
 
     /// Ties `value` to this session's life (see [`Tied`]).
@@ -273,6 +355,8 @@ impl Session {
             counted_open: std::sync::atomic::AtomicBool::new(false),
             on_end: StdMutex::new((0, std::collections::HashMap::new())),
             gates: StdMutex::new(std::collections::HashMap::new()),
+            unsettled: StdMutex::new(std::collections::HashMap::new()),
+            settled: tokio::sync::Notify::new(),
         });
         if crate::metrics::session_opened(inner.backend()) {
             inner
