@@ -66,7 +66,18 @@ impl Session {
             },
             undo,
         )
-        .await?;
+        .await;
+        let joined = match joined {
+            // Unanswered, it may have taken effect: an entry this session
+            // does not know of would be granted in its turn and held for as
+            // long as the session lives, and a later join would reuse it.
+            // As with a release the store did not answer, the session ends.
+            Err(e) if e.is_temporary() => {
+                self.end_unconfirmed();
+                return Err(e);
+            }
+            joined => joined?,
+        };
         Ok(joined.map(|joined| {
             (
                 Hold {
@@ -341,6 +352,8 @@ mod tests {
     struct Flaky {
         inner: Arc<dyn Store>,
         fail: AtomicU32,
+        /// The next this many joins take effect, then answer "unavailable".
+        lose_join_answer: AtomicU32,
         stall_ms: AtomicU32,
     }
 
@@ -349,6 +362,7 @@ mod tests {
         let flaky = Arc::new(Flaky {
             inner: crate::open("memory://").await.unwrap(),
             fail: AtomicU32::new(0),
+            lose_join_answer: AtomicU32::new(0),
             stall_ms: AtomicU32::new(0),
         });
         let store: Arc<dyn Store> = flaky.clone();
@@ -375,6 +389,13 @@ mod tests {
             request: JoinRequest<'_>,
         ) -> Result<Option<Joined>> {
             let joined = self.inner.join(session, request).await;
+            if self
+                .lose_join_answer
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(Error::unavailable("flaky", "the answer was lost"));
+            }
             let stall = self.stall_ms.load(Ordering::SeqCst);
             if stall > 0 {
                 // Blocks the runtime's one thread: the lease's own timer
@@ -446,6 +467,36 @@ mod tests {
         .unwrap();
         assert!(again.token() > token, "{} after {token}", again.token());
         again.release().await.unwrap();
+        other.close().await.unwrap();
+    }
+
+    /// A join the store took but whose answer was lost ends the session
+    /// (its entry would be granted in its turn and held for as long as the
+    /// session lives): the caller and the session's holders are told, and
+    /// another session gets the name once the entry goes with the close.
+    #[tokio::test]
+    async fn a_join_without_an_answer_ends_the_session() {
+        let (flaky, store) = flaky().await;
+        let s = Session::new(&store).await.unwrap();
+        let held = Mutex::new(&s, "other-name").unwrap().lock().await.unwrap();
+        flaky.lose_join_answer.store(1, Ordering::SeqCst);
+        let e = Mutex::new(&s, "lost-answer")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap_err();
+        assert!(e.is_temporary(), "{e:?}");
+        assert_eq!(s.lost_reason(), Some(crate::LostReason::Unconfirmed));
+        assert!(held.is_lost());
+        let other = Session::new(&store).await.unwrap();
+        let got = tokio::time::timeout(
+            Duration::from_secs(5),
+            Mutex::new(&other, "lost-answer").unwrap().lock(),
+        )
+        .await
+        .expect("the entry whose answer was lost stayed behind")
+        .unwrap();
+        got.release().await.unwrap();
         other.close().await.unwrap();
     }
 

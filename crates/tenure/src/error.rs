@@ -245,8 +245,8 @@ pub enum LostReason {
     /// release --force`) — or the store's clock stepped forward.
     Evicted,
     /// No renewal was confirmed before the local deadline, so the store may
-    /// already have expired the session; or a release went unanswered, so
-    /// the session no longer knows what it holds and ends.
+    /// already have expired the session; or a release or a join went
+    /// unanswered, so the session no longer knows what it holds and ends.
     Unconfirmed,
     /// The session was closed by its owner.
     Closed,
@@ -260,7 +260,10 @@ impl fmt::Display for LostReason {
                 "the store ended the session before its lease ran out (evicted by a forced \
                  release, or the store's clock stepped forward)"
             }
-            LostReason::Unconfirmed => "no renewal was confirmed before the lease's local deadline",
+            LostReason::Unconfirmed => {
+                "no renewal was confirmed before the lease's local deadline, or the store did not \
+                 answer a release or a lock, so the session no longer knows what it holds"
+            }
             LostReason::Closed => "the session was closed",
         })
     }

@@ -491,11 +491,12 @@ impl Session {
         }
     }
 
-    /// Ends the session because a release went unanswered: the store may or
-    /// may not have let go, and a session that does not know what it holds
-    /// cannot go on (a retry could give back another guard's hold of a
-    /// reentrant entry; taking the name again would take the old entry with
-    /// its old token). Its holders are told ([`LostReason::Unconfirmed`]);
+    /// Ends the session because a release or a join went unanswered: the
+    /// store may or may not have done it, and a session that does not know
+    /// what it holds cannot go on (a retry could give back another guard's
+    /// hold of a reentrant entry; taking the name again would take the old
+    /// entry with its old token; an entry it never learnt of would be held
+    /// for as long as it lives). Its holders are told ([`LostReason::Unconfirmed`]);
     /// its entries go with its close, or with its lease if that is not
     /// answered either.
     pub(crate) fn end_unconfirmed(&self) {
