@@ -354,6 +354,8 @@ mod tests {
         fail: AtomicU32,
         /// The next this many joins take effect, then answer "unavailable".
         lose_join_answer: AtomicU32,
+        /// Closes of sessions never answer.
+        hang_close: std::sync::atomic::AtomicBool,
         stall_ms: AtomicU32,
     }
 
@@ -363,6 +365,7 @@ mod tests {
             inner: crate::open("memory://").await.unwrap(),
             fail: AtomicU32::new(0),
             lose_join_answer: AtomicU32::new(0),
+            hang_close: std::sync::atomic::AtomicBool::new(false),
             stall_ms: AtomicU32::new(0),
         });
         let store: Arc<dyn Store> = flaky.clone();
@@ -381,6 +384,9 @@ mod tests {
             self.inner.keep_alive(session).await
         }
         async fn close_session(&self, session: &SessionKey) -> Result<()> {
+            if self.hang_close.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             self.inner.close_session(session).await
         }
         async fn join(
@@ -498,6 +504,26 @@ mod tests {
         .unwrap();
         got.release().await.unwrap();
         other.close().await.unwrap();
+    }
+
+    /// A close the store never answers returns within the session's TTL,
+    /// with a temporary error, instead of holding its caller (an elector's
+    /// stop, a program's exit) for as long as the store is stuck.
+    #[tokio::test]
+    async fn a_close_without_an_answer_returns_within_the_ttl() {
+        let (flaky, store) = flaky().await;
+        let options = crate::SessionOptions::new().ttl(Duration::from_secs(1));
+        let s = Session::with_options(&store, options).await.unwrap();
+        flaky.hang_close.store(true, Ordering::SeqCst);
+        let started = tokio::time::Instant::now();
+        let closed = tokio::time::timeout(Duration::from_secs(5), s.close())
+            .await
+            .expect("the close held its caller past the TTL");
+        let e = closed.unwrap_err();
+        assert!(e.is_temporary(), "{e:?}");
+        assert!(e.to_string().contains("TTL"), "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(900));
+        assert!(s.is_lost());
     }
 
     /// A grant that comes back after the lease's deadline is not handed

@@ -462,6 +462,13 @@ impl Session {
     /// Dropping the last handle does the same on a best-effort basis (when a
     /// tokio runtime is still running); otherwise the store expires it.
     ///
+    /// # Errors
+    ///
+    /// The store's error; [`Error::Unavailable`] if the store has not
+    /// answered within the session's TTL. Renewals stop when the close
+    /// begins, so by then the store has ended the session on its own (or
+    /// will, as soon as it runs again); the close goes on in the background.
+    ///
     /// # Cancel safety
     ///
     /// The close runs to completion in a spawned task even if this future is
@@ -475,7 +482,18 @@ impl Session {
         mark_lost(&self.inner, LostReason::Closed);
         let store = self.inner.store.clone();
         let key = self.inner.key.clone();
-        finish(async move { store.close_session(&key).await }, |_| {}).await
+        let closing = finish(async move { store.close_session(&key).await }, |_| {});
+        let ttl = self.inner.ttl;
+        match tokio::time::timeout(ttl, closing).await {
+            Ok(closed) => closed,
+            Err(_) => Err(Error::unavailable(
+                self.inner.backend(),
+                format!(
+                    "the close was not answered within the session's TTL ({ttl:?}); \
+                     the session expires without it"
+                ),
+            )),
+        }
     }
 
     /// Stops renewing and leaves the session to expire in the store: what it
