@@ -72,7 +72,7 @@ impl Session {
             // does not know of would be granted in its turn and held for as
             // long as the session lives, and a later join would reuse it.
             // As with a release the store did not answer, the session ends.
-            Err(e) if e.is_temporary() => {
+            Err(e) if e.may_have_taken_effect() => {
                 self.end_unconfirmed();
                 return Err(e);
             }
@@ -354,6 +354,8 @@ mod tests {
         fail: AtomicU32,
         /// The next this many joins take effect, then answer "unavailable".
         lose_join_answer: AtomicU32,
+        /// The next this many joins are refused, taking no effect.
+        refuse_join: AtomicU32,
         /// Closes of sessions never answer.
         hang_close: std::sync::atomic::AtomicBool,
         stall_ms: AtomicU32,
@@ -365,6 +367,7 @@ mod tests {
             inner: crate::open("memory://").await.unwrap(),
             fail: AtomicU32::new(0),
             lose_join_answer: AtomicU32::new(0),
+            refuse_join: AtomicU32::new(0),
             hang_close: std::sync::atomic::AtomicBool::new(false),
             stall_ms: AtomicU32::new(0),
         });
@@ -394,6 +397,13 @@ mod tests {
             session: &SessionKey,
             request: JoinRequest<'_>,
         ) -> Result<Option<Joined>> {
+            if self
+                .refuse_join
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(Error::refused("flaky", "deadlock detected"));
+            }
             let joined = self.inner.join(session, request).await;
             if self
                 .lose_join_answer
@@ -504,6 +514,24 @@ mod tests {
         .unwrap();
         got.release().await.unwrap();
         other.close().await.unwrap();
+    }
+
+    /// A join the store refused (rolled back: a deadlock, a busy database)
+    /// took no effect: the caller is told, and the session goes on.
+    #[tokio::test]
+    async fn a_refused_join_leaves_the_session_alive() {
+        let (flaky, store) = flaky().await;
+        let s = Session::new(&store).await.unwrap();
+        flaky.refuse_join.store(1, Ordering::SeqCst);
+        let m = Mutex::new(&s, "refused").unwrap();
+        let e = m.lock().await.unwrap_err();
+        assert!(e.is_temporary(), "{e:?}");
+        assert_eq!(e.to_string(), "flaky store unavailable: deadlock detected");
+        assert!(!s.is_lost());
+        let guard = m.lock().await.unwrap();
+        assert_eq!(guard.hold_count(), 1);
+        guard.release().await.unwrap();
+        s.close().await.unwrap();
     }
 
     /// A close the store never answers returns within the session's TTL,

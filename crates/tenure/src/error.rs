@@ -188,6 +188,44 @@ impl Error {
             source: source.into(),
         }
     }
+
+    /// [`Error::Unavailable`] for a call the store answered by refusing it
+    /// or rolling it back (a deadlock, a busy database, too many
+    /// connections): it took no effect. Said the same way.
+    #[allow(dead_code)] // used by the database backends
+    pub(crate) fn refused(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Unavailable {
+            backend,
+            source: Box::new(Refused(source.into())),
+        }
+    }
+
+    /// Whether the call that failed so may still have taken effect in the
+    /// store: it went unanswered (a lost connection, a timeout), rather than
+    /// being refused or rolled back.
+    pub(crate) fn may_have_taken_effect(&self) -> bool {
+        match self {
+            Error::Unavailable { source, .. } => !source.is::<Refused>(),
+            _ => false,
+        }
+    }
+}
+
+/// The source of an [`Error::Unavailable`] that the store answered: the
+/// call took no effect. Shown as the error it wraps.
+#[derive(Debug)]
+struct Refused(BoxError);
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for Refused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 impl Error {

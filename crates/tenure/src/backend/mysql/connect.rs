@@ -23,8 +23,9 @@ pub(super) fn my_err(e: mysql_async::Error) -> Error {
             backend: BACKEND,
             reason: server_words(s),
         },
+        // Rolled back or refused: the call took no effect.
         mysql_async::Error::Server(s) if matches!(s.code, 1205 | 1213 | 1040 | 1053) => {
-            Error::unavailable(BACKEND, server_words(s))
+            Error::refused(BACKEND, server_words(s))
         }
         mysql_async::Error::Server(s) => Error::backend(BACKEND, server_words(s)),
         // A certificate that is not trusted, or names another host: trying

@@ -73,7 +73,8 @@ pub(super) fn pg_err(e: tokio_postgres::Error) -> Error {
             || *code == SqlState::CANNOT_CONNECT_NOW
             || *code == SqlState::TOO_MANY_CONNECTIONS
         {
-            return Error::unavailable(BACKEND, server_words(&e));
+            // Rolled back or refused: the call took no effect.
+            return Error::refused(BACKEND, server_words(&e));
         }
         return Error::backend(BACKEND, server_words(&e));
     }

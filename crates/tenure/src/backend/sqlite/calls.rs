@@ -139,7 +139,8 @@ impl SqliteStore {
 
 pub(super) fn db_err(e: rusqlite::Error) -> Error {
     if is_busy(&e) {
-        Error::unavailable(BACKEND, e)
+        // The transaction did not commit: the call took no effect.
+        Error::refused(BACKEND, e)
     } else {
         Error::backend(BACKEND, e)
     }
