@@ -9,8 +9,9 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::metrics::{Acquiring, HeldMetric, Recipe};
 use crate::session::Session;
+use crate::session::Unsettled;
 use crate::store::{EntryKind, JoinMode, JoinRequest, Joined, Name};
-use crate::task::{finish, spawn_detached};
+use crate::task::{finish_tracked, spawn_detached};
 
 mod barging;
 
@@ -38,11 +39,9 @@ impl Session {
         let store = self.store().clone();
         let key = self.key().clone();
         let task_name = name.clone();
-        let unsettled = self.unsettled(name);
         let undo = {
             let (store, key, name) = (store.clone(), key.clone(), name.clone());
-            let unsettled = unsettled.clone();
-            move |result: Result<Option<Joined>>| {
+            move |result: Result<Option<Joined>>, unsettled: Unsettled| {
                 // The caller is gone: undo the join.
                 if let Ok(Some(joined)) = result {
                     spawn_detached(async move {
@@ -52,9 +51,12 @@ impl Session {
                 }
             }
         };
-        let joined = finish(
+        let track = {
+            let (session, name) = (self.clone(), name.clone());
+            move || session.unsettled(&name)
+        };
+        let joined = finish_tracked(
             async move {
-                let _unsettled = unsettled;
                 let request = JoinRequest {
                     name: &task_name,
                     kind,
@@ -65,6 +67,7 @@ impl Session {
                 store.join(&key, request).await
             },
             undo,
+            track,
         )
         .await;
         let joined = match joined {
@@ -288,17 +291,20 @@ impl Hold {
         // Decided inside the call, so that it holds even if the caller
         // stops waiting: a release the store did not answer ends the session.
         let session = self.session.clone();
-        let unsettled = session.unsettled(&name);
-        finish(
+        let track = {
+            let (session, name) = (session.clone(), name.clone());
+            move || session.unsettled(&name)
+        };
+        finish_tracked(
             async move {
-                let _unsettled = unsettled;
                 let result = store.leave(&key, &name, seq).await;
                 if matches!(&result, Err(e) if e.is_temporary()) {
                     session.end_unconfirmed();
                 }
                 result
             },
-            |_| {},
+            |_, _unsettled| {},
+            track,
         )
         .await
     }

@@ -24,17 +24,40 @@ pub(crate) async fn finish<T: Send + 'static>(
 ) -> T {
     Finishing {
         fut: Some(Box::pin(fut)),
-        abandoned: Some(Box::new(abandoned)),
+        abandoned: Some(Box::new(move || Box::new(abandoned))),
+    }
+    .await
+}
+
+/// [`finish`], and if the call moves to a spawned task, `track` is called
+/// at that moment (synchronously, as the caller drops it) and what it
+/// returns is kept until the call has finished and gone to `abandoned`
+/// (a count of calls still on their way, say). The common path, where the
+/// caller waits, never calls `track`.
+pub(crate) async fn finish_tracked<T: Send + 'static, G: Send + 'static>(
+    fut: impl Future<Output = T> + Send + 'static,
+    abandoned: impl FnOnce(T, G) + Send + 'static,
+    track: impl FnOnce() -> G + Send + 'static,
+) -> T {
+    Finishing {
+        fut: Some(Box::pin(fut)),
+        abandoned: Some(Box::new(move || {
+            let tracked = track();
+            Box::new(move |output| abandoned(output, tracked))
+        })),
     }
     .await
 }
 
 type BoxedCall<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// What a dropped call does: made when it is dropped, run with its output.
+type Abandon<T> = Box<dyn FnOnce() -> Box<dyn FnOnce(T) + Send> + Send>;
+
 /// See [`finish`].
 struct Finishing<T: Send + 'static> {
     fut: Option<BoxedCall<T>>,
-    abandoned: Option<Box<dyn FnOnce(T) + Send>>,
+    abandoned: Option<Abandon<T>>,
 }
 
 impl<T: Send + 'static> Future for Finishing<T> {
@@ -60,7 +83,8 @@ impl<T: Send + 'static> Future for Finishing<T> {
 
 impl<T: Send + 'static> Drop for Finishing<T> {
     fn drop(&mut self) {
-        if let (Some(fut), Some(abandoned)) = (self.fut.take(), self.abandoned.take()) {
+        if let (Some(fut), Some(abandon)) = (self.fut.take(), self.abandoned.take()) {
+            let abandoned = abandon();
             spawn_detached(async move {
                 abandoned(fut.await);
             });

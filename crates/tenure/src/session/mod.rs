@@ -54,6 +54,9 @@ struct Inner {
     /// their way after their caller stopped waiting (a join given up, a
     /// guard dropped), counted by name; see [`Session::settled`].
     unsettled: StdMutex<std::collections::HashMap<String, usize>>,
+    /// How many there are on all names: most joins find none, and look no
+    /// further.
+    unsettled_total: std::sync::atomic::AtomicUsize,
     /// Told whenever such a call ends.
     settled: tokio::sync::Notify,
     /// What ends with the session ([`Session::tie`]): run once when it is
@@ -91,7 +94,7 @@ impl Inner {
 }
 
 /// A call of a session on a name that may still be on its way (see
-/// [`Session::unsettled`]); dropping the last clone ends it.
+/// [`Session::unsettled`]); dropping it ends it.
 #[derive(Debug)]
 pub(crate) struct Unsettled {
     session: std::sync::Weak<Inner>,
@@ -111,6 +114,9 @@ impl Drop for Unsettled {
             }
         }
         drop(counts);
+        inner
+            .unsettled_total
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         inner.settled.notify_waiters();
     }
 }
@@ -141,20 +147,37 @@ impl Session {
     }
 
     /// Counts a call of this session that changes `name`'s queue until the
-    /// returned ticket (and every clone of it) is dropped: moved into
-    /// whatever finishes the call in the background, it keeps the session's
-    /// next join of `name` waiting ([`Session::settled`]).
-    pub(crate) fn unsettled(&self, name: &Name) -> Arc<Unsettled> {
+    /// returned ticket is dropped: moved into whatever finishes the call in
+    /// the background, it keeps the session's next join of `name` waiting
+    /// ([`Session::settled`]).
+    pub(crate) fn unsettled(&self, name: &Name) -> Unsettled {
         let mut counts = self
             .inner
             .unsettled
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         *counts.entry(name.as_str().to_string()).or_insert(0) += 1;
-        Arc::new(Unsettled {
+        self.inner
+            .unsettled_total
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Unsettled {
             session: Arc::downgrade(&self.inner),
             name: name.as_str().to_string(),
-        })
+        }
+    }
+
+    /// Whether a call of this session on `name` is still on its way.
+    fn is_unsettled(&self, name: &Name) -> bool {
+        let total = &self.inner.unsettled_total;
+        if total.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return false;
+        }
+        let counts = self
+            .inner
+            .unsettled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        counts.contains_key(name.as_str())
     }
 
     /// Resolves once no call of this session that changes `name`'s queue is
@@ -167,20 +190,15 @@ impl Session {
     ///
     /// Cancel safe: it only waits.
     pub(crate) async fn settled(&self, name: &Name) {
+        if !self.is_unsettled(name) {
+            return;
+        }
         let waited = async {
             loop {
                 let told = self.inner.settled.notified();
                 tokio::pin!(told);
                 told.as_mut().enable();
-                let pending = {
-                    let counts = self
-                        .inner
-                        .unsettled
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    counts.contains_key(name.as_str())
-                };
-                if !pending {
+                if !self.is_unsettled(name) {
                     return;
                 }
                 told.await;
@@ -356,6 +374,7 @@ impl Session {
             on_end: StdMutex::new((0, std::collections::HashMap::new())),
             gates: StdMutex::new(std::collections::HashMap::new()),
             unsettled: StdMutex::new(std::collections::HashMap::new()),
+            unsettled_total: std::sync::atomic::AtomicUsize::new(0),
             settled: tokio::sync::Notify::new(),
         });
         if crate::metrics::session_opened(inner.backend()) {
