@@ -462,6 +462,23 @@ mod tests {
         }
     }
 
+    /// Takes `name` with a new session within 5 s (`why` says what it
+    /// means if it cannot), lets it go, and returns the token it was given.
+    async fn taken_by_another(store: &Arc<dyn Store>, name: &str, why: &str) -> u64 {
+        let other = Session::new(store).await.unwrap();
+        let got = tokio::time::timeout(
+            Duration::from_secs(5),
+            Mutex::new(&other, name).unwrap().lock(),
+        )
+        .await
+        .expect(why)
+        .unwrap();
+        let token = got.token();
+        got.release().await.unwrap();
+        other.close().await.unwrap();
+        token
+    }
+
     /// A release the store did not answer ends the session: its holders are
     /// told, its next lock fails instead of taking the old entry again with
     /// its old token, its entries go with its close, and a new session gets
@@ -479,17 +496,8 @@ mod tests {
         assert_eq!(s.lost_reason(), Some(crate::LostReason::Unconfirmed));
         let e = m.lock().await.unwrap_err();
         assert!(matches!(e, Error::SessionLost(_)), "{e:?}");
-        let other = Session::new(&store).await.unwrap();
-        let again = tokio::time::timeout(
-            Duration::from_secs(5),
-            Mutex::new(&other, "flaky").unwrap().lock(),
-        )
-        .await
-        .expect("locked again in time")
-        .unwrap();
-        assert!(again.token() > token, "{} after {token}", again.token());
-        again.release().await.unwrap();
-        other.close().await.unwrap();
+        let again = taken_by_another(&store, "flaky", "locked again in time").await;
+        assert!(again > token, "{again} after {token}");
     }
 
     /// A join the store took but whose answer was lost ends the session
@@ -510,16 +518,12 @@ mod tests {
         assert!(e.is_temporary(), "{e:?}");
         assert_eq!(s.lost_reason(), Some(crate::LostReason::Unconfirmed));
         assert!(held.is_lost());
-        let other = Session::new(&store).await.unwrap();
-        let got = tokio::time::timeout(
-            Duration::from_secs(5),
-            Mutex::new(&other, "lost-answer").unwrap().lock(),
+        taken_by_another(
+            &store,
+            "lost-answer",
+            "the entry whose answer was lost stayed behind",
         )
-        .await
-        .expect("the entry whose answer was lost stayed behind")
-        .unwrap();
-        got.release().await.unwrap();
-        other.close().await.unwrap();
+        .await;
     }
 
     /// A join the store refused (rolled back: a deadlock, a busy database)
@@ -578,15 +582,6 @@ mod tests {
         assert!(s.is_lost());
         flaky.stall_ms.store(0, Ordering::SeqCst);
         // The entry did not stay behind: another session gets the name.
-        let other = Session::new(&store).await.unwrap();
-        let got = tokio::time::timeout(
-            Duration::from_secs(5),
-            Mutex::new(&other, "late").unwrap().lock(),
-        )
-        .await
-        .expect("locked in time")
-        .unwrap();
-        got.release().await.unwrap();
-        other.close().await.unwrap();
+        taken_by_another(&store, "late", "locked in time").await;
     }
 }
