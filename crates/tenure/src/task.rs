@@ -22,11 +22,7 @@ pub(crate) async fn finish<T: Send + 'static>(
     fut: impl Future<Output = T> + Send + 'static,
     abandoned: impl FnOnce(T) + Send + 'static,
 ) -> T {
-    Finishing {
-        fut: Some(Box::pin(fut)),
-        abandoned: Some(Box::new(move || Box::new(abandoned))),
-    }
-    .await
+    finish_tracked(fut, |output, ()| abandoned(output), || ()).await
 }
 
 /// [`finish`], and if the call moves to a spawned task, `track` is called
