@@ -91,8 +91,11 @@ impl Mutex {
     /// ready now (a holder that takes the name again at once, a newcomer)
     /// rather than to a waiter that is slow to wake, and a waiter may wait
     /// up to the bound longer than its turn; choose the fair lock for
-    /// strict arrival order. The library guide's "Fair or not"
-    /// (docs/library.md) has the figures of both.
+    /// strict arrival order. Under contention the fair lock is the faster
+    /// one on most stores: its grant is made inside the release, whereas a
+    /// barged grant needs a try that reaches the store after the release.
+    /// The library guide's "Fair or not" (docs/library.md) has the figures
+    /// of both.
     ///
     /// # Examples
     ///
