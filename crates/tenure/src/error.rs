@@ -229,15 +229,20 @@ impl std::error::Error for Refused {
 }
 
 impl Error {
-    /// A store that could not be reached when opened, said with the
+    /// A store that could not be reached or did not answer, said with the
     /// servers the URL names (never its user or password) and each of its
     /// causes once; any other error as it is.
     pub(crate) fn at_servers(self, servers: &str) -> Error {
         match self {
-            Error::Unavailable { backend, source } if !servers.is_empty() => Error::Unavailable {
-                backend,
-                source: format!("at {servers}: {}", said_once(source.as_ref())).into(),
-            },
+            Error::Unavailable { backend, source } if !servers.is_empty() => {
+                let said: BoxError = format!("at {servers}: {}", said_once(source.as_ref())).into();
+                // Still marked if the store refused the call.
+                let source = match source.is::<Refused>() {
+                    true => Box::new(Refused(said)),
+                    false => said,
+                };
+                Error::Unavailable { backend, source }
+            }
             e => e,
         }
     }

@@ -38,6 +38,7 @@ mod fence;
 pub mod fencing;
 mod guard;
 #[cfg(feature = "metrics")]
+mod addressed;
 mod metered;
 pub mod metrics;
 mod mutex;

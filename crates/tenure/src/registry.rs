@@ -70,6 +70,7 @@ impl Backend {
             }
             Err(e) => return Err(e.at_servers(&servers)),
         };
+        let store = crate::addressed::Addressed::wrap(store, &servers);
         #[cfg(feature = "metrics")]
         let store = crate::metered::Metered::wrap(store);
         Ok(store)

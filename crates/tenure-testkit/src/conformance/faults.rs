@@ -184,6 +184,12 @@ pub async fn check_server_killed_and_restarted(server: &mut dyn crate::Server) {
 /// Server paused (SIGSTOP) while a lock is held: no error comes back, yet
 /// the holder's lost() fires within the TTL; after SIGCONT the same store
 /// takes the lock again, with a higher token.
+///
+/// And calls to it end in time: a release and a lock's join made as it
+/// stops, by sessions whose TTL outlasts the pause, each fail within
+/// [`PAUSED_CALLS_END_WITHIN`] with a temporary error that names the server
+/// (the URL's first `host:port`), and the holder whose release went
+/// unanswered is told it may have lost the lock.
 pub async fn check_server_paused(server: &mut dyn crate::Server) {
     let store = tenure::open(&server.url()).await.unwrap();
     let ttl = Duration::from_secs(1).max(store.capabilities().min_ttl);
@@ -193,6 +199,17 @@ pub async fn check_server_paused(server: &mut dyn crate::Server) {
     let name = unique("paused");
     let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     let before = guard.token();
+    let outlasting = SessionOptions::new().ttl(Duration::from_secs(30));
+    let holder = Session::with_options(&store, outlasting.clone())
+        .await
+        .unwrap();
+    let asker = Session::with_options(&store, outlasting).await.unwrap();
+    let releasing = Mutex::new(&holder, unique("paused-release"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let asking = Mutex::new(&asker, unique("paused-join")).unwrap();
     // An elector leading when the server stops: its handle says it no
     // longer leads no later than the term's lost() resolves.
     let (term_tx, term_rx) = tokio::sync::oneshot::channel();
@@ -225,10 +242,37 @@ pub async fn check_server_paused(server: &mut dyn crate::Server) {
     });
     let paused = Instant::now();
     server.pause();
+    // Both at once, while the rest of the check waits.
+    let limit = PAUSED_CALLS_END_WITHIN + Duration::from_secs(10);
+    let calls = tokio::spawn(async move {
+        tokio::join!(
+            timed(limit, async { releasing.release().await.map(drop) }),
+            timed(limit, async { asking.lock().await.map(drop) }),
+        )
+    });
     let lost = tokio::time::timeout(ttl + Duration::from_millis(500), guard.lost()).await;
     let lost_after = paused.elapsed();
     let elector_told = tokio::time::timeout(ttl + Duration::from_millis(500), told).await;
+    let ((released, release_took), (joined, join_took)) = calls.await.unwrap();
+    let holder_told = holder.is_lost();
     server.resume();
+    let names = first_server(&server.url());
+    for (what, answer, took) in [
+        ("a release", released, release_took),
+        ("a lock's join", joined, join_took),
+    ] {
+        let e = answer
+            .unwrap_or_else(|| panic!("{what} to a paused server did not return in {took:?}"))
+            .expect_err(&format!("{what} to a paused server succeeded"));
+        eprintln!("{what} to a paused server: {e} (after {took:?})");
+        assert!(e.is_temporary(), "{what}: {e:?}");
+        assert!(e.to_string().contains(&names), "{what}: {e} does not name {names}");
+        assert!(
+            took <= PAUSED_CALLS_END_WITHIN,
+            "{what} returned after {took:?}, bound {PAUSED_CALLS_END_WITHIN:?}"
+        );
+    }
+    assert!(holder_told, "the holder whose release went unanswered was not told");
     assert!(
         elector_told
             .expect("the term's lost() resolved while paused")
@@ -262,6 +306,28 @@ pub async fn check_server_paused(server: &mut dyn crate::Server) {
     };
     assert!(again.0.token() > before, "token went back after a pause");
     again.0.release().await.unwrap();
+}
+
+/// How long a call to a server that stopped answering may take to fail:
+/// each request's own bound (3 s on Redis, 5 s on the others), and where a
+/// call retries a failure it may safely repeat (ZooKeeper's, for 5 s), an
+/// attempt begun before that ends, with room for a loaded machine. Seen
+/// here: Redis 3 s, PostgreSQL, MySQL and etcd 5 s, ZooKeeper 8 to 13 s.
+pub const PAUSED_CALLS_END_WITHIN: Duration = Duration::from_secs(20);
+
+/// The first `host:port` a store URL names (after any user info).
+fn first_server(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, hosts)| hosts);
+    hosts.split(',').next().unwrap_or(hosts).to_string()
+}
+
+/// `call`'s output if it came within `limit`, and how long it took.
+async fn timed<T>(limit: Duration, call: impl std::future::Future<Output = T>) -> (Option<T>, Duration) {
+    let started = Instant::now();
+    let answer = tokio::time::timeout(limit, call).await.ok();
+    (answer, started.elapsed())
 }
 
 /// A server that is down at start: a typed "unavailable" error, in time.

@@ -12,7 +12,7 @@ use super::connect::{is_retryable, my_err};
 use super::statements::NOW_MS;
 use super::{Mysql, BACKEND, POLL_MAX, POLL_MIN, RETRIES};
 use crate::backend::poll;
-use crate::backend::sql::{Arg, Cell, SqlDriver, SqlRow};
+use crate::backend::sql::{answered, Arg, Cell, SqlDriver, SqlRow};
 use crate::error::{Error, Result};
 
 /// A value as the core reads it.
@@ -52,11 +52,19 @@ fn to_value(arg: &Arg<'_>) -> Value {
 }
 
 impl Mysql {
+    /// `call`'s answer, or the error that says it has not come within
+    /// [`CALL_TIMEOUT`](crate::backend::sql::CALL_TIMEOUT). The connection
+    /// it went on is dropped with the call; the pool does not reuse one
+    /// dropped in the middle of a statement.
+    pub(super) async fn within<T>(&self, call: impl std::future::Future<Output = T>) -> Result<T> {
+        answered(BACKEND, call).await
+    }
+
     /// One statement's rows.
     async fn rows_of(&self, sql: String, args: &[Arg<'_>]) -> Result<Vec<SqlRow>> {
         let params: Vec<Value> = args.iter().map(to_value).collect();
         let mut conn = self.conn().await?;
-        let rows: Vec<Row> = conn.exec(sql, params).await.map_err(my_err)?;
+        let rows: Vec<Row> = self.within(conn.exec(sql, params)).await?.map_err(my_err)?;
         rows.into_iter().map(to_row).collect()
     }
 
@@ -92,11 +100,11 @@ impl SqlDriver for Mysql {
     async fn retire_older_formats(&self) -> Result<Vec<String>> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;
-        conn.exec_drop(
+        self.within(conn.exec_drop(
             format!("UPDATE {p}meta SET v = ? WHERE k = 'schema' AND v = ?"),
             (super::FORMAT, super::schema::SCHEMA_VERSION),
-        )
-        .await
+        ))
+        .await?
         .map_err(my_err)?;
         Ok(if conn.affected_rows() > 0 {
             vec![format!(
@@ -112,11 +120,11 @@ impl SqlDriver for Mysql {
     async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;
-        conn.exec_drop(
+        self.within(conn.exec_drop(
             format!("INSERT INTO {p}session_builds (session, build) VALUES (?, ?) ON DUPLICATE KEY UPDATE build = VALUES(build)"),
             (secret, build),
-        )
-        .await
+        ))
+        .await?
         .map_err(my_err)
     }
 
@@ -140,11 +148,11 @@ impl SqlDriver for Mysql {
     async fn keep_alive(&self, secret: &str) -> Result<bool> {
         let p = &self.inner.prefix;
         let mut conn = self.conn().await?;
-        conn.exec_drop(
+        self.within(conn.exec_drop(
             format!("UPDATE {p}sessions SET expires_ms = {NOW_MS} + ttl_ms, renewals = renewals + 1 WHERE id = ? AND expires_ms > 0"),
             (secret,),
-        )
-        .await
+        ))
+        .await?
         .map_err(my_err)?;
         Ok(conn.affected_rows() > 0)
     }
@@ -156,7 +164,8 @@ impl SqlDriver for Mysql {
         let params: Vec<Value> = args.iter().map(to_value).collect();
         let row = poll::retry_at_once(RETRIES, is_retryable, my_err, || async {
             let mut conn = self.conn().await?;
-            Ok(conn.exec_first::<Row, _, _>(&sql, params.clone()).await)
+            self.within(conn.exec_first::<Row, _, _>(&sql, params.clone()))
+                .await
         })
         .await?;
         let row =
@@ -182,7 +191,7 @@ impl SqlDriver for Mysql {
             _ => return Ok(None),
         };
         let mut conn = self.conn().await?;
-        match conn.exec_drop(sql, params).await {
+        match self.within(conn.exec_drop(sql, params)).await? {
             Ok(()) => {}
             // A deadlock or a lock wait that timed out: the CALL decides
             // (and retries).

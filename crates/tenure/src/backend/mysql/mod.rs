@@ -143,15 +143,21 @@ impl MysqlStore {
             conn,
             prefix: &driver.inner.prefix,
         };
-        crate::backend::sql::ensure_schema(
-            &mut schema,
-            SCHEMA_VERSION,
-            FORMAT,
-            UPGRADES_FROM,
-            mismatch,
-        )
+        // Bounded, as every later statement is, but longer: the schema
+        // may wait for another process that installs it.
+        let setup = crate::backend::sql::CALL_TIMEOUT * 6;
+        crate::backend::sql::answered_within(setup, BACKEND, async {
+            crate::backend::sql::ensure_schema(
+                &mut schema,
+                SCHEMA_VERSION,
+                FORMAT,
+                UPGRADES_FROM,
+                mismatch,
+            )
             .await?;
-        crate::backend::sql::ensure_additions(&mut schema).await?;
+            crate::backend::sql::ensure_additions(&mut schema).await
+        })
+        .await??;
         Ok(SqlStore {
             driver,
             caps: capabilities(),

@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 pub(super) struct Connected {
     pub(super) client: Arc<Client>,
     pub(super) stmts: Arc<Statements>,
+    /// Set when a statement on it went unanswered: the next call opens
+    /// another connection.
+    pub(super) given_up: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the server said: its message, the SQLSTATE, and its detail and
@@ -239,7 +242,8 @@ impl Postgres {
     pub(super) async fn connected(&self) -> Result<Connected> {
         let mut slot = self.inner.conn.lock().await;
         if let Some(c) = slot.as_ref() {
-            if !c.client.is_closed() {
+            let given_up = c.given_up.load(std::sync::atomic::Ordering::Acquire);
+            if !c.client.is_closed() && !given_up {
                 return Ok(c.clone());
             }
         }
@@ -256,23 +260,31 @@ impl Postgres {
             found: format!("schema {s} has tenure schema version {v}"),
             expected: format!("version {SCHEMA_VERSION}"),
         };
-        let mut schema = PgSchema {
-            client: &client,
-            schema: s,
-        };
-        crate::backend::sql::ensure_schema(
-            &mut schema,
-            SCHEMA_VERSION,
-            super::FORMAT,
-            UPGRADES_FROM,
-            mismatch,
-        )
+        // Bounded, as every later statement is (a server that stops right
+        // after the handshake), but longer: the schema may wait for
+        // another process that installs it.
+        let setup = crate::backend::sql::CALL_TIMEOUT * 6;
+        let stmts = crate::backend::sql::answered_within(setup, BACKEND, async {
+            let mut schema = PgSchema {
+                client: &client,
+                schema: s,
+            };
+            crate::backend::sql::ensure_schema(
+                &mut schema,
+                SCHEMA_VERSION,
+                super::FORMAT,
+                UPGRADES_FROM,
+                mismatch,
+            )
             .await?;
-        crate::backend::sql::ensure_additions(&mut schema).await?;
-        let stmts = Statements::prepare(&client, s).await?;
+            crate::backend::sql::ensure_additions(&mut schema).await?;
+            Statements::prepare(&client, s).await
+        })
+        .await??;
         let connected = Connected {
             client: Arc::new(client),
             stmts: Arc::new(stmts),
+            given_up: Default::default(),
         };
         *slot = Some(connected.clone());
         Ok(connected)

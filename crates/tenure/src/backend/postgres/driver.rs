@@ -8,12 +8,12 @@ use async_trait::async_trait;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Statement;
 
-use super::connect::{is_retryable, pg_err};
+use super::connect::{is_retryable, pg_err, Connected};
 use super::listen::grant_proof;
 use super::statements::Statements;
 use super::{Postgres, BACKEND, POLL_MAX, POLL_MIN, RETRIES};
 use crate::backend::poll;
-use crate::backend::sql::{Arg, Cell, SqlDriver, SqlRow};
+use crate::backend::sql::{answered, Arg, Cell, SqlDriver, SqlRow};
 use crate::error::{Error, Result};
 
 /// An argument as the statement's parameter type wants it.
@@ -85,9 +85,28 @@ impl Postgres {
                 .iter()
                 .map(|p| p.as_ref() as &(dyn ToSql + Sync))
                 .collect();
-            Ok(c.client.query(statement, &refs).await)
+            self.answered(&c, c.client.query(statement, &refs)).await
         })
         .await
+    }
+
+    /// `call`'s answer on the connection `c`, or, when it has not come
+    /// within [`CALL_TIMEOUT`](crate::backend::sql::CALL_TIMEOUT), the
+    /// error that says so; the connection is then given up (the next call
+    /// opens another), since the answers it owes would come late, if ever.
+    pub(super) async fn answered<T>(
+        &self,
+        c: &Connected,
+        call: impl std::future::Future<Output = T>,
+    ) -> Result<T> {
+        let answer = answered(BACKEND, call).await;
+        if answer.is_err() {
+            // Marked, not taken out of its slot: that would wait for a
+            // call that is connecting meanwhile.
+            c.given_up
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        answer
     }
 
     async fn texts(&self, pick: fn(&Statements) -> &Statement, arg: &str) -> Result<Vec<String>> {
@@ -119,10 +138,9 @@ impl SqlDriver for Postgres {
 
     async fn keep_alive(&self, secret: &str) -> Result<bool> {
         let c = self.connected().await?;
-        let n = c
-            .client
-            .execute(&c.stmts.keep_alive, &[&secret])
-            .await
+        let n = self
+            .answered(&c, c.client.execute(&c.stmts.keep_alive, &[&secret]))
+            .await?
             .map_err(pg_err)?;
         Ok(n > 0)
     }
@@ -179,13 +197,14 @@ impl SqlDriver for Postgres {
     async fn retire_older_formats(&self) -> Result<Vec<String>> {
         let c = self.connected().await?;
         let s = &self.inner.schema;
-        let changed = c
-            .client
-            .execute(
-                &format!("UPDATE {s}.meta SET value = $1 WHERE key = 'schema' AND value = $2"),
-                &[&super::FORMAT, &super::schema::SCHEMA_VERSION],
+        let update = format!("UPDATE {s}.meta SET value = $1 WHERE key = 'schema' AND value = $2");
+        let changed = self
+            .answered(
+                &c,
+                c.client
+                    .execute(&update, &[&super::FORMAT, &super::schema::SCHEMA_VERSION]),
             )
-            .await
+            .await?
             .map_err(pg_err)?;
         Ok(if changed > 0 {
             vec![format!(

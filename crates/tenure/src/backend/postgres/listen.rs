@@ -83,12 +83,13 @@ impl Postgres {
             listeners.wake_all();
         });
         let s = &self.inner.schema;
-        match client
-            .batch_execute(&format!(
-                "LISTEN {s}_grant; LISTEN {s}_wake; LISTEN {s}_change;"
-            ))
-            .await
-        {
+        let listen = format!("LISTEN {s}_grant; LISTEN {s}_wake; LISTEN {s}_change;");
+        let answer = crate::backend::sql::answered(
+            super::BACKEND,
+            client.batch_execute(&listen),
+        )
+        .await;
+        match answer.and_then(|listened| listened.map_err(super::connect::pg_err)) {
             // Kept here: the connection lives as long as its client.
             Ok(()) => {
                 *listening = Some(client);

@@ -186,6 +186,14 @@ impl Clustered {
 
     /// Lets the node in use go (a call on it failed): the next call starts
     /// again from the known nodes.
+    /// The node in use, for an error to name.
+    pub(super) fn server(&self) -> String {
+        match self.current().as_ref() {
+            Some(node) => format!("the cluster node at {}", node.at),
+            None => "the cluster node that holds the prefix's slot".to_string(),
+        }
+    }
+
     pub(super) fn lost(&self) {
         *self.current() = None;
     }

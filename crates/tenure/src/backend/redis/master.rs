@@ -138,6 +138,8 @@ impl Master {
             || e.is_connection_dropped()
             || e.is_timeout()
             || e.is_connection_refusal();
+        // Named before a lost connection is given up below.
+        let server = if lost { self.server() } else { None };
         match self {
             Master::Fixed { .. } => {}
             Master::Sentinel(f) => {
@@ -156,7 +158,34 @@ impl Master {
                 }
             }
         }
-        redis_err(e)
+        match server {
+            // Which node did not answer, with the client's words.
+            Some(server) => Error::unavailable(BACKEND, format!("{server}: {e}")),
+            None => redis_err(e),
+        }
+    }
+
+    /// The node calls go to now, for an error to name, where it is not the
+    /// URL's server (which [`crate::open`]'s errors name): the master the
+    /// sentinels named, the cluster node that holds the slot.
+    fn server(&self) -> Option<String> {
+        Some(match self {
+            Master::Fixed { .. } => return None,
+            Master::Sentinel(f) => match f
+                .current
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .as_ref()
+            {
+                Some((_, client)) => format!(
+                    "the master of {} at {}",
+                    f.service,
+                    client.get_connection_info().addr()
+                ),
+                None => format!("the master of {}", f.service),
+            },
+            Master::Cluster(c) => c.server(),
+        })
     }
 }
 

@@ -52,6 +52,36 @@ impl<D: fmt::Debug> fmt::Debug for SqlStore<D> {
     }
 }
 
+/// How long a statement may go unanswered: then the call fails with
+/// [`Error::Unavailable`], as etcd's and ZooKeeper's calls do after as
+/// long. A server that stopped (paused, or behind a network that drops
+/// packets without a word) would otherwise hold a release or a join for as
+/// long as TCP takes to give up, many minutes. Every statement tenure runs
+/// is one short transaction, so a live server answers well within it.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `call`'s answer, or [`Error::Unavailable`] once it has not come within
+/// [`CALL_TIMEOUT`] (a store opened by [`crate::open`] names the server).
+pub(crate) async fn answered<T>(
+    backend: &'static str,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T> {
+    answered_within(CALL_TIMEOUT, backend, call).await
+}
+
+/// [`answered`] within `limit`: for what runs several statements, such
+/// as a new connection's check of the schema (which may wait for another
+/// process that installs it).
+pub(crate) async fn answered_within<T>(
+    limit: Duration,
+    backend: &'static str,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T> {
+    tokio::time::timeout(limit, call)
+        .await
+        .map_err(|_| Error::unavailable(backend, format!("no answer within {limit:?}")))
+}
+
 fn to_u64(v: i64) -> Result<u64> {
     u64::try_from(v).map_err(|_| Error::backend("sql", format!("a negative version {v}")))
 }
