@@ -26,6 +26,7 @@
 // - `metrics`: what the sessions and recipes record, and `metered`, the one
 //   store wrapper that records store operations (no backend records).
 mod acquire;
+mod addressed;
 pub mod backend;
 #[cfg(feature = "schedule")]
 mod board;
@@ -38,7 +39,6 @@ mod fence;
 pub mod fencing;
 mod guard;
 #[cfg(feature = "metrics")]
-mod addressed;
 mod metered;
 pub mod metrics;
 mod mutex;

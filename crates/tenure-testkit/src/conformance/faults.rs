@@ -266,13 +266,19 @@ pub async fn check_server_paused(server: &mut dyn crate::Server) {
             .expect_err(&format!("{what} to a paused server succeeded"));
         eprintln!("{what} to a paused server: {e} (after {took:?})");
         assert!(e.is_temporary(), "{what}: {e:?}");
-        assert!(e.to_string().contains(&names), "{what}: {e} does not name {names}");
+        assert!(
+            e.to_string().contains(&names),
+            "{what}: {e} does not name {names}"
+        );
         assert!(
             took <= PAUSED_CALLS_END_WITHIN,
             "{what} returned after {took:?}, bound {PAUSED_CALLS_END_WITHIN:?}"
         );
     }
-    assert!(holder_told, "the holder whose release went unanswered was not told");
+    assert!(
+        holder_told,
+        "the holder whose release went unanswered was not told"
+    );
     assert!(
         elector_told
             .expect("the term's lost() resolved while paused")
@@ -319,12 +325,17 @@ pub const PAUSED_CALLS_END_WITHIN: Duration = Duration::from_secs(20);
 fn first_server(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-    let hosts = authority.rsplit_once('@').map_or(authority, |(_, hosts)| hosts);
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
     hosts.split(',').next().unwrap_or(hosts).to_string()
 }
 
 /// `call`'s output if it came within `limit`, and how long it took.
-async fn timed<T>(limit: Duration, call: impl std::future::Future<Output = T>) -> (Option<T>, Duration) {
+async fn timed<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = T>,
+) -> (Option<T>, Duration) {
     let started = Instant::now();
     let answer = tokio::time::timeout(limit, call).await.ok();
     (answer, started.elapsed())
