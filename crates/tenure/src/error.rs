@@ -314,3 +314,24 @@ impl fmt::Display for LostReason {
 
 /// `Result` with tenure's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn naming_the_servers_keeps_a_refusal_marked() {
+        let refused = Error::refused("mysql", "Deadlock found").at_servers("db1:3306");
+        assert!(!refused.may_have_taken_effect());
+        assert_eq!(
+            refused.to_string(),
+            "mysql store unavailable: at db1:3306: Deadlock found"
+        );
+        let unanswered = Error::unavailable("mysql", "no answer within 5s").at_servers("db1:3306");
+        assert!(unanswered.may_have_taken_effect());
+        assert_eq!(
+            unanswered.to_string(),
+            "mysql store unavailable: at db1:3306: no answer within 5s"
+        );
+    }
+}

@@ -54,8 +54,9 @@ fn to_value(arg: &Arg<'_>) -> Value {
 impl Mysql {
     /// `call`'s answer, or the error that says it has not come within
     /// [`CALL_TIMEOUT`](crate::backend::sql::CALL_TIMEOUT). The connection
-    /// it went on is dropped with the call; the pool does not reuse one
-    /// dropped in the middle of a statement.
+    /// it went on is dropped with the call: the pool reads the answer the
+    /// statement still owes, or discards the connection, before it hands
+    /// that connection out again.
     pub(super) async fn within<T>(&self, call: impl std::future::Future<Output = T>) -> Result<T> {
         answered(BACKEND, call).await
     }

@@ -184,8 +184,6 @@ impl Clustered {
         Ok(node)
     }
 
-    /// Lets the node in use go (a call on it failed): the next call starts
-    /// again from the known nodes.
     /// The node in use, for an error to name.
     pub(super) fn server(&self) -> String {
         match self.current().as_ref() {
@@ -194,6 +192,8 @@ impl Clustered {
         }
     }
 
+    /// Lets the node in use go (a call on it failed): the next call starts
+    /// again from the known nodes.
     pub(super) fn lost(&self) {
         *self.current() = None;
     }
