@@ -252,21 +252,35 @@ fn crond_failing_job_resigns_and_is_recorded_as_failed() {
         "name=flaky on-failure=resign @every 1s echo \"$TENURE_JOB $TENURE_TICK $TENURE_FENCE $INSTANCE\" >> \"$D/runs\"; exit 3\n",
     )
     .unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let metrics = format!("127.0.0.1:{port}");
-    let mut instances: Vec<Child> = (0..3)
-        .map(|i| {
-            let extra: &[&str] = if i == 0 {
-                &["--metrics", &metrics]
-            } else {
-                &[]
+    // Instance 0 serves its metrics, on a port picked just before it
+    // starts: another test may take the port in between (instance 0 then
+    // exits), so it is started again on another, up to three times, and
+    // the others start once it answers.
+    let (first, port) = (0..3)
+        .find_map(|_| {
+            let port = {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().port()
             };
-            instance(&env, "flaky-svc", i, extra)
+            let metrics = format!("127.0.0.1:{port}");
+            let mut child = instance(&env, "flaky-svc", 0, &["--metrics", &metrics]);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if !http_get(port, "/metrics").is_empty() {
+                    return Some((child, port));
+                }
+                if child.try_wait().ok().flatten().is_some() {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            None
         })
-        .collect();
+        .expect("instance 0 never served its metrics (three ports tried)");
+    let mut instances: Vec<Child> = vec![first];
+    instances.extend((1..3).map(|i| instance(&env, "flaky-svc", i, &[])));
     let all = wait_runs(
         &env,
         Duration::from_secs(30),
