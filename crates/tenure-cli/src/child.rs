@@ -1,8 +1,13 @@
-//! Running the user's command while a lease is held, and stopping its whole
-//! process group before the lease can run out, even if tenure itself is
-//! killed or stopped: the command runs under the supervisor
-//! ([`crate::supervise`]), which tenure feeds with each confirmed renewal's
-//! deadline.
+//! Running the user's command while a lease authorises it — the one
+//! supervision path of every runner (`lock`, `elect`, `cron`, `crond`) —
+//! and stopping its whole process group before the lease can run out, even
+//! if tenure itself is killed or stopped: the command runs under the
+//! supervisor ([`crate::supervise`]), which tenure feeds with each confirmed
+//! renewal's deadline.
+//!
+//! Every way a run is stopped is the same: a signal to the whole group
+//! (SIGTERM, or the signal tenure itself got), the grace for the whole
+//! group, then SIGKILL; never later than the lease's local deadline.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -11,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::exit::{self, Failure};
@@ -24,15 +29,96 @@ const DEADLINE_POLL: Duration = Duration::from_millis(50);
 /// A second SIGINT within this long kills the command's group.
 pub const SECOND_INTERRUPT: Duration = Duration::from_secs(3);
 
+/// The signals whoever started tenure left ignored, read first thing in
+/// `main` (see [`supervise::ignored_signals`]); every command starts with
+/// these ignored and every other signal at its default.
+static INHERITED_IGNORED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Records the signals ignored when tenure started; called before anything
+/// in tenure changes a disposition.
+pub fn record_inherited_signals() {
+    INHERITED_IGNORED.store(
+        supervise::ignored_signals(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// SIGINT, SIGTERM and SIGHUP delivered to tenure, passed on to every run in
+/// progress and to the runner: the runner stops on the first SIGINT or
+/// SIGTERM (and SIGHUP, unless it reloads on it); a second SIGINT within
+/// [`SECOND_INTERRUPT`] becomes SIGKILL for the runs.
+#[derive(Clone)]
+pub struct SignalHub {
+    runs: broadcast::Sender<i32>,
+    stop: watch::Receiver<Option<i32>>,
+    hups: broadcast::Sender<()>,
+}
+
+impl SignalHub {
+    /// Starts listening. With `hup_stops` false, SIGHUP is only announced
+    /// ([`SignalHub::hangups`]), not passed on to runs (`crond` reloads).
+    pub fn start(hup_stops: bool) -> Result<SignalHub, Failure> {
+        let mut signals = Signals::new()?;
+        let (runs, _) = broadcast::channel(16);
+        let (hups, _) = broadcast::channel(4);
+        let (stop_tx, stop) = watch::channel(None);
+        let hub = SignalHub {
+            runs: runs.clone(),
+            stop,
+            hups: hups.clone(),
+        };
+        tokio::spawn(async move {
+            let mut escalation = Escalation::default();
+            loop {
+                let got = signals.recv().await;
+                if got == libc::SIGHUP && !hup_stops {
+                    let _ = hups.send(());
+                    continue;
+                }
+                let sig = escalation.for_signal(got);
+                stop_tx.send_if_modified(|s| s.is_none() && {
+                    *s = Some(got);
+                    true
+                });
+                let _ = runs.send(sig);
+            }
+        });
+        Ok(hub)
+    }
+
+    /// The signal that asked tenure to stop, if one has.
+    pub fn stop_requested(&self) -> Option<i32> {
+        *self.stop.borrow()
+    }
+
+    /// Resolves with the first signal that asks tenure to stop.
+    pub async fn stopped(&self) -> i32 {
+        let mut stop = self.stop.clone();
+        loop {
+            if let Some(sig) = *stop.borrow_and_update() {
+                return sig;
+            }
+            if stop.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// SIGHUPs, when they do not stop tenure.
+    pub fn hangups(&self) -> broadcast::Receiver<()> {
+        self.hups.subscribe()
+    }
+}
+
 /// SIGINT, SIGTERM and SIGHUP delivered to tenure.
-pub struct Signals {
+struct Signals {
     int: Signal,
     term: Signal,
     hup: Signal,
 }
 
 impl Signals {
-    pub fn new() -> Result<Self, Failure> {
+    fn new() -> Result<Self, Failure> {
         let make = |kind| {
             signal(kind)
                 .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot handle signals: {e}")))
@@ -45,7 +131,7 @@ impl Signals {
     }
 
     /// The next signal's number.
-    pub async fn recv(&mut self) -> i32 {
+    async fn recv(&mut self) -> i32 {
         tokio::select! {
             _ = self.int.recv() => libc::SIGINT,
             _ = self.term.recv() => libc::SIGTERM,
@@ -88,20 +174,72 @@ impl Escalation {
 /// How the command ended.
 #[derive(Debug)]
 pub enum Outcome {
-    /// It exited by itself (or from a signal we passed on) with this code.
+    /// It exited by itself, or from a signal tenure was sent and passed on,
+    /// with this code.
     Exited(u8),
-    /// The lease was lost or at risk, and the process group was terminated.
+    /// The lease was lost or at risk, and the process group was stopped.
     LeaseLost(String),
+    /// The runner stopped it (the term ended, a pause, a resignation's
+    /// grace, `--at-most`): why, and the code it ended with.
+    Stopped { why: String, code: u8 },
+}
+
+/// What authorises a run: a lease whose local deadline moves with each
+/// confirmed renewal.
+pub trait Lease: Sync {
+    /// The lease's local deadline now.
+    fn deadline(&self) -> Instant;
+}
+
+impl Lease for Session {
+    fn deadline(&self) -> Instant {
+        Session::deadline(self)
+    }
+}
+
+impl Lease for tenure::Tick {
+    fn deadline(&self) -> Instant {
+        tenure::Tick::deadline(self)
+    }
+}
+
+/// A command to run under the supervisor.
+pub struct Run<'a> {
+    pub command: &'a [String],
+    pub env: &'a [(&'static str, String)],
+    /// SIGTERM this long before the lease's local deadline when no renewal
+    /// is confirmed (SIGKILL at it); also the longest a run may take to end
+    /// once the store says the lease is gone.
+    pub lease_grace: Duration,
+    /// Between the signal that stops a run (a signal to tenure, the term's
+    /// end, a pause) and SIGKILL.
+    pub stop_grace: Duration,
 }
 
 /// The lease's local deadline as an absolute `CLOCK_BOOTTIME` reading, for
 /// the supervisor. The boot clock is read first: any delay before the
 /// monotonic reading makes the result earlier, never later.
-fn boot_deadline(session: &Session) -> Option<Duration> {
+fn boot_deadline(lease: &dyn Lease) -> Option<Duration> {
     let boot = supervise::boot_time()?;
-    let deadline = session.deadline();
-    let left = deadline.saturating_duration_since(Instant::now());
+    let left = lease.deadline().saturating_duration_since(Instant::now());
     Some(boot + left)
+}
+
+/// A boot-clock reading of the supervisor's, as the wall-clock time it
+/// was (for logs written after tenure was stopped: when the supervisor
+/// acted, not when tenure heard of it).
+fn wall_time_of(boot: Duration) -> String {
+    let now = supervise::boot_time().unwrap_or(boot);
+    let ago = now.saturating_sub(boot);
+    let at = std::time::SystemTime::now()
+        .checked_sub(ago)
+        .unwrap_or_else(std::time::SystemTime::now);
+    let ms = if ago >= Duration::from_millis(100) {
+        format!(" ({:.1} s ago)", ago.as_secs_f64())
+    } else {
+        String::new()
+    };
+    format!("{}{ms}", humantime::format_rfc3339_millis(at))
 }
 
 /// Whether `program` can be run, as `execvp` would look it up: 127 when it
@@ -158,22 +296,33 @@ pub fn check_command(command: &[String]) -> Result<(), Failure> {
 enum Report {
     Started(i32),
     SpawnFailed(u8, String),
-    Terminating,
-    Killing,
+    /// SIGTERM before the lease's deadline, at this boot time.
+    Terminating(Duration),
+    /// SIGKILL at this boot time: `lease`, `stop` or `gone`.
+    Killing(Duration, String),
+    /// The supervisor found tenure gone, at this boot time.
+    Gone(Duration),
     Ended(u8),
 }
 
 fn parse_report(line: &str) -> Option<Report> {
-    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    let mut words = line.split(' ');
+    let word = words.next()?;
+    let mut at = || words.next().and_then(|w| w.parse().ok()).map(Duration::from_nanos);
     Some(match word {
-        "P" => Report::Started(rest.trim().parse().ok()?),
+        "P" => Report::Started(line.get(2..)?.trim().parse().ok()?),
         "E" => {
+            let rest = line.get(2..)?;
             let (code, message) = rest.split_once(' ').unwrap_or((rest, ""));
             Report::SpawnFailed(code.parse().ok()?, message.to_string())
         }
-        "T" => Report::Terminating,
-        "K" => Report::Killing,
-        "X" => Report::Ended(rest.trim().parse().ok()?),
+        "T" => Report::Terminating(at()?),
+        "K" => {
+            let when = at()?;
+            Report::Killing(when, words.next().unwrap_or("stop").to_string())
+        }
+        "G" => Report::Gone(at()?),
+        "X" => Report::Ended(line.get(2..)?.trim().parse().ok()?),
         _ => return None,
     })
 }
@@ -196,7 +345,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
 struct Supervised {
     supervisor: tokio::process::Child,
     /// The control pipe's write end (non-blocking); dropping it tells the
-    /// supervisor to kill the group.
+    /// supervisor that tenure is gone.
     ctl: Option<std::fs::File>,
     reports: mpsc::UnboundedReceiver<Report>,
     pgid: Option<i32>,
@@ -239,9 +388,16 @@ impl Supervised {
             .arg(std::process::id().to_string())
             .arg(grace.as_nanos().to_string())
             .arg(deadline.map_or_else(|| "-".to_string(), |d| d.as_nanos().to_string()))
+            .arg(format!(
+                "{:x}",
+                INHERITED_IGNORED.load(std::sync::atomic::Ordering::Relaxed)
+            ))
             .arg("--")
             .args(command)
-            .kill_on_drop(false);
+            .kill_on_drop(false)
+            // A group of its own: stopping tenure's group (job control's
+            // `kill -STOP %1`) must not stop the supervisor.
+            .process_group(0);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -325,6 +481,16 @@ impl Supervised {
         }
     }
 
+    /// Stops the run: `sig` to the group now, SIGKILL after `grace` if
+    /// anything of it is left (the supervisor keeps the time).
+    fn stop(&mut self, sig: i32, grace: Duration) {
+        let Some(now) = supervise::boot_time() else {
+            self.signal(libc::SIGKILL);
+            return;
+        };
+        self.send(&format!("Q {sig} {}", (now + grace).as_nanos()));
+    }
+
     /// The next report; `None` when the supervisor is gone.
     async fn next(&mut self) -> Option<Report> {
         let report = self.reports.recv().await;
@@ -360,38 +526,67 @@ impl Supervised {
 
 impl Drop for Supervised {
     fn drop(&mut self) {
-        // A run dropped mid-way (cron's --at-most, a lost lease): kill the
-        // group now; the closed pipe tells the supervisor the same.
+        // A run dropped mid-way (the library gave up waiting for it): kill
+        // the group now, from here and through the supervisor.
         if !self.ended {
             if let Some(pgid) = self.pgid {
                 signal_group(pgid, libc::SIGKILL);
             }
+            self.send("K");
         }
     }
 }
 
-/// Runs `command` under the supervisor while `session` holds its lease.
-/// The supervisor kills the command's group if tenure dies, SIGTERMs it
-/// `grace` before the lease's local deadline and SIGKILLs it at the deadline
-/// when no newer deadline came from tenure (tenure stopped, or no renewal
-/// confirmed); tenure also has it killed at once when the store says the
-/// lease is gone. When the command exits, whatever is left in its group is
-/// killed, and this returns only once the group is gone, so nothing of it
-/// outlives the lock.
-pub async fn run_while_held(
-    command: &[String],
-    env: &[(&str, String)],
-    session: &Session,
-    grace: Duration,
-    signals: &mut Signals,
+/// What a run has been through, for its outcome.
+#[derive(Default)]
+struct RunState {
+    /// The lease was lost or at risk: why.
+    trouble: Option<String>,
+    /// The runner stopped the run: why.
+    stopped: Option<String>,
+    /// A signal to tenure was passed on.
+    signalled: bool,
+}
+
+impl RunState {
+    fn outcome(self, code: u8) -> Outcome {
+        match (self.trouble, self.stopped) {
+            (Some(why), _) => Outcome::LeaseLost(why),
+            (None, Some(why)) if !self.signalled => Outcome::Stopped { why, code },
+            _ => Outcome::Exited(code),
+        }
+    }
+}
+
+/// Runs `run.command` under the supervisor while `lease` authorises it —
+/// the one supervision path of every runner. The supervisor SIGTERMs the
+/// group `lease_grace` before the lease's local deadline and SIGKILLs it at
+/// the deadline when no newer deadline came from tenure (tenure stopped, or
+/// no renewal confirmed), and stops it if tenure dies. The run is stopped
+/// (SIGTERM to the group, SIGKILL after the grace, never past the lease's
+/// deadline) when `lost` resolves (the store says the lease is gone), when
+/// `ended` resolves (the runner's reason: the term's end, a pause) or when
+/// tenure gets a signal (passed on as it came). When the command exits,
+/// what is left of its group gets SIGTERM, then SIGKILL after the grace.
+/// This returns only once nothing of the group is left.
+pub async fn supervise(
+    run: &Run<'_>,
+    lease: &dyn Lease,
+    lost: impl std::future::Future<Output = String>,
+    ended: impl std::future::Future<Output = String>,
+    hub: &SignalHub,
 ) -> Result<Outcome, Failure> {
-    let mut sent = session.deadline();
-    let mut child = Supervised::spawn(command, env, grace, boot_deadline(session))?;
-    let lost = session.lost();
-    tokio::pin!(lost);
-    let mut lost_seen = false;
-    let mut trouble: Option<String> = None;
-    let mut escalation = Escalation::default();
+    let mut sent = lease.deadline();
+    let mut signals = hub.runs.subscribe();
+    let mut child = Supervised::spawn(run.command, run.env, run.lease_grace, boot_deadline(lease))?;
+    tokio::pin!(lost, ended);
+    let (mut lost_seen, mut ended_seen) = (false, false);
+    let mut state = RunState::default();
+    if let Some(sig) = hub.stop_requested() {
+        // Asked to stop while the run was being started.
+        state.signalled = true;
+        child.stop(sig, run.stop_grace);
+    }
     let mut poll = tokio::time::interval(DEADLINE_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -402,20 +597,21 @@ pub async fn run_while_held(
                     child.finish().await;
                     return Err(Failure::new(code, message));
                 }
-                Some(Report::Terminating) => {
-                    tracing::warn!("lease at risk: no renewal confirmed --kill-grace before the lease's local deadline; SIGTERM sent to the command's process group");
-                    trouble.get_or_insert_with(|| "no renewal confirmed before the lease's local deadline".into());
+                Some(Report::Terminating(at)) => {
+                    tracing::warn!("lease at risk: no renewal confirmed {} before the lease's local deadline; the supervisor sent SIGTERM to the command's process group at {}", humantime::format_duration(run.lease_grace), wall_time_of(at));
+                    state.trouble.get_or_insert_with(|| "no renewal confirmed before the lease's local deadline".into());
                 }
-                Some(Report::Killing) => {
-                    tracing::error!("the lease's local deadline passed with no confirmed renewal; SIGKILL sent to the command's process group");
-                    trouble.get_or_insert_with(|| "no renewal confirmed before the lease's local deadline".into());
-                }
+                Some(Report::Killing(at, why)) => match why.as_str() {
+                    "lease" => {
+                        tracing::error!("the lease's local deadline passed with no confirmed renewal; the supervisor sent SIGKILL to the command's process group at {}", wall_time_of(at));
+                        state.trouble.get_or_insert_with(|| "no renewal confirmed before the lease's local deadline".into());
+                    }
+                    _ => tracing::warn!("the run outlived its grace: SIGKILL sent to its process group at {}", wall_time_of(at)),
+                },
+                Some(Report::Gone(at)) => tracing::warn!("the supervisor lost touch with tenure at {}; it stopped the run", wall_time_of(at)),
                 Some(Report::Ended(code)) => {
                     child.finish().await;
-                    return Ok(match trouble {
-                        Some(why) => Outcome::LeaseLost(why),
-                        None => Outcome::Exited(code),
-                    });
+                    return Ok(state.outcome(code));
                 }
                 None => {
                     child.finish().await;
@@ -424,106 +620,38 @@ pub async fn run_while_held(
             },
             reason = &mut lost, if !lost_seen => {
                 lost_seen = true;
-                tracing::error!(%reason, "lease lost: killing the command's process group");
-                child.signal(libc::SIGKILL);
-                trouble = Some(reason.to_string());
+                let left = lease.deadline().saturating_duration_since(Instant::now());
+                let grace = run.lease_grace.min(left);
+                tracing::error!(%reason, "lease lost: SIGTERM to the command's process group, SIGKILL after {}", humantime::format_duration(grace));
+                child.stop(libc::SIGTERM, grace);
+                state.trouble = Some(reason);
+            }
+            why = &mut ended, if !ended_seen => {
+                ended_seen = true;
+                tracing::warn!("{why}: stopping the run (SIGTERM to its process group, SIGKILL after {})", humantime::format_duration(run.stop_grace));
+                child.stop(libc::SIGTERM, run.stop_grace);
+                state.stopped.get_or_insert(why);
             }
             _ = poll.tick() => {
-                let deadline = session.deadline();
+                let deadline = lease.deadline();
                 if deadline != sent {
                     sent = deadline;
-                    if let Some(boot) = boot_deadline(session) {
+                    if let Some(boot) = boot_deadline(lease) {
                         child.send(&format!("D {}", boot.as_nanos()));
                     }
                 }
             }
-            sig = signals.recv() => {
-                let sig = escalation.for_signal(sig);
-                child.signal(sig);
-            }
-        }
-    }
-}
-
-/// The process group of the run in progress, if any, shared with the signal
-/// forwarder.
-#[derive(Clone, Default)]
-pub struct RunningGroup(std::sync::Arc<std::sync::Mutex<Option<i32>>>);
-
-impl RunningGroup {
-    fn set(&self, pgid: Option<i32>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = pgid;
-    }
-    fn get(&self) -> Option<i32> {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    /// The process group of the run in progress, if any.
-    pub fn current(&self) -> Option<i32> {
-        self.get()
-    }
-}
-
-/// Clears the running group when a run ends or is dropped.
-struct ClearOnDrop(RunningGroup);
-
-impl Drop for ClearOnDrop {
-    fn drop(&mut self) {
-        self.0.set(None);
-    }
-}
-
-/// Passes SIGINT/SIGTERM/SIGHUP on to the run in progress and resolves (the
-/// schedule's shutdown) on the first one. A second SIGINT within
-/// [`SECOND_INTERRUPT`] kills the run's group.
-pub fn forward_signals_then_stop(
-    running: RunningGroup,
-) -> Result<impl std::future::Future<Output = ()>, Failure> {
-    let mut signals = Signals::new()?;
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        let mut escalation = Escalation::default();
-        loop {
-            let sig = escalation.for_signal(signals.recv().await);
-            if let Some(pgid) = running.get() {
-                signal_group(pgid, sig);
-            }
-            tx.send_replace(true);
-        }
-    });
-    Ok(async move {
-        let _ = rx.wait_for(|stop| *stop).await.map(|_| ());
-    })
-}
-
-/// Runs one tick's command under the supervisor (no lease deadline: the
-/// schedule drops this future when the run must stop, which kills the group;
-/// the supervisor kills it if tenure dies) and returns its exit code.
-pub async fn run_tick(
-    command: &[String],
-    env: &[(&str, String)],
-    running: &RunningGroup,
-) -> Result<u8, Failure> {
-    let mut child = Supervised::spawn(command, env, Duration::ZERO, None)?;
-    let _clear = ClearOnDrop(running.clone());
-    loop {
-        match child.next().await {
-            Some(Report::Started(pgid)) => running.set(Some(pgid)),
-            Some(Report::SpawnFailed(code, message)) => {
-                child.finish().await;
-                return Err(Failure::new(code, message));
-            }
-            Some(Report::Terminating | Report::Killing) => {}
-            Some(Report::Ended(code)) => {
-                child.finish().await;
-                return Ok(code);
-            }
-            None => {
-                child.finish().await;
-                return Err(Failure::new(
-                    exit::SOFTWARE,
-                    "tenure's supervisor process died unexpectedly; the run's process group was killed",
-                ));
-            }
+            sig = signals.recv() => match sig {
+                Ok(libc::SIGKILL) => {
+                    state.signalled = true;
+                    child.signal(libc::SIGKILL);
+                }
+                Ok(sig) => {
+                    state.signalled = true;
+                    child.stop(sig, run.stop_grace);
+                }
+                Err(_) => {}
+            },
         }
     }
 }

@@ -40,6 +40,8 @@ fn main() -> ExitCode {
     if argv.get(1).is_some_and(|a| a == supervise::ARG) {
         return ExitCode::from(supervise::main(argv.get(2..).unwrap_or_default()));
     }
+    // Before anything of tenure's own changes a disposition.
+    child::record_inherited_signals();
     let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(e) => {

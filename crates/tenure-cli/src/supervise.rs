@@ -3,27 +3,41 @@
 //! command's whole process group when tenure can no longer vouch for the
 //! lease: tenure died (its end of the control pipe closed), or the lease's
 //! local deadline passed with no newer one from tenure (tenure stopped, or
-//! too slow). It is plain blocking code on purpose: no runtime, no store, no
-//! threads, nothing that could itself stall.
+//! too slow). It runs in a process group of its own, so stopping tenure's
+//! group (job control's `kill -STOP %1`) does not stop it. It is plain
+//! blocking code on purpose: no runtime, no store, no threads, nothing that
+//! could itself stall.
 //!
 //! Its arguments (written by the `child` module):
 //!
 //! ```text
-//! __supervise CTL_FD REPORT_FD PARENT_PID GRACE_NS DEADLINE_NS|- -- PROGRAM ARGS…
+//! __supervise CTL_FD REPORT_FD PARENT_PID GRACE_NS DEADLINE_NS|- IGNORED -- PROGRAM ARGS…
 //! ```
+//!
+//! `IGNORED` is the set of signals (a bit per signal, in hex) that whoever
+//! started tenure left ignored: the command starts with those ignored (as
+//! `nohup` expects) and every other signal at its default.
 //!
 //! Control lines, tenure → supervisor (CTL_FD):
 //! - `D <ns>`: the lease's local deadline, as an absolute `CLOCK_BOOTTIME`
 //!   reading (a clock both processes share, which keeps counting while the
 //!   machine is suspended and that no one can set);
+//! - `Q <sig> <ns>`: stop the run: send signal `sig` to the group now and
+//!   SIGKILL it at boot time `ns` if anything of it is left;
 //! - `S <n>`: pass signal n on to the command's group;
 //! - `K`: SIGKILL the command's group now.
 //!
-//! Report lines, supervisor → tenure (REPORT_FD):
+//! Report lines, supervisor → tenure (REPORT_FD); `<at>` is the boot-clock
+//! reading when the supervisor acted, so that tenure, woken late, logs when
+//! it happened rather than when it heard of it:
 //! - `P <pgid>`: the command started, in process group pgid;
 //! - `E <code> <message>`: the command could not be started (127, 126, 70);
-//! - `T`: SIGTERM sent to the group: `grace` before the deadline, no newer one;
-//! - `K`: SIGKILL sent to the group: the deadline passed, no newer one;
+//! - `T <at>`: SIGTERM sent to the group `grace` before the lease's
+//!   deadline, no newer one;
+//! - `K <at> lease|stop|gone`: SIGKILL sent to the group: at the lease's
+//!   deadline, at the end of a stop's grace, or after tenure was gone;
+//! - `G <at>`: tenure is gone (dead, or it closed the pipe): the group got
+//!   SIGTERM, and SIGKILL follows after the grace or at the lease's deadline;
 //! - `X <code>`: the command ended with this exit code (128+N for signal N),
 //!   and nothing of its process group is left.
 
@@ -32,7 +46,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::exit;
 
@@ -105,6 +119,7 @@ struct Args {
     parent: i32,
     grace: Duration,
     deadline: Option<Duration>,
+    ignored: u64,
     program: OsString,
     rest: Vec<OsString>,
 }
@@ -112,7 +127,7 @@ struct Args {
 fn parse(args: &[OsString]) -> Option<Args> {
     let num = |i: usize| -> Option<u64> { args.get(i)?.to_str()?.parse().ok() };
     let fd = |i: usize| -> Option<RawFd> { RawFd::try_from(num(i)?).ok() };
-    if args.get(5)? != "--" {
+    if args.get(6)? != "--" {
         return None;
     }
     let deadline = match args.get(4)?.to_str()? {
@@ -125,9 +140,38 @@ fn parse(args: &[OsString]) -> Option<Args> {
         parent: i32::try_from(num(2)?).ok()?,
         grace: Duration::from_nanos(num(3)?),
         deadline,
-        program: args.get(6)?.clone(),
-        rest: args.get(7..)?.to_vec(),
+        ignored: u64::from_str_radix(args.get(5)?.to_str()?, 16).ok()?,
+        program: args.get(7)?.clone(),
+        rest: args.get(8..)?.to_vec(),
     })
+}
+
+/// The highest signal number a set of signals covers (the real-time ones
+/// included).
+const MAX_SIGNAL: libc::c_int = 64;
+
+/// The signals ignored in this process now, a bit per signal (bit n-1 for
+/// signal n). Read by tenure first thing, before anything of its own
+/// changes a disposition; SIGPIPE reads as not ignored, since Rust's
+/// runtime ignores it before `main` (whatever tenure's parent had set).
+pub fn ignored_signals() -> u64 {
+    let mut set = 0u64;
+    for sig in 1..=MAX_SIGNAL {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP || sig == libc::SIGPIPE {
+            continue;
+        }
+        // SAFETY: sigaction with a null new action only reads the current
+        // one into memory we own.
+        let ignored = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+        };
+        if ignored {
+            set |= 1 << (sig - 1);
+        }
+    }
+    set
 }
 
 /// Takes an inherited descriptor: checks it is open and marks it
@@ -152,11 +196,11 @@ extern "C" fn on_signal(sig: libc::c_int) {
 }
 
 /// Catches the signals a terminal or a service manager sends to every process
-/// of tenure's group (the command gets them from tenure, or directly), so the
-/// supervisor is not stopped or killed by them. Caught signals are reset to
-/// their defaults when the command is executed. SIGCHLD and the parent-death
+/// of a group (the command gets them from tenure, or directly), so the
+/// supervisor is not stopped or killed by them. SIGCHLD and the parent-death
 /// signal are blocked except while waiting in `ppoll`, so none is missed.
-/// Returns the mask to wait with.
+/// The command starts with none of this (see [`clean_start`]). Returns the
+/// mask to wait with.
 fn setup_signals() -> libc::sigset_t {
     // SAFETY: plain libc calls on values we own; the handler only stores to an
     // atomic, which is async-signal-safe.
@@ -189,6 +233,61 @@ fn setup_signals() -> libc::sigset_t {
     }
 }
 
+/// In the command's process, between fork and exec: what a shell gives a
+/// program it starts. An empty signal mask; every signal at its default
+/// action except those in `ignored` (ignored by whoever started tenure);
+/// every descriptor above 2 closed at exec. Only async-signal-safe calls.
+fn clean_start(ignored: u64) -> std::io::Result<()> {
+    // SAFETY: sigprocmask, sigaction, syscall and fcntl on values we own;
+    // all are async-signal-safe.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        for sig in 1..=MAX_SIGNAL {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = if ignored & (1 << (sig - 1)) != 0 {
+                libc::SIG_IGN
+            } else {
+                libc::SIG_DFL
+            };
+            libc::sigemptyset(&mut action.sa_mask);
+            // glibc keeps two real-time signals for itself: refused, harmless.
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+        // Close-on-exec rather than closed: the pipe that reports a failed
+        // exec to the supervisor must stay open until the exec.
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+        let rc = libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        );
+        if rc != 0 {
+            // A kernel before 5.11: mark them one by one, up to the limit.
+            let mut limit: libc::rlimit = std::mem::zeroed();
+            let top = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                limit.rlim_cur.min(1 << 20) as libc::c_int
+            } else {
+                4096
+            };
+            for fd in 3..top {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                    libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reaps every child that has ended (the command, and with the subreaper
 /// flag any orphan of its tree); returns the command's status if it was one.
 fn reap(command: libc::pid_t) -> Option<libc::c_int> {
@@ -212,6 +311,12 @@ impl Reporter {
     fn send(&mut self, line: &str) {
         // tenure may be gone (EPIPE; SIGPIPE is ignored): nothing to do then.
         let _ = self.0.write_all(format!("{line}\n").as_bytes());
+    }
+
+    /// A report of something done now, stamped with the boot clock.
+    fn acted(&mut self, what: &str, detail: &str) {
+        let at = boot_time().unwrap_or_default().as_nanos();
+        self.send(format!("{what} {at} {detail}").trim_end());
     }
 }
 
@@ -245,18 +350,20 @@ pub fn main(args: &[OsString]) -> u8 {
         return 0;
     };
     // The command leads its own group: the group id is its pid.
-    let pgid = pid;
-    report.send(&format!("P {pgid}"));
-
+    report.send(&format!("P {pid}"));
     let mut watch = Watch {
+        pid,
+        parent: args.parent,
         ctl,
+        grace: args.grace,
         deadline: args.deadline,
+        stop_by: None,
         termed: false,
         killed: false,
+        status: None,
         pending: Vec::new(),
     };
-    let status = watch.until_exit(pid, pgid, args.grace, &mut report, &wait_mask);
-    kill_group_to_the_end(pgid, pid);
+    let status = watch.until_gone(&mut report, &wait_mask);
     report.send(&format!(
         "X {}",
         status_code(std::process::ExitStatus::from_raw(status))
@@ -264,22 +371,24 @@ pub fn main(args: &[OsString]) -> u8 {
     0
 }
 
-/// Starts the command in a process group of its own; returns its pid, or
-/// `None` once the report says why it could not be started.
+/// Starts the command in a process group of its own, as a shell would
+/// start it ([`clean_start`]); returns its pid, or `None` once the report
+/// says why it could not be started.
 fn start_command(args: &Args, report: &mut Reporter) -> Option<libc::pid_t> {
     let me = std::process::id() as libc::pid_t;
+    let ignored = args.ignored;
     let mut cmd = std::process::Command::new(&args.program);
     cmd.args(&args.rest).process_group(0);
     // SAFETY: the closure calls only async-signal-safe functions (prctl,
-    // getppid). Backstop: if the supervisor itself is SIGKILLed, the command's
-    // first process gets SIGKILL too.
+    // getppid, and those of `clean_start`). Backstop: if the supervisor
+    // itself is SIGKILLed, the command's first process gets SIGKILL too.
     unsafe {
         cmd.pre_exec(move || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
             if libc::getppid() != me {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
-            Ok(())
+            clean_start(ignored)
         });
     }
     let child = match cmd.spawn() {
@@ -294,70 +403,137 @@ fn start_command(args: &Args, report: &mut Reporter) -> Option<libc::pid_t> {
     Some(child.id() as libc::pid_t)
 }
 
-/// The supervisor's watch over a running command: tenure's control pipe
-/// (`None` once closed), the lease's local deadline, and what was done.
+/// The supervisor's watch over a running command's group.
 struct Watch {
+    /// The command's pid, which is also its group's id.
+    pid: libc::pid_t,
+    parent: i32,
+    /// tenure's control pipe; `None` once closed.
     ctl: Option<std::fs::File>,
+    /// SIGTERM this long before the lease's deadline; the time between
+    /// SIGTERM and SIGKILL when tenure is gone or the command has exited
+    /// leaving processes behind.
+    grace: Duration,
+    /// The lease's local deadline (boot clock), if the run has a lease.
     deadline: Option<Duration>,
+    /// A stop under way: SIGKILL at this boot time.
+    stop_by: Option<Duration>,
+    /// SIGTERM sent for the current deadline.
     termed: bool,
     killed: bool,
+    /// The command's own wait status, once it has ended.
+    status: Option<libc::c_int>,
     /// Control bytes read, not yet a whole line.
     pending: Vec<u8>,
 }
 
 impl Watch {
-    /// Watches until the command ends; returns its wait status.
-    fn until_exit(
-        &mut self,
-        pid: libc::pid_t,
-        pgid: i32,
-        grace: Duration,
-        report: &mut Reporter,
-        wait_mask: &libc::sigset_t,
-    ) -> libc::c_int {
+    /// Watches until the command has ended and nothing of its group is
+    /// left; returns the command's wait status.
+    fn until_gone(&mut self, report: &mut Reporter, wait_mask: &libc::sigset_t) -> libc::c_int {
         loop {
-            if let Some(status) = reap(pid) {
-                return status;
+            if let Some(status) = reap(self.pid) {
+                self.status = Some(status);
+                if !self.killed && self.stop_by.is_none() && group_exists(self.pid) {
+                    // The command left processes behind: they are stopped
+                    // as any run is (SIGTERM, the grace, SIGKILL).
+                    signal_group(self.pid, libc::SIGTERM);
+                    self.stop_by = Some(self.now() + self.grace);
+                }
             }
-            if !self.killed && (self.ctl.is_none() || PARENT_GONE.load(Ordering::SeqCst)) {
-                eprintln!(
-                    "tenure: tenure ended while its command ran: killing the command's process group"
-                );
-                signal_group(pgid, libc::SIGKILL);
-                self.killed = true;
+            if let Some(status) = self.status {
+                if !group_exists(self.pid) {
+                    return status;
+                }
+                if self.unkillable() {
+                    // A write error (a closed stderr) must not end the supervisor.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "tenure: part of the command's process group cannot be killed by this user"
+                    );
+                    return status;
+                }
             }
-            let wait = self.enforce_deadline(pgid, grace, report);
-            if !self.poll(wait, wait_mask) {
-                continue;
+            if self.stop_by.is_none() && !self.killed && self.tenure_gone() {
+                signal_group(self.pid, libc::SIGTERM);
+                self.stop_by = Some(self.now() + self.grace);
+                report.acted("G", "");
             }
-            self.read_control(pgid);
+            let mut wait = self.enforce(report);
+            if self.status.is_some() || self.killed {
+                // Waiting for processes that are not our children: look often.
+                wait = wait.min(Duration::from_millis(5));
+            }
+            if self.poll(wait, wait_mask) {
+                self.read_control(report);
+            }
         }
     }
 
-    /// SIGTERM `grace` before the deadline, SIGKILL at it (each reported);
-    /// returns how long to wait for tenure before looking again.
-    fn enforce_deadline(&mut self, pgid: i32, grace: Duration, report: &mut Reporter) -> Duration {
-        // Read the clock after the checks `until_exit` made before this: a
-        // slow supervisor acts late, never on a stale reading.
-        let now = boot_time().unwrap_or(Duration::MAX);
-        let mut wait = Duration::from_millis(250);
-        if let Some(d) = self.deadline.filter(|_| !self.killed) {
-            if now >= d {
-                signal_group(pgid, libc::SIGKILL);
-                report.send("K");
-                self.killed = true;
-            } else {
-                let warn_at = d.saturating_sub(grace);
-                if now >= warn_at && !self.termed {
-                    signal_group(pgid, libc::SIGTERM);
-                    report.send("T");
+    fn now(&self) -> Duration {
+        // An unreadable clock acts at once: never late.
+        boot_time().unwrap_or(Duration::MAX)
+    }
+
+    /// Whether tenure is gone: its control pipe closed, or it died (the
+    /// parent-death signal, confirmed by our parent having changed).
+    fn tenure_gone(&self) -> bool {
+        // SAFETY: getppid has no arguments.
+        self.ctl.is_none()
+            || (PARENT_GONE.load(Ordering::SeqCst) && unsafe { libc::getppid() } != self.parent)
+    }
+
+    /// Only processes we may not signal are left (a setuid program).
+    fn unkillable(&self) -> bool {
+        // SAFETY: kill(2) with signal 0 only checks.
+        let refused = unsafe { libc::kill(-self.pid, 0) } != 0;
+        refused && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+
+    /// SIGTERM `grace` before the lease's deadline, SIGKILL at it or at the
+    /// end of a stop's grace (each reported); once killed, SIGKILL again
+    /// until the group is gone. Returns how long to wait before looking
+    /// again.
+    fn enforce(&mut self, report: &mut Reporter) -> Duration {
+        // Read the clock after the checks made before this: a slow
+        // supervisor acts late, never on a stale reading.
+        let now = self.now();
+        if self.killed {
+            signal_group(self.pid, libc::SIGKILL);
+            return Duration::from_millis(5);
+        }
+        let kill_at = match (self.deadline, self.stop_by) {
+            (Some(d), Some(s)) => Some(d.min(s)),
+            (d, s) => d.or(s),
+        };
+        let Some(kill_at) = kill_at else {
+            return Duration::from_millis(250);
+        };
+        if now >= kill_at {
+            signal_group(self.pid, libc::SIGKILL);
+            let why = match (self.deadline, self.stop_by) {
+                (Some(d), _) if d == kill_at => "lease",
+                _ if self.ctl.is_none() => "gone",
+                _ => "stop",
+            };
+            report.acted("K", why);
+            self.killed = true;
+            return Duration::from_millis(5);
+        }
+        let mut next = kill_at;
+        if let Some(d) = self.deadline {
+            let warn_at = d.saturating_sub(self.grace);
+            if !self.termed && self.stop_by.is_none() {
+                if now >= warn_at {
+                    signal_group(self.pid, libc::SIGTERM);
+                    report.acted("T", "");
                     self.termed = true;
+                } else {
+                    next = next.min(warn_at);
                 }
-                let next = if self.termed { d } else { warn_at };
-                wait = wait.min(next.saturating_sub(now));
             }
         }
-        wait
+        next.saturating_sub(now).min(Duration::from_millis(250))
     }
 
     /// Waits up to `wait` for the control pipe (or a signal); true if it
@@ -380,7 +556,7 @@ impl Watch {
     }
 
     /// Reads tenure's control lines and acts on each whole one.
-    fn read_control(&mut self, pgid: i32) {
+    fn read_control(&mut self, report: &mut Reporter) {
         let Some(file) = self.ctl.as_mut() else {
             return;
         };
@@ -394,56 +570,41 @@ impl Watch {
         while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = self.pending.drain(..=end).collect();
             let line = String::from_utf8_lossy(&line);
-            let mut words = line.split_whitespace();
-            match (
-                words.next(),
-                words.next().and_then(|w| w.parse::<u64>().ok()),
-            ) {
-                (Some("D"), Some(ns)) => {
-                    let next = Duration::from_nanos(ns);
+            let words: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            match (line.split_whitespace().next(), words.as_slice()) {
+                (Some("D"), [ns]) => {
+                    let next = Duration::from_nanos(*ns);
                     if self.deadline != Some(next) {
                         self.deadline = Some(next);
                         self.termed = false;
                     }
                 }
-                (Some("S"), Some(sig)) => {
-                    if let Ok(sig) = libc::c_int::try_from(sig) {
-                        signal_group(pgid, sig);
+                (Some("Q"), [sig, ns]) => {
+                    if let Ok(sig) = libc::c_int::try_from(*sig) {
+                        signal_group(self.pid, sig);
+                    }
+                    let by = Duration::from_nanos(*ns);
+                    self.stop_by = Some(self.stop_by.map_or(by, |s| s.min(by)));
+                }
+                (Some("S"), [sig]) => {
+                    if let Ok(sig) = libc::c_int::try_from(*sig) {
+                        signal_group(self.pid, sig);
                     }
                 }
                 (Some("K"), _) => {
-                    signal_group(pgid, libc::SIGKILL);
+                    signal_group(self.pid, libc::SIGKILL);
+                    if !self.killed {
+                        report.acted("K", "stop");
+                    }
                     self.killed = true;
                 }
                 _ => {}
             }
         }
-    }
-}
-
-/// Whatever the command left running in its group goes too, and we wait
-/// until nothing of the group is left (orphans are reaped here, as the
-/// subreaper) before telling tenure, which releases only then.
-fn kill_group_to_the_end(pgid: i32, pid: libc::pid_t) {
-    signal_group(pgid, libc::SIGKILL);
-    let started = Instant::now();
-    let mut warned = false;
-    while group_exists(pgid) {
-        reap(pid);
-        // Only processes we may not signal are left (a setuid program).
-        // SAFETY: kill(2) with signal 0 only checks.
-        if unsafe { libc::kill(-pgid, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-        {
-            eprintln!("tenure: part of the command's process group cannot be killed by this user");
-            break;
-        }
-        if !warned && started.elapsed() > Duration::from_secs(1) {
-            eprintln!("tenure: the command's process group is still not gone 1 s after SIGKILL (a process in uninterruptible sleep?); waiting");
-            warned = true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-        signal_group(pgid, libc::SIGKILL);
     }
 }
 

@@ -62,6 +62,7 @@ pub struct Elector {
     options: SessionOptions,
     on_elected: Callback,
     on_defeated: Callback,
+    stop_grace: Duration,
 }
 
 impl std::fmt::Debug for Elector {
@@ -90,6 +91,39 @@ struct Shared {
 pub(crate) struct Leading {
     pub(crate) token: u64,
     pub(crate) session: Session,
+    /// Where the term is in its life.
+    phase: Phase,
+    /// Runs of bound schedules in progress under the term.
+    runs: usize,
+}
+
+/// A term's phase: runs may start while it leads; while it drains (a
+/// resignation) no new run starts and those in progress go on; while it
+/// stops (a pause, a shutdown, a drain's grace over) they are asked to stop.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Leads,
+    Drains,
+    Stops,
+}
+
+/// A run in progress under a term; the term ends only once none is left
+/// (or the elector's stop grace is over).
+pub(crate) struct RunSlot {
+    shared: Arc<Shared>,
+    token: u64,
+}
+
+impl Drop for RunSlot {
+    fn drop(&mut self) {
+        self.shared.leading.send_if_modified(|l| match l {
+            Some(l) if l.token == self.token => {
+                l.runs = l.runs.saturating_sub(1);
+                true
+            }
+            _ => false,
+        });
+    }
 }
 
 /// A handle on a running [`Elector`], cheap to clone: whether this instance
@@ -135,7 +169,22 @@ impl Elector {
             options: SessionOptions::default(),
             on_elected: Box::new(|_| {}),
             on_defeated: Box::new(|_| {}),
+            stop_grace: Duration::ZERO,
         })
+    }
+
+    /// How a term that ends by choice ends its bound schedules' runs
+    /// before it resigns (drain, then release). On a resignation
+    /// ([`ElectorHandle::resign`]) no new run starts and the runs in
+    /// progress go on for up to `grace`; then, as on a pause or a
+    /// shutdown, they are told to stop ([`Tick::stopped`](crate::Tick::stopped))
+    /// and given up to `grace` more to end. Only then does the elector
+    /// resign, so no other instance's term begins while a run of this one
+    /// goes on. A term lost with its lease ends at once. Zero (the
+    /// default) resigns at once.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
     }
 
     /// Options for the sessions the elector opens.
@@ -179,6 +228,7 @@ impl Elector {
             options,
             mut on_elected,
             mut on_defeated,
+            stop_grace,
         } = self;
         tokio::pin!(shutdown);
         #[cfg(feature = "schedule")]
@@ -279,6 +329,8 @@ impl Elector {
             shared.leading.send_replace(Some(Leading {
                 token: term.token(),
                 session: session.clone(),
+                phase: Phase::Leads,
+                runs: 0,
             }));
             on_elected(&term);
             let ended = loop {
@@ -293,6 +345,17 @@ impl Elector {
                     () = &mut shutdown => break Ended::Shutdown,
                 }
             };
+            // Drain, then release: the term's runs end before it does.
+            match ended {
+                Ended::Lost => {}
+                Ended::Resigned => {
+                    shared.wind_down(&term, Phase::Drains, stop_grace).await;
+                    shared.wind_down(&term, Phase::Stops, stop_grace).await;
+                }
+                Ended::Paused | Ended::Shutdown => {
+                    shared.wind_down(&term, Phase::Stops, stop_grace).await;
+                }
+            }
             // Not the leader any more from here on, whatever the store says.
             shared.leading.send_replace(None);
             on_defeated(&term);
@@ -313,6 +376,27 @@ impl Elector {
 }
 
 impl Shared {
+    /// Puts the term in `phase` and waits, at most `grace`, until no run
+    /// of it is left (or the term is lost).
+    async fn wind_down(&self, term: &Term, phase: Phase, grace: Duration) {
+        let mut rx = self.leading.subscribe();
+        self.leading.send_modify(|l| {
+            if let Some(l) = l.as_mut().filter(|l| l.token == term.token()) {
+                l.phase = phase;
+            }
+        });
+        let idle = async {
+            let _ = rx
+                .wait_for(|l| l.as_ref().is_none_or(|l| l.runs == 0))
+                .await
+                .map(|_| ());
+        };
+        tokio::select! {
+            _ = tokio::time::timeout(grace, idle) => {}
+            _ = term.lost() => {}
+        }
+    }
+
     /// Whether the elector is paused now: read from the store where it
     /// keeps cells; a temporary error keeps what was last read.
     #[cfg(feature = "schedule")]
@@ -403,7 +487,7 @@ impl ElectorHandle {
         let mut rx = self.shared.leading.subscribe();
         loop {
             if let Some(l) = rx.borrow_and_update().as_ref() {
-                if !l.session.is_lost() {
+                if !l.session.is_lost() && l.phase == Phase::Leads {
                     return l.clone();
                 }
             }
@@ -414,14 +498,33 @@ impl ElectorHandle {
         }
     }
 
-    /// Resolves once the term numbered `token` is over: lost, resigned,
-    /// paused or shut down.
+    /// A run may start under the term numbered `token`: it still leads and
+    /// does not drain. The term ends only once the slot is dropped.
+    pub(crate) fn run_slot(&self, token: u64) -> Option<RunSlot> {
+        let mut granted = false;
+        self.shared.leading.send_if_modified(|l| {
+            if let Some(l) = l.as_mut() {
+                if l.token == token && l.phase == Phase::Leads && !l.session.is_lost() {
+                    l.runs += 1;
+                    granted = true;
+                }
+            }
+            false
+        });
+        granted.then(|| RunSlot {
+            shared: self.shared.clone(),
+            token,
+        })
+    }
+
+    /// Resolves once the runs of the term numbered `token` must stop: the
+    /// term lost, or it stops (paused, shut down, a drain's grace over).
     pub(crate) fn term_over(&self, token: u64) -> impl Future<Output = ()> + Send + 'static {
         let mut rx = self.shared.leading.subscribe();
         async move {
             loop {
                 let lost = match rx.borrow_and_update().as_ref() {
-                    Some(l) if l.token == token => l.session.lost(),
+                    Some(l) if l.token == token && l.phase != Phase::Stops => l.session.lost(),
                     _ => return,
                 };
                 tokio::select! {

@@ -41,6 +41,10 @@ pub(crate) struct CronArgs {
     /// Session TTL.
     #[arg(long, default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     ttl: Duration,
+    /// How long a run that must stop (SIGTERM or SIGINT to tenure, the
+    /// leader's term over, --at-most) has between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
+    grace: Duration,
     #[command(flatten)]
     pub(super) metrics: MetricsArg,
     /// The command and its arguments.
@@ -124,29 +128,83 @@ pub(super) async fn run(store: Arc<dyn Store>, args: CronArgs) -> Result<u8, Fai
     if let Some(d) = args.at_least {
         schedule = schedule.lock_at_least_for(d);
     }
-    let running = child::RunningGroup::default();
-    let stop = child::forward_signals_then_stop(running.clone())?;
-    let name = args.name.clone();
-    let command = args.command.clone();
+    let hub = child::SignalHub::start(true)?;
+    let shutdown = {
+        let hub = hub.clone();
+        async move {
+            hub.stopped().await;
+        }
+    };
+    let runner = TickRunner::new(&args.name, args.command.clone(), args.ttl, args.grace, &hub);
     // Checked in `validate`; the library parsed it too.
     let tz: chrono_tz::Tz = args.tz.parse().unwrap_or(chrono_tz::UTC);
     schedule
-        .run(
-            move |tick| {
-                let env = tick_env(&name, &tick, tz);
-                let (command, running) = (command.clone(), running.clone());
-                async move {
-                    // A run that exits non-zero (or dies of a signal: 128+N)
-                    // is a failed run on the board and in the metrics.
-                    match child::run_tick(&command, &env, &running).await {
-                        Ok(0) => Ok(()),
-                        Ok(code) => Err(format!("exit {code}")),
-                        Err(f) => Err(f.message),
-                    }
-                }
-            },
-            stop,
-        )
+        .stop_grace(runner.library_grace())
+        .run(move |tick| runner.clone().run(tick, tz), shutdown)
         .await?;
     Ok(0)
+}
+
+/// Runs a job's ticks under the supervisor: what `cron` and `crond` share.
+#[derive(Clone)]
+pub(super) struct TickRunner {
+    job: Arc<str>,
+    command: Arc<[String]>,
+    /// SIGTERM this long before the lease's local deadline.
+    lease_grace: Duration,
+    /// Between SIGTERM and SIGKILL when a run must stop.
+    stop_grace: Duration,
+    hub: child::SignalHub,
+}
+
+impl TickRunner {
+    pub(super) fn new(
+        job: &str,
+        command: Vec<String>,
+        ttl: Duration,
+        grace: Duration,
+        hub: &child::SignalHub,
+    ) -> TickRunner {
+        TickRunner {
+            job: job.into(),
+            command: command.into(),
+            lease_grace: grace.min(ttl / 6),
+            stop_grace: grace,
+            hub: hub.clone(),
+        }
+    }
+
+    /// How long the library polls a run that must stop before it drops it
+    /// (which kills the group at once): a little more than the grace, so
+    /// that the supervisor's own SIGKILL comes first.
+    pub(super) fn library_grace(&self) -> Duration {
+        self.stop_grace + Duration::from_secs(1)
+    }
+
+    /// One tick's run: the command under the supervisor, held to the lease
+    /// of the session that claimed the tick, and stopped (SIGTERM, the
+    /// grace, SIGKILL) when the library says the run must stop. A run that
+    /// exits non-zero (or dies of a signal: 128+N) is a failed run on the
+    /// board and in the metrics.
+    pub(super) async fn run(self, tick: tenure::Tick, tz: chrono_tz::Tz) -> Result<(), String> {
+        let env = tick_env(&self.job, &tick, tz);
+        let run = child::Run {
+            command: &self.command,
+            env: &env,
+            lease_grace: self.lease_grace,
+            stop_grace: self.stop_grace,
+        };
+        let ended = async {
+            tick.stopped().await;
+            tick.stop_reason().unwrap_or("the run must stop").to_string()
+        };
+        let outcome = child::supervise(&run, &tick, std::future::pending(), ended, &self.hub).await;
+        match outcome {
+            Ok(child::Outcome::Exited(0)) => Ok(()),
+            Ok(child::Outcome::Exited(code)) => Err(format!("exit {code}")),
+            Ok(child::Outcome::Stopped { why, code }) => Err(format!("{why}; exit {code}")),
+            Ok(child::Outcome::LeaseLost(why)) => Err(format!("lease lost: {why}")),
+            Err(f) => Err(f.message),
+        }
+    }
 }

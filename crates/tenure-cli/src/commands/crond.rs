@@ -10,7 +10,8 @@ use clap::Args;
 use tenure::{ElectorHandle, SessionOptions, Store};
 
 use super::lease::check_ttl;
-use crate::child::{self, RunningGroup, Signals};
+use super::cron::TickRunner;
+use crate::child::{self, SignalHub};
 use crate::cli::{parse_duration, MetricsArg};
 use crate::exit::{self, Failure};
 use crate::output::escape_line;
@@ -165,77 +166,59 @@ pub(super) fn validate(args: &CrondArgs) -> Result<(), Failure> {
 /// A job running under the elector.
 struct Running {
     job: Job,
-    group: RunningGroup,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<tenure::Result<()>>,
 }
 
-fn start(
-    store: &Arc<dyn Store>,
-    elector: &ElectorHandle,
-    job: Job,
-    options: &SessionOptions,
+/// What every job of the crontab is started with.
+struct Setup<'a> {
+    store: &'a Arc<dyn Store>,
+    elector: &'a ElectorHandle,
+    options: &'a SessionOptions,
     tz: chrono_tz::Tz,
-) -> Result<Running, Failure> {
-    let schedule = tenure::Schedule::new(store, &job.name, &job.expr)?
-        .time_zone(tz.name())?
-        .leader_of(elector)
+    ttl: Duration,
+    grace: Duration,
+    hub: &'a SignalHub,
+}
+
+fn start(setup: &Setup<'_>, job: Job) -> Result<Running, Failure> {
+    let command = vec!["sh".to_string(), "-c".to_string(), job.command.clone()];
+    let runner = TickRunner::new(&job.name, command, setup.ttl, setup.grace, setup.hub);
+    let schedule = tenure::Schedule::new(setup.store, &job.name, &job.expr)?
+        .time_zone(setup.tz.name())?
+        .leader_of(setup.elector)
         .resign_on_failure(job.resign_on_failure)
-        .session_options(options.clone());
-    let group = RunningGroup::default();
+        .session_options(setup.options.clone())
+        .stop_grace(runner.library_grace());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (name, command, running) = (job.name.clone(), job.command.clone(), group.clone());
+    let tz = setup.tz;
     let task = tokio::spawn(schedule.run(
-        move |tick| {
-            let env = super::cron::tick_env(&name, &tick, tz);
-            let command = vec!["sh".to_string(), "-c".to_string(), command.clone()];
-            let running = running.clone();
-            async move {
-                match child::run_tick(&command, &env, &running).await {
-                    Ok(0) => Ok(()),
-                    Ok(code) => Err(format!("exit {code}")),
-                    Err(f) => Err(f.message),
-                }
-            }
-        },
+        move |tick| runner.clone().run(tick, tz),
         async {
             let _ = stopped.await;
         },
     ));
-    Ok(Running {
-        job,
-        group,
-        stop,
-        task,
-    })
+    Ok(Running { job, stop, task })
 }
 
-/// Stops jobs: no new run starts; runs in progress get SIGTERM, and
-/// SIGKILL after `grace`. Returns once every job's task has ended.
+/// Stops every job: their runs got the signal tenure got (from the signal
+/// hub) and end within the grace, SIGKILL after it; then the schedules end.
 async fn stop_all(jobs: Vec<Running>, grace: Duration) {
     let mut tasks = Vec::new();
     for r in jobs {
         let _ = r.stop.send(());
-        if let Some(pgid) = r.group.current() {
-            crate::supervise::signal_group(pgid, libc::SIGTERM);
-        }
-        tasks.push((r.job.name, r.group, r.task));
+        tasks.push((r.job.name, r.task));
     }
-    let deadline = tokio::time::Instant::now() + grace;
-    for (name, group, mut task) in tasks {
-        if tokio::time::timeout_at(deadline, &mut task).await.is_ok() {
-            continue;
-        }
-        if let Some(pgid) = group.current() {
-            tracing::warn!(job = %name, "the run outlived --grace: SIGKILL");
-            crate::supervise::signal_group(pgid, libc::SIGKILL);
-        }
-        match tokio::time::timeout(Duration::from_secs(10), task).await {
+    // The runs' groups are gone by the grace and the supervisor's SIGKILL;
+    // the rest is the store's answers for the last records.
+    let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(15);
+    for (name, task) in tasks {
+        match tokio::time::timeout_at(deadline, task).await {
             Ok(Ok(Err(e))) => {
                 tracing::warn!(job = %name, error = %e, "the job ended with an error")
             }
             Ok(_) => {}
-            Err(_) => tracing::error!(job = %name, "the job did not end 10 s after SIGKILL"),
+            Err(_) => tracing::error!(job = %name, "the job did not end 15 s after its grace"),
         }
     }
 }
@@ -244,17 +227,30 @@ pub(super) async fn run(store: Arc<dyn Store>, args: CrondArgs) -> Result<u8, Fa
     let tz: chrono_tz::Tz = args.tz.parse().unwrap_or(chrono_tz::UTC);
     let options = SessionOptions::new().ttl(args.ttl);
     let value = args.value.clone().unwrap_or_else(tenure::default_label);
-    let elector = tenure::Elector::new(&store, &args.name, value)?.session_options(options.clone());
+    // Signals are caught before the first job can start a run; SIGHUP
+    // reads the crontab again.
+    let hub = SignalHub::start(false)?;
+    let mut hangups = hub.hangups();
+    let elector = tenure::Elector::new(&store, &args.name, value)?
+        .session_options(options.clone())
+        .stop_grace(args.grace + Duration::from_secs(1));
     let handle = elector.handle();
     let (stop_elector, elector_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut elector_task = tokio::spawn(elector.run(async {
         let _ = elector_stopped.await;
     }));
-    // Signals are caught before the first job can start a run.
-    let mut signals = Signals::new()?;
+    let setup = Setup {
+        store: &store,
+        elector: &handle,
+        options: &options,
+        tz,
+        ttl: args.ttl,
+        grace: args.grace,
+        hub: &hub,
+    };
     let mut jobs: HashMap<String, Running> = HashMap::new();
     for job in read_crontab(&args.crontab, &args.name)? {
-        jobs.insert(job.name.clone(), start(&store, &handle, job, &options, tz)?);
+        jobs.insert(job.name.clone(), start(&setup, job)?);
     }
     eprintln!(
         "tenure: crond {} runs {} job(s) while leader",
@@ -263,12 +259,8 @@ pub(super) async fn run(store: Arc<dyn Store>, args: CrondArgs) -> Result<u8, Fa
     );
     let ended = loop {
         tokio::select! {
-            sig = signals.recv() => {
-                if sig != libc::SIGHUP {
-                    break Ok(0);
-                }
-                reload(&store, &handle, &args, &options, tz, &mut jobs).await;
-            }
+            _ = hub.stopped() => break Ok(0),
+            _ = hangups.recv() => reload(&setup, &args, &mut jobs).await,
             result = &mut elector_task => {
                 // The elector ends only on a lasting error (such as a name
                 // the store refuses): nothing can run.
@@ -288,17 +280,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: CrondArgs) -> Result<u8, Fa
     ended
 }
 
-/// SIGHUP: reads the crontab again; jobs that are gone or changed stop
-/// (their runs finish first), new ones start, the rest go on untouched. A
-/// crontab that does not read keeps the jobs as they are.
-async fn reload(
-    store: &Arc<dyn Store>,
-    elector: &ElectorHandle,
-    args: &CrondArgs,
-    options: &SessionOptions,
-    tz: chrono_tz::Tz,
-    jobs: &mut HashMap<String, Running>,
-) {
+async fn reload(setup: &Setup<'_>, args: &CrondArgs, jobs: &mut HashMap<String, Running>) {
     let wanted = match read_crontab(&args.crontab, &args.name) {
         Ok(wanted) => wanted,
         Err(f) => {
@@ -328,7 +310,7 @@ async fn reload(
         if jobs.contains_key(&job.name) {
             continue;
         }
-        match start(store, elector, job.clone(), options, tz) {
+        match start(setup, job.clone()) {
             Ok(r) => {
                 jobs.insert(job.name, r);
                 started += 1;

@@ -41,10 +41,10 @@ pub(super) async fn run(store: Arc<dyn Store>, args: ElectArgs) -> Result<u8, Fa
     let (session, grace) = open_session(&store, &args.lease).await?;
     let election = Election::new(&session, &args.name)?;
     let value = args.value.clone().unwrap_or_else(tenure::default_label);
-    let mut signals = child::Signals::new()?;
+    let hub = child::SignalHub::start(true)?;
     let term = tokio::select! {
         term = election.campaign(value.clone()) => term?,
-        signal = signals.recv() => {
+        signal = hub.stopped() => {
             let _ = session.close().await;
             return Ok(128 + signal as u8);
         }
@@ -57,7 +57,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: ElectArgs) -> Result<u8, Fa
             reason = lost => {
                 return Err(Failure::new(exit::LEASE_LOST, format!("leadership lost: {reason}")));
             }
-            _ = signals.recv() => {}
+            _ = hub.stopped() => {}
         }
         let _ = term.resign().await;
         let _ = session.close().await;
@@ -68,8 +68,15 @@ pub(super) async fn run(store: Arc<dyn Store>, args: ElectArgs) -> Result<u8, Fa
         ("TENURE_FENCE", term.token().to_string()),
         ("TENURE_LEADER_VALUE", value),
     ];
+    let run = child::Run {
+        command: &args.command,
+        env: &env,
+        lease_grace: grace,
+        stop_grace: grace,
+    };
+    let lost = async { term.lost().await.to_string() };
     let outcome =
-        match child::run_while_held(&args.command, &env, &session, grace, &mut signals).await {
+        match child::supervise(&run, &session, lost, std::future::pending(), &hub).await {
             Ok(outcome) => outcome,
             Err(f) => {
                 let _ = term.resign().await;

@@ -56,14 +56,14 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LeaderArgs) -> Result<u8, F
         return Ok(if leader.is_some() { 0 } else { exit::NO_LEADER });
     }
     let mut observer = tenure::Observer::new(store, name.clone());
-    let mut signals = child::Signals::new()?;
+    let hub = child::SignalHub::start(true)?;
     loop {
         tokio::select! {
             next = observer.next() => {
                 let leader = next?;
                 outln!("{}", leader_line(&name, &leader, args.json));
             }
-            _ = signals.recv() => return Ok(0),
+            _ = hub.stopped() => return Ok(0),
         }
     }
 }

@@ -59,7 +59,7 @@ pub(super) async fn finish(
     session: &Session,
 ) -> Result<u8, Failure> {
     match outcome {
-        child::Outcome::Exited(code) => {
+        child::Outcome::Exited(code) | child::Outcome::Stopped { code, .. } => {
             if let Err(e) = release.await {
                 tracing::warn!(error = %e, "release after the command exited failed");
             }
@@ -82,7 +82,7 @@ pub(super) async fn finish(
             }
             Err(Failure::new(
                 exit::LEASE_LOST,
-                format!("lease lost while the command ran ({why}); its process group was killed"),
+                format!("lease lost while the command ran ({why}); its process group was stopped"),
             ))
         }
     }

@@ -148,7 +148,7 @@ async fn say_who_holds(store: &dyn Store, name: &str) {
 
 pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
     let (session, grace) = open_session(&store, &args.lease).await?;
-    let mut signals = child::Signals::new()?;
+    let hub = child::SignalHub::start(true)?;
     let within = args.wait.unwrap_or_default();
     let acquire = async {
         match (args.shared, args.permits) {
@@ -188,7 +188,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
     let announcing = AbortOnDrop(announce);
     let guard = tokio::select! {
         acquired = acquire => acquired,
-        signal = signals.recv() => {
+        signal = hub.stopped() => {
             let _ = session.close().await;
             return Ok(128 + signal as u8);
         }
@@ -226,7 +226,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
                 let _ = bounded_close(&session).await;
                 return Err(Failure::new(exit::LEASE_LOST, format!("lock lost: {reason}")));
             }
-            _ = signals.recv() => {}
+            _ = hub.stopped() => {}
         }
         let released = guard.release().await;
         let _ = bounded_close(&session).await;
@@ -237,8 +237,15 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
         ("TENURE_LOCK", args.name.clone()),
         ("TENURE_FENCE", guard.token().to_string()),
     ];
+    let run = child::Run {
+        command: &args.command,
+        env: &env,
+        lease_grace: grace,
+        stop_grace: grace,
+    };
+    let lost = async { guard.lost().await.to_string() };
     let outcome =
-        match child::run_while_held(&args.command, &env, &session, grace, &mut signals).await {
+        match child::supervise(&run, &session, lost, std::future::pending(), &hub).await {
             Ok(outcome) => outcome,
             Err(f) => {
                 // Release now: a runtime shutting down would not run a drop's release.

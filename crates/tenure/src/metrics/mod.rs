@@ -256,11 +256,11 @@ metric_names! {
     LEADER_TRANSITIONS = "tenure_leader_transitions_total", Counter, "", ["name", "to"],
         "Leadership changes of this process: to=leader when a term begins, to=follower when it ends.";
     CRON_TICKS = "tenure_cron_ticks_total", Counter, "", ["name", "outcome"],
-        "Schedule ticks as this instance saw them: ran, claimed_elsewhere, not_leader, missed, paused, error.";
+        "Schedule ticks as this instance saw them: run here and succeeded, failed or stopped; claimed_elsewhere, not_leader, missed, paused, error.";
     CRON_RUN = "tenure_cron_run_seconds", Histogram, "seconds", ["name"],
         "How long the runs of a schedule's job took.";
     CRON_LAST_SUCCESS = "tenure_cron_last_success_timestamp_seconds", Gauge, "seconds", ["name"],
-        "When a run of the job last finished on its own (not stopped), as a Unix time.";
+        "When a run of the job last succeeded (ended on its own, not failed or stopped), as a Unix time.";
     CRON_NEXT_TICK = "tenure_cron_next_tick_timestamp_seconds", Gauge, "seconds", ["name"],
         "When the schedule's next tick is due, as a Unix time.";
     ONCE = "tenure_once_total", Counter, "", ["outcome"],

@@ -406,23 +406,42 @@ pub(crate) fn cron_ticks(name: &NameTag, outcome: TickOutcome, count: usize) {
     let _ = (name, outcome);
 }
 
-/// A run of the schedule's job took `took`; `finished` if it ended on its
-/// own (at Unix time `now`), not stopped.
+/// How a run of a schedule's job ended.
 #[cfg(feature = "schedule")]
-pub(crate) fn cron_ran(name: &NameTag, took: std::time::Duration, finished: Option<f64>) {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunOutcome {
+    Succeeded,
+    Failed,
+    Stopped,
+}
+
+/// A run of the schedule's job took `took` and ended as `outcome`;
+/// `finished`, the Unix time it succeeded at.
+#[cfg(feature = "schedule")]
+pub(crate) fn cron_ran(
+    name: &NameTag,
+    outcome: RunOutcome,
+    took: std::time::Duration,
+    finished: Option<f64>,
+) {
     if !enabled() {
         return;
     }
     #[cfg(feature = "metrics")]
     {
-        counter(CRON_TICKS, labels(&[("outcome", "ran")], name), 1);
+        let outcome = match outcome {
+            RunOutcome::Succeeded => "succeeded",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Stopped => "stopped",
+        };
+        counter(CRON_TICKS, labels(&[("outcome", outcome)], name), 1);
         histogram(CRON_RUN, labels(&[], name), took.as_secs_f64());
         if let Some(now) = finished {
             gauge_set(CRON_LAST_SUCCESS, labels(&[], name), now);
         }
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (name, took, finished);
+    let _ = (name, outcome, took, finished);
 }
 
 /// The schedule's next tick is due at Unix time `at`.

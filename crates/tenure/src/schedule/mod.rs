@@ -17,7 +17,7 @@ use crate::acquire::{Order, Wait};
 use crate::election::{Election, Term};
 use crate::elector::ElectorHandle;
 use crate::error::{Error, Result};
-use crate::metrics::{cron_next_tick, cron_ran, cron_ticks, NameTag, TickOutcome};
+use crate::metrics::{cron_next_tick, cron_ran, cron_ticks, NameTag, RunOutcome, TickOutcome};
 use crate::session::{Session, SessionOptions};
 use crate::store::{EntryKind, Name, Store};
 
@@ -49,9 +49,12 @@ pub struct Tick {
     pub at: DateTime<Utc>,
     /// The leader's fencing token, in [`Mode::Leader`].
     pub leader_token: Option<u64>,
-    /// Set when the run must stop: its lease lost, the leader's term over,
-    /// or `lock_at_most_for` reached.
-    stop: watch::Receiver<bool>,
+    /// Set, with the reason, when the run must stop: its lease lost, the
+    /// leader's term over, or `lock_at_most_for` reached.
+    stop: watch::Receiver<Option<&'static str>>,
+    /// The session whose lease authorises the run (the tick's claim is
+    /// held through it).
+    session: Session,
 }
 
 impl Tick {
@@ -99,13 +102,28 @@ impl Tick {
         let mut stop = self.stop.clone();
         async move {
             // The sender is dropped once the run is over, stopped or not.
-            let _ = stop.wait_for(|s| *s).await;
+            let _ = stop.wait_for(|s| s.is_some()).await;
         }
     }
 
     /// Whether the run must stop (see [`Tick::stopped`]).
     pub fn is_stopped(&self) -> bool {
+        self.stop.borrow().is_some()
+    }
+
+    /// Why the run must stop, in words (`"the leader's term ended"`), once
+    /// it must.
+    pub fn stop_reason(&self) -> Option<&'static str> {
         *self.stop.borrow()
+    }
+
+    /// The local deadline of the lease that authorises this run: the
+    /// session that claimed the tick (in leader mode, the term's). It moves
+    /// on with each confirmed renewal; a run that goes on past it may no
+    /// longer be the tick's only one (see [`Session::deadline`]). A process
+    /// supervisor kills what it runs for the tick by then.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.session.deadline()
     }
 }
 
@@ -201,6 +219,7 @@ pub struct Schedule {
     board: ScheduleBoard,
     elector: Option<ElectorHandle>,
     resign_on_failure: bool,
+    stop_grace: Duration,
 }
 
 impl std::fmt::Debug for Schedule {
@@ -288,6 +307,7 @@ impl Schedule {
             paused: Arc::new(watch::channel(false).0),
             elector: None,
             resign_on_failure: false,
+            stop_grace: Duration::ZERO,
         })
     }
 
@@ -339,6 +359,17 @@ impl Schedule {
     /// `lockAtMostFor`).
     pub fn lock_at_most_for(mut self, d: Duration) -> Self {
         self.at_most = Some(d);
+        self
+    }
+
+    /// When a run must stop (`lock_at_most_for` reached, the session lost,
+    /// the leader's term over), how long its future is still polled after
+    /// [`Tick::stopped`] resolves, so that it can end the work cleanly,
+    /// before it is dropped. When the lease is the reason, never past the
+    /// lease's local deadline ([`Tick::deadline`]). Zero (the default)
+    /// drops it at once.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
         self
     }
 
@@ -641,11 +672,17 @@ impl Schedule {
                 }
             };
             cursor = due;
+            // A term that drains (a resignation under way) starts no run.
+            let Some(slot) = elector.run_slot(lead.token) else {
+                cron_ticks(&tag, TickOutcome::NotLeader, 1);
+                continue;
+            };
             let over = elector.term_over(lead.token);
-            match self
+            let ran = self
                 .run_tick(&lead.session, due, Some(lead.token), &mut job, &tag, over)
-                .await
-            {
+                .await;
+            drop(slot);
+            match ran {
                 Ok(Ran::Failed) if self.resign_on_failure => {
                     tracing::warn!(job = %self.name, "the run failed: the elector resigns, so that another instance leads");
                     elector.resign();
@@ -791,47 +828,22 @@ impl Schedule {
             return Ok(Ran::NotHere);
         }
         let started = std::time::Instant::now();
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(None);
         let run = job(Tick {
             at,
             leader_token,
             stop: stopped,
+            session: session.clone(),
         });
-        let at_most = async {
-            match self.at_most {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        let outcome: String = tokio::select! {
-            result = run => match result.failure() {
-                None => "finished".into(),
-                Some(why) => {
-                    tracing::warn!(job = %self.name, %at, error = %why, "run failed");
-                    format!("failed: {why}")
-                }
-            },
-            () = at_most => {
-                tracing::warn!(job = %self.name, %at, "run stopped: lock_at_most_for reached");
-                "stopped: lock_at_most_for".into()
-            }
-            _ = session.lost() => {
-                tracing::warn!(job = %self.name, %at, "run stopped: the session was lost");
-                "stopped: session lost".into()
-            }
-            () = term_over => {
-                tracing::warn!(job = %self.name, %at, "run stopped: the leader's term ended");
-                "stopped: term ended".into()
-            }
-        };
-        if outcome.starts_with("stopped") {
-            stop.send_replace(true);
+        let (outcome, ran) = self.supervise_run(run, session, term_over, &stop).await;
+        if let Some(why) = outcome.strip_prefix("failed: ") {
+            tracing::warn!(job = %self.name, %at, error = %why, "run failed");
         }
-        let failed = outcome.starts_with("failed");
         let took = started.elapsed();
         let ended = Utc::now();
         // Only a run that finished well is the job's last success.
-        cron_ran(tag, took, (outcome == "finished").then(|| unix_secs(ended)));
+        let succeeded = (ran == RunOutcome::Succeeded).then(|| unix_secs(ended));
+        cron_ran(tag, ran, took, succeeded);
         let run = LastRun {
             tick_ms: at.timestamp_millis(),
             ended_ms: ended.timestamp_millis(),
@@ -850,7 +862,61 @@ impl Schedule {
             tokio::time::sleep(left).await;
         }
         hold.release().await?;
-        Ok(if failed { Ran::Failed } else { Ran::Here })
+        Ok(if ran == RunOutcome::Failed {
+            Ran::Failed
+        } else {
+            Ran::Here
+        })
+    }
+
+    /// Polls a run until it ends or must stop; a run that must stop is told
+    /// so (through its tick) and polled for the stop grace more, never past
+    /// the lease's local deadline when the lease is the reason, then
+    /// dropped. Returns what the board records, and the outcome.
+    async fn supervise_run<Fut>(
+        &self,
+        run: Fut,
+        session: &Session,
+        term_over: impl Future<Output = ()>,
+        stop: &watch::Sender<Option<&'static str>>,
+    ) -> (String, RunOutcome)
+    where
+        Fut: Future,
+        Fut::Output: RunResult,
+    {
+        tokio::pin!(run);
+        let at_most = async {
+            match self.at_most {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let ended = |result: Fut::Output| match result.failure() {
+            None => ("finished".to_string(), RunOutcome::Succeeded),
+            Some(why) => (format!("failed: {why}"), RunOutcome::Failed),
+        };
+        let (why, lease): (&'static str, bool) = tokio::select! {
+            // A run that has ended is never reported stopped.
+            biased;
+            result = &mut run => return ended(result),
+            () = at_most => ("lock_at_most_for reached", false),
+            _ = session.lost() => ("the session was lost", true),
+            () = term_over => ("the leader's term ended", true),
+        };
+        tracing::warn!(job = %self.name, "stopping the run: {why}");
+        stop.send_replace(Some(why));
+        let mut until = tokio::time::Instant::now() + self.stop_grace;
+        if lease {
+            until = until.min(session.deadline());
+        }
+        let outcome = match tokio::time::timeout_at(until, &mut run).await {
+            Ok(result) => match result.failure() {
+                None => format!("stopped: {why}"),
+                Some(failure) => format!("stopped: {why} ({failure})"),
+            },
+            Err(_) => format!("stopped: {why} (dropped after the grace)"),
+        };
+        (outcome, RunOutcome::Stopped)
     }
 
     async fn stop(&self, session: Option<Session>, term: Option<Term>) -> Result<()> {
