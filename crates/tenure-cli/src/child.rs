@@ -75,10 +75,17 @@ impl SignalHub {
                     let _ = hups.send(());
                     continue;
                 }
-                let sig = escalation.for_signal(got);
-                stop_tx.send_if_modified(|s| s.is_none() && {
-                    *s = Some(got);
-                    true
+                // Every stop is SIGTERM to the run's group, whatever the
+                // signal tenure got (as a service manager's stop is).
+                let sig = match escalation.for_signal(got) {
+                    libc::SIGKILL => libc::SIGKILL,
+                    _ => libc::SIGTERM,
+                };
+                stop_tx.send_if_modified(|s| {
+                    s.is_none() && {
+                        *s = Some(got);
+                        true
+                    }
                 });
                 let _ = runs.send(sig);
             }
@@ -163,7 +170,7 @@ impl Escalation {
             libc::SIGKILL
         } else {
             tracing::info!(
-                "passing SIGINT on to the command (a second one within {}s kills it)",
+                "SIGINT: stopping the command (a second one within {}s kills it)",
                 SECOND_INTERRUPT.as_secs()
             );
             sig
@@ -308,7 +315,12 @@ enum Report {
 fn parse_report(line: &str) -> Option<Report> {
     let mut words = line.split(' ');
     let word = words.next()?;
-    let mut at = || words.next().and_then(|w| w.parse().ok()).map(Duration::from_nanos);
+    let mut at = || {
+        words
+            .next()
+            .and_then(|w| w.parse().ok())
+            .map(Duration::from_nanos)
+    };
     Some(match word {
         "P" => Report::Started(line.get(2..)?.trim().parse().ok()?),
         "E" => {
@@ -582,10 +594,10 @@ pub async fn supervise(
     tokio::pin!(lost, ended);
     let (mut lost_seen, mut ended_seen) = (false, false);
     let mut state = RunState::default();
-    if let Some(sig) = hub.stop_requested() {
+    if hub.stop_requested().is_some() {
         // Asked to stop while the run was being started.
         state.signalled = true;
-        child.stop(sig, run.stop_grace);
+        child.stop(libc::SIGTERM, run.stop_grace);
     }
     let mut poll = tokio::time::interval(DEADLINE_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

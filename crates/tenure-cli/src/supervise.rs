@@ -257,8 +257,11 @@ fn clean_start(ignored: u64) -> std::io::Result<()> {
                 libc::SIG_DFL
             };
             libc::sigemptyset(&mut action.sa_mask);
-            // glibc keeps two real-time signals for itself: refused, harmless.
-            libc::sigaction(sig, &action, std::ptr::null_mut());
+            if libc::sigaction(sig, &action, std::ptr::null_mut()) != 0 {
+                // glibc keeps two real-time signals for itself and refuses
+                // them here; the kernel does not.
+                raw_sigaction(sig, action.sa_sigaction);
+            }
         }
         // Close-on-exec rather than closed: the pipe that reports a failed
         // exec to the supervisor must stay open until the exec.
@@ -286,6 +289,39 @@ fn clean_start(ignored: u64) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The kernel's `struct sigaction` (with a restorer, as x86-64 and
+/// AArch64 have it).
+#[repr(C)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Sets a signal's disposition to `SIG_DFL` or `SIG_IGN` through the
+/// system call itself, for the signals glibc will not touch.
+/// Async-signal-safe.
+fn raw_sigaction(sig: libc::c_int, handler: libc::sighandler_t) {
+    let action = KernelSigaction {
+        handler,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    // SAFETY: rt_sigaction reads one struct we own; the size is the
+    // kernel's sigset (64 bits).
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            &action as *const KernelSigaction,
+            std::ptr::null_mut::<KernelSigaction>(),
+            8usize,
+        );
+    }
 }
 
 /// Reaps every child that has ended (the command, and with the subreaper

@@ -196,7 +196,9 @@ impl TickRunner {
         };
         let ended = async {
             tick.stopped().await;
-            tick.stop_reason().unwrap_or("the run must stop").to_string()
+            tick.stop_reason()
+                .unwrap_or("the run must stop")
+                .to_string()
         };
         let outcome = child::supervise(&run, &tick, std::future::pending(), ended, &self.hub).await;
         match outcome {

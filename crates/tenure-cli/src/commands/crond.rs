@@ -9,8 +9,8 @@ use std::time::Duration;
 use clap::Args;
 use tenure::{ElectorHandle, SessionOptions, Store};
 
-use super::lease::check_ttl;
 use super::cron::TickRunner;
+use super::lease::check_ttl;
 use crate::child::{self, SignalHub};
 use crate::cli::{parse_duration, MetricsArg};
 use crate::exit::{self, Failure};
@@ -192,12 +192,11 @@ fn start(setup: &Setup<'_>, job: Job) -> Result<Running, Failure> {
         .stop_grace(runner.library_grace());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let tz = setup.tz;
-    let task = tokio::spawn(schedule.run(
-        move |tick| runner.clone().run(tick, tz),
-        async {
+    let task = tokio::spawn(
+        schedule.run(move |tick| runner.clone().run(tick, tz), async {
             let _ = stopped.await;
-        },
-    ));
+        }),
+    );
     Ok(Running { job, stop, task })
 }
 

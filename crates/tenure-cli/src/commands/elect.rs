@@ -75,14 +75,13 @@ pub(super) async fn run(store: Arc<dyn Store>, args: ElectArgs) -> Result<u8, Fa
         stop_grace: grace,
     };
     let lost = async { term.lost().await.to_string() };
-    let outcome =
-        match child::supervise(&run, &session, lost, std::future::pending(), &hub).await {
-            Ok(outcome) => outcome,
-            Err(f) => {
-                let _ = term.resign().await;
-                let _ = bounded_close(&session).await;
-                return Err(f);
-            }
-        };
+    let outcome = match child::supervise(&run, &session, lost, std::future::pending(), &hub).await {
+        Ok(outcome) => outcome,
+        Err(f) => {
+            let _ = term.resign().await;
+            let _ = bounded_close(&session).await;
+            return Err(f);
+        }
+    };
     finish(outcome, term.resign(), &session).await
 }

@@ -244,15 +244,14 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
         stop_grace: grace,
     };
     let lost = async { guard.lost().await.to_string() };
-    let outcome =
-        match child::supervise(&run, &session, lost, std::future::pending(), &hub).await {
-            Ok(outcome) => outcome,
-            Err(f) => {
-                // Release now: a runtime shutting down would not run a drop's release.
-                let _ = guard.release().await;
-                let _ = bounded_close(&session).await;
-                return Err(f);
-            }
-        };
+    let outcome = match child::supervise(&run, &session, lost, std::future::pending(), &hub).await {
+        Ok(outcome) => outcome,
+        Err(f) => {
+            // Release now: a runtime shutting down would not run a drop's release.
+            let _ = guard.release().await;
+            let _ = bounded_close(&session).await;
+            return Err(f);
+        }
+    };
     finish(outcome, guard.release(), &session).await
 }
