@@ -213,7 +213,7 @@ impl Lease for tenure::Tick {
 /// A command to run under the supervisor.
 pub struct Run<'a> {
     pub command: &'a [String],
-    pub env: &'a [(&'static str, String)],
+    pub env: &'a [(&'a str, String)],
     /// SIGTERM this long before the lease's local deadline when no renewal
     /// is confirmed (SIGKILL at it); also the longest a run may take to end
     /// once the store says the lease is gone.

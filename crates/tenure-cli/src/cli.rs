@@ -54,10 +54,12 @@ pub(crate) enum Command {
         in its own process group under a small supervisor process (tenure itself, re-run). If no\n\
         renewal is confirmed, the group gets SIGTERM --kill-grace before the lease's local deadline\n\
         and SIGKILL at it, so the command is stopped before the store can grant the lock to anyone\n\
-        else; tenure then exits 79. The supervisor does this even if tenure itself is stopped, and\n\
-        kills the group at once if tenure dies. SIGINT, SIGTERM and SIGHUP sent to tenure are passed\n\
-        on to the command; a second SIGINT within 3 s kills the group (SIGKILL). The lock is\n\
-        released only once nothing of the group is left."
+        else; tenure then exits 79. The supervisor does this even if tenure (or its process group)\n\
+        is stopped, and stops the group (SIGTERM, --kill-grace, SIGKILL) if tenure dies. SIGINT,\n\
+        SIGTERM or SIGHUP to tenure: SIGTERM to the group, SIGKILL after --kill-grace (a second\n\
+        SIGINT within 3 s: at once). The command starts as a shell starts it (empty signal mask,\n\
+        default dispositions, descriptors 0-2 only). The lock is released only once nothing of the\n\
+        group is left."
     )]
     Lock(LockArgs),
     /// Campaign for leadership; hold it until stopped, or run a command while leader.
@@ -92,23 +94,25 @@ pub(crate) enum Command {
         Each tick runs at most once across every instance sharing the store (per-tick mode), or\n\
         only on the elected leader (leader mode). The command gets TENURE_JOB, TENURE_TICK (Unix\n\
         seconds), TENURE_TICK_AT (RFC 3339, in the --tz zone) and, in leader mode, TENURE_FENCE.\n\
-        A run is killed (its whole process group) after --at-most, when the lease is lost, or if\n\
-        tenure dies. SIGINT/SIGTERM stop the schedule; a run in progress gets the signal and is\n\
-        waited for (a second SIGINT within 3 s kills it). A schedule that never fires, or a\n\
-        command that cannot be found (127) or run (126), is refused at start."
+        A run is stopped (SIGTERM to its process group, SIGKILL after --grace) at --at-most, when\n\
+        the term ends, on SIGINT/SIGTERM to tenure (which then stops), and by the lease's local\n\
+        deadline even if tenure is stopped or dies. A schedule that never fires, or a command that\n\
+        cannot be found (127) or run (126), is refused at start."
     )]
     Cron(CronArgs),
     /// One election for a service; the crontab's jobs run only on its leader.
     #[command(
         after_help = "Example:\n  tenure crond billing --crontab /etc/billing.crontab --ttl 15s\n\n\
         Each line of the crontab is `[name=JOB] [on-failure=resign] SCHEDULE COMMAND…`: SCHEDULE is\n\
-        `@every D` (ticks on multiples of D since the Unix epoch), `@hourly` and the like, five\n\
-        crontab fields, or six (seconds first); COMMAND runs under `sh -c`. `#` starts a comment.\n\
+        `@every D` (ticks on multiples of D since the Unix epoch), `@hourly` and the like, or five\n\
+        to seven crontab fields (seconds first, a year last); COMMAND runs under `sh -c`. `#` starts\n\
+        a comment; `NAME=value` sets the environment of the jobs below it; `%` is refused.\n\
         A job without name= is named from its schedule and command (never its line). Every instance\n\
         campaigns in the election NAME; only the leader runs jobs, each tick at most once across\n\
         the cluster, with TENURE_JOB, TENURE_TICK, TENURE_TICK_AT and TENURE_FENCE (the term's\n\
-        token). A run is killed (its process group) when the term ends. A run that exits non-zero\n\
-        is recorded as failed; with on-failure=resign the leader then resigns. SIGHUP reads the\n\
+        token). A run is stopped (SIGTERM, --grace, SIGKILL) when the term ends, before the leader\n\
+        resigns. A run that exits non-zero is recorded as failed; with on-failure=resign the leader\n\
+        then starts no new run, lets those in progress end (up to --grace) and resigns. SIGHUP reads the\n\
         crontab again; SIGTERM/SIGINT stop new runs, send running ones SIGTERM, SIGKILL after\n\
         --grace, and resign only once none is left. `tenure elector pause NAME` pauses the service."
     )]

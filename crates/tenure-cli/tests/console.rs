@@ -774,6 +774,75 @@ fn the_page_follows_the_store_in_a_real_browser() {
     assert_eq!(errors, serde_json::json!([]), "script errors on the page");
 }
 
+/// Outcomes as outcomes, in chromium and in /metrics: a job whose runs
+/// fail shows its last run as FAILED with the exit code (in red), and a
+/// run in progress as running.
+#[test]
+fn a_failed_run_stands_out_with_its_exit_code() {
+    let Some(browser) = Browser::start() else {
+        return;
+    };
+    let env = Env::sqlite();
+    let console = Console::start(&env, &[]);
+    let mut cron = env
+        .cmd(&[
+            "cron",
+            "* * * * * *",
+            "failer",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.8; exit 3",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    browser.open(&format!("http://{}/", console.addr));
+    let row = "const r = document.querySelector('tr[data-job=\"failer\"]');";
+    browser.until(
+        &format!("{row} return r ? r.querySelector('.running') !== null : null"),
+        true.into(),
+        Duration::from_secs(15),
+    );
+    let running = browser.js(&format!(
+        "{row} return r.querySelector('.running').textContent"
+    ));
+    assert!(
+        running.as_str().unwrap().starts_with("running tick"),
+        "{running}"
+    );
+    browser.until(
+        &format!("{row} const f = r.querySelector('.last-run.failed'); return f ? f.textContent.includes('exit 3') : null"),
+        true.into(),
+        Duration::from_secs(15),
+    );
+    let colour = browser.js(&format!(
+        "{row} return getComputedStyle(r.querySelector('.last-run.failed')).color"
+    ));
+    assert_eq!(colour, "rgb(197, 48, 48)", "a failed run is not red");
+    let shot = browser.screenshot();
+    std::fs::write(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-failed.png"),
+        &shot,
+    )
+    .unwrap();
+    let metrics = http(&console.addr, "GET", "/metrics", &[], "").body;
+    assert!(
+        metrics.contains("tenure_console_schedule_last_run_failed{job=\"failer\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tenure_console_schedule_last_run_exit_code{job=\"failer\"} 3"),
+        "{metrics}"
+    );
+    let errors = browser.js("return window.tenureErrors");
+    assert_eq!(errors, serde_json::json!([]), "script errors on the page");
+    signal(cron.id(), libc::SIGTERM);
+    wait_exit(&mut cron, Duration::from_secs(20));
+}
+
 /// A `tenure cron` instance appending each tick it runs to `$D/ticks`.
 fn cron_instance(env: &Env, job: &str) -> Child {
     env.cmd(&[
@@ -823,7 +892,7 @@ fn pause_resume_and_end_session_from_the_page() {
     ));
     let schedule = "const r = document.querySelector('tr[data-job=\"ticker\"]');";
     browser.until(
-        &format!("{schedule} return r ? r.querySelector('.running') !== null : null"),
+        &format!("{schedule} return r ? r.querySelector('.active, .running') !== null : null"),
         true.into(),
         Duration::from_secs(10),
     );
@@ -892,7 +961,7 @@ fn pause_resume_and_end_session_from_the_page() {
     ));
     act("ticker", "window over");
     browser.until(
-        &format!("{schedule} return r.querySelector('.running') !== null"),
+        &format!("{schedule} return r.querySelector('.active, .running') !== null"),
         true.into(),
         Duration::from_secs(5),
     );

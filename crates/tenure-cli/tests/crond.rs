@@ -327,7 +327,7 @@ fn crond_failing_job_resigns_and_is_recorded_as_failed() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let text = loop {
         let text = http_get(port, "/metrics");
-        if text.contains("tenure_cron_ticks_total{outcome=\"ran\",name=\"flaky\"}") {
+        if text.contains("tenure_cron_ticks_total{outcome=\"failed\",name=\"flaky\"}") {
             break text;
         }
         assert!(
@@ -406,7 +406,7 @@ fn crond_resigns_only_after_its_runs_are_gone() {
     let env = Env::sqlite();
     std::fs::write(
         env.path("crontab"),
-        "name=slow-stop @every 1s [ -e \"$D/started\" ] || { echo >> \"$D/started\"; trap 'sleep 1; touch \"$D/cleaned\"; exit 0' TERM; sleep 30 & wait; }\n",
+        "name=slow-stop @every 1s [ -e \"$D/started\" ] || { trap 'sleep 1; touch \"$D/cleaned\"; exit 0' TERM; echo >> \"$D/started\"; sleep 30 & wait; }\n",
     )
     .unwrap();
     let mut crond = instance(&env, "stopper", 0, &[]);
@@ -485,4 +485,72 @@ fn a_pause_names_the_operator_without_user() {
     assert_eq!(record["who"], who.as_str(), "{record}");
     signal(crond.id(), libc::SIGTERM);
     assert!(wait_exit(&mut crond, Duration::from_secs(15)).success());
+}
+
+/// A resignation drains: with on-failure=resign, the leader starts no new
+/// run, lets the runs in progress end (here a healthy job's, 1.5 s each,
+/// under a 2 s grace), then resigns. No run of the healthy job gets SIGTERM
+/// for another job's failure, and every one that started ends.
+#[test]
+fn a_resignation_lets_the_other_jobs_runs_finish() {
+    let env = Env::sqlite();
+    std::fs::write(
+        env.path("crontab"),
+        concat!(
+            "name=bad on-failure=resign @every 2s echo \"$INSTANCE\" >> \"$D/bad\"; exit 1\n",
+            "name=long @every 1s trap 'echo \"term $INSTANCE $TENURE_TICK\" >> \"$D/long\"' TERM; ",
+            "echo \"start $INSTANCE $TENURE_TICK\" >> \"$D/long\"; sleep 1.5; ",
+            "echo \"end $INSTANCE $TENURE_TICK\" >> \"$D/long\"\n",
+        ),
+    )
+    .unwrap();
+    let mut instances: Vec<Child> = (0..2).map(|i| instance(&env, "drain", i, &[])).collect();
+    let read = |file: &str| std::fs::read_to_string(env.path(file)).unwrap_or_default();
+    // Leadership moved at least five times, each time by a resignation.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while read("bad").lines().count() < 6 {
+        assert!(
+            Instant::now() < deadline,
+            "the failing job did not run six times: {:?} / {:?}",
+            read("bad"),
+            read("long")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cutoff = chrono::Utc::now().timestamp() - 3;
+    for i in &mut instances {
+        let _ = i.kill();
+        let _ = i.wait();
+    }
+    let long = read("long");
+    let lines: Vec<Vec<&str>> = long.lines().map(|l| l.split(' ').collect()).collect();
+    let before = |l: &&Vec<&str>| {
+        l.get(2)
+            .and_then(|t| t.parse::<i64>().ok())
+            .is_some_and(|t| t < cutoff)
+    };
+    let started: Vec<_> = lines
+        .iter()
+        .filter(before)
+        .filter(|l| l[0] == "start")
+        .collect();
+    assert!(started.len() >= 3, "the healthy job hardly ran: {long}");
+    for l in lines.iter().filter(before) {
+        assert_ne!(
+            l[0], "term",
+            "a healthy run got SIGTERM for another job's failure: {long}"
+        );
+    }
+    for s in &started {
+        assert!(
+            lines.iter().any(|l| l[0] == "end" && l[1..] == s[1..]),
+            "a run of the healthy job did not end: {s:?} in {long}"
+        );
+    }
+    let bad = read("bad");
+    let leaders: BTreeSet<&str> = bad.lines().map(str::trim).collect();
+    eprintln!(
+        "resignations drained: {} healthy runs all ended; leaders {leaders:?}",
+        started.len()
+    );
 }

@@ -294,3 +294,36 @@ fn the_supervisor_runs_even_if_tenures_file_was_deleted() {
     assert!(status.success(), "{status}");
     assert_eq!(wait_file(&env.path("ran")), "ran");
 }
+
+/// `--wait` rides out a store that is briefly down (a restart, a
+/// failover): the unavailable store is tried again with a backoff until
+/// the wait's end; `--no-wait` tries once and exits 69.
+#[test]
+fn a_wait_rides_out_a_store_briefly_down() {
+    let Some(mut server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let env = Env::with_url(server.url());
+    server.kill();
+    let out = env.run(&["lock", "down", "--no-wait", "--", "true"]);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    let started = Instant::now();
+    let waiting = env
+        .cmd(&["lock", "down", "--wait", "30s", "--", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _cleanup = KillOnDrop(vec![waiting.id() as i32]);
+    std::thread::sleep(Duration::from_millis(1500));
+    server.restart();
+    let out = waiting.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("trying again"), "{stderr}");
+    eprintln!(
+        "lock --wait 30s with Redis down for 1.5 s: done after {:?}",
+        started.elapsed()
+    );
+}

@@ -125,11 +125,6 @@ impl Runner {
         };
         grace + Duration::from_secs(2)
     }
-
-    /// Whether SIGHUP stops the runner (`crond` reads its crontab again).
-    fn hup_stops(self) -> bool {
-        self != Runner::Crond
-    }
 }
 
 /// One case: a directory, a store, a name, and the instances started.

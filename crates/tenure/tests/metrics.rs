@@ -307,7 +307,7 @@ async fn the_memory_scenario_records_every_metric_with_its_labels() {
         value(
             &all,
             CRON_TICKS,
-            &[("name", "metrics-cron"), ("outcome", "ran")]
+            &[("name", "metrics-cron"), ("outcome", "succeeded")]
         ),
         Some(1.0)
     );

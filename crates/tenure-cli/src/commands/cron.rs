@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use tenure::{SessionOptions, Store};
 
-use super::lease::check_ttl;
+use super::lease::{check_ttl, check_ttl_on};
 use crate::child;
 use crate::cli::{parse_duration, MetricsArg};
 use crate::exit::{self, Failure};
@@ -111,6 +111,7 @@ pub(super) fn tick_env(
 }
 
 pub(super) async fn run(store: Arc<dyn Store>, args: CronArgs) -> Result<u8, Failure> {
+    check_ttl_on(&store, args.ttl)?;
     let mut schedule = tenure::Schedule::new(&store, &args.name, &args.schedule)?
         .time_zone(&args.tz)?
         .mode(match args.mode {
@@ -150,6 +151,9 @@ pub(super) async fn run(store: Arc<dyn Store>, args: CronArgs) -> Result<u8, Fai
 pub(super) struct TickRunner {
     job: Arc<str>,
     command: Arc<[String]>,
+    /// The environment the runs get before the tick's own (a crontab's
+    /// environment lines).
+    env: Arc<[(String, String)]>,
     /// SIGTERM this long before the lease's local deadline.
     lease_grace: Duration,
     /// Between SIGTERM and SIGKILL when a run must stop.
@@ -168,10 +172,17 @@ impl TickRunner {
         TickRunner {
             job: job.into(),
             command: command.into(),
+            env: Arc::new([]),
             lease_grace: grace.min(ttl / 6),
             stop_grace: grace,
             hub: hub.clone(),
         }
+    }
+
+    /// Runs with these variables set too (the tick's own come after).
+    pub(super) fn with_env(mut self, env: Vec<(String, String)>) -> TickRunner {
+        self.env = env.into();
+        self
     }
 
     /// How long the library polls a run that must stop before it drops it
@@ -187,7 +198,12 @@ impl TickRunner {
     /// exits non-zero (or dies of a signal: 128+N) is a failed run on the
     /// board and in the metrics.
     pub(super) async fn run(self, tick: tenure::Tick, tz: chrono_tz::Tz) -> Result<(), String> {
-        let env = tick_env(&self.job, &tick, tz);
+        let mut env: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        env.extend(tick_env(&self.job, &tick, tz));
         let run = child::Run {
             command: &self.command,
             env: &env,
@@ -204,7 +220,8 @@ impl TickRunner {
         match outcome {
             Ok(child::Outcome::Exited(0)) => Ok(()),
             Ok(child::Outcome::Exited(code)) => Err(format!("exit {code}")),
-            Ok(child::Outcome::Stopped { why, code }) => Err(format!("{why}; exit {code}")),
+            // The library knows why it stopped the run: only the code here.
+            Ok(child::Outcome::Stopped { code, .. }) => Err(format!("exit {code}")),
             Ok(child::Outcome::LeaseLost(why)) => Err(format!("lease lost: {why}")),
             Err(f) => Err(f.message),
         }

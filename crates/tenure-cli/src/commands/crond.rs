@@ -10,7 +10,7 @@ use clap::Args;
 use tenure::{ElectorHandle, SessionOptions, Store};
 
 use super::cron::TickRunner;
-use super::lease::check_ttl;
+use super::lease::{check_ttl, check_ttl_on};
 use crate::child::{self, SignalHub};
 use crate::cli::{parse_duration, MetricsArg};
 use crate::exit::{self, Failure};
@@ -47,54 +47,156 @@ struct Job {
     expr: String,
     command: String,
     resign_on_failure: bool,
+    /// The crontab's environment lines above the job, in order.
+    env: Vec<(String, String)>,
 }
 
-/// Reads a crontab: `#` comments and blank lines are skipped; each other
-/// line is `[name=JOB] [on-failure=resign] SCHEDULE COMMAND…`, where
-/// SCHEDULE is `@every D`, a shorthand such as `@hourly`, five fields, or
-/// six (seconds first: a sixth word that reads as a weekday makes it six).
-/// A job without a name is named from its schedule and command, never its
-/// line, so reordering the file renames nothing.
+impl Job {
+    /// The program and arguments that run the job: `$SHELL -c COMMAND`
+    /// (`sh` unless an environment line set `SHELL`), as cron runs it.
+    fn argv(&self) -> Vec<String> {
+        let shell = self
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "SHELL")
+            .map_or("sh", |(_, v)| v.as_str());
+        vec![shell.to_string(), "-c".to_string(), self.command.clone()]
+    }
+}
+
+/// Whether a word reads as a field of a cron schedule (`*/5`, `1-5`,
+/// `MON-FRI`, `L`) rather than as a command.
+fn field_like(word: &str) -> bool {
+    const NAMES: [&str; 22] = [
+        "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC", "MON",
+        "TUE", "WED", "THU", "FRI", "SAT", "SUN", "L", "W", "LW",
+    ];
+    !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "*/,-?#".contains(c))
+        && word
+            .split(|c: char| !c.is_ascii_alphabetic())
+            .filter(|run| !run.is_empty())
+            .all(|run| NAMES.iter().any(|n| n.eq_ignore_ascii_case(run)))
+}
+
+/// An environment line (`NAME=value`, `NAME = "value"`), as cron reads
+/// them; `None` for a job's line.
+fn env_line(line: &str) -> Option<(String, String)> {
+    let (key, value) = line.split_once('=')?;
+    let key = key.trim_end();
+    let starts_well = key.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+    if !starts_well || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return None;
+    }
+    if key == "name" {
+        return None;
+    }
+    let value = value.trim();
+    // `colour=red @every 1s x` is an option misspelt, not an environment
+    // line: refused as an unknown option.
+    let mut words = value.split_whitespace();
+    if words
+        .nth(1)
+        .is_some_and(|w| w.starts_with('@') || field_like(w))
+    {
+        return None;
+    }
+    let unquoted = ['"', '\'']
+        .iter()
+        .find_map(|q| value.strip_prefix(*q)?.strip_suffix(*q))
+        .unwrap_or(value);
+    Some((key.to_string(), unquoted.to_string()))
+}
+
+/// How many of a line's words make its schedule: 1 for a shorthand, 2 for
+/// `@every D`, else the cron fields before the command (5 to 7).
+fn schedule_words(words: &[&str]) -> Result<usize, String> {
+    match words.first() {
+        None => Err("a schedule and then a command".into()),
+        Some(&"@every") => Ok(2),
+        Some(w) if w.starts_with('@') => Ok(1),
+        Some(_) => {
+            let n = words.iter().take_while(|w| field_like(w)).count();
+            match n {
+                0..=4 => Err(format!(
+                    "a schedule has five fields (six with seconds first, seven with a year last) and then a command: {n} field(s) found before {:?}",
+                    words.get(n).copied().unwrap_or_default()
+                )),
+                5..=7 => Ok(n),
+                _ => Err(format!(
+                    "{n} fields: a schedule has at most seven (seconds first, a year last), then a command"
+                )),
+            }
+        }
+    }
+}
+
+/// A job's command as cron would have it, or why not: an unescaped `%`
+/// (cron's new line and standard input) is refused; `\%` is a `%`.
+fn command_of(words: &[&str]) -> Result<String, String> {
+    let command = words.join(" ");
+    let mut escaped = false;
+    for c in command.chars() {
+        if c == '%' && !escaped {
+            return Err(
+                "'%' in the command: cron turns it into a new line and standard input, tenure does not; write \\% for a literal %, or put the input in a script".into(),
+            );
+        }
+        escaped = c == '\\' && !escaped;
+    }
+    Ok(command.replace("\\%", "%"))
+}
+
 fn parse_crontab(text: &str, service: &str) -> Result<Vec<Job>, String> {
     let mut jobs: Vec<Job> = Vec::new();
+    let mut env: Vec<(String, String)> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let at = |why: String| format!("line {}: {why}", i + 1);
+        if let Some(setting) = env_line(line) {
+            env.push(setting);
+            continue;
+        }
         let mut words: Vec<&str> = line.split_whitespace().collect();
         let mut name = None;
-        let mut resign_on_failure = false;
+        let mut on_failure = None;
         while let Some((key, value)) = words.first().and_then(|w| w.split_once('=')) {
+            let twice = || at(format!("{key}= given twice"));
             match (key, value) {
-                ("name", v) if !v.is_empty() => name = Some(v.to_string()),
-                ("on-failure", "resign") => resign_on_failure = true,
-                ("on-failure", "continue") => resign_on_failure = false,
+                ("name", v) if !v.is_empty() => {
+                    if name.replace(v.to_string()).is_some() {
+                        return Err(twice());
+                    }
+                }
+                ("on-failure", "resign" | "continue") => {
+                    if on_failure.replace(value == "resign").is_some() {
+                        return Err(twice());
+                    }
+                }
                 _ => {
                     return Err(at(format!(
-                        "unknown option {:?} (name=JOB, on-failure=resign or on-failure=continue)",
+                        "unknown option {:?} (name=JOB, on-failure=resign or on-failure=continue; an environment line is NAME=value alone)",
                         words[0]
                     )))
                 }
             }
             words.remove(0);
         }
-        let fields = if words.first() == Some(&"@every") {
-            2
-        } else if words.first().is_some_and(|w| w.starts_with('@')) {
-            1
-        } else if words.len() > 6 && tenure::Timetable::parse(&words[..6].join(" ")).is_ok() {
-            6
-        } else {
-            5
-        };
+        let fields = schedule_words(&words).map_err(at)?;
+        let expr = words[..fields.min(words.len())].join(" ");
         if words.len() <= fields {
-            return Err(at("a schedule and then a command".into()));
+            return Err(at(format!(
+                "no command after the schedule {expr:?} (a line is a schedule and then a command)"
+            )));
         }
-        let expr = words[..fields].join(" ");
         tenure::Timetable::parse(&expr).map_err(|e| at(e.to_string()))?;
-        let command = words[fields..].join(" ");
+        let command = command_of(&words[fields..]).map_err(at)?;
         let name = name.unwrap_or_else(|| derived_name(service, &expr, &command));
         tenure::ScheduleBoard::check_job(&name).map_err(|e| at(e.to_string()))?;
         if jobs.iter().any(|j| j.name == name) {
@@ -106,7 +208,8 @@ fn parse_crontab(text: &str, service: &str) -> Result<Vec<Job>, String> {
             name,
             expr,
             command,
-            resign_on_failure,
+            resign_on_failure: on_failure.unwrap_or(false),
+            env: env.clone(),
         });
     }
     if jobs.is_empty() {
@@ -115,8 +218,6 @@ fn parse_crontab(text: &str, service: &str) -> Result<Vec<Job>, String> {
     Ok(jobs)
 }
 
-/// `SERVICE.WORD-HASH`: the command's first word, and 32 bits of FNV-1a
-/// over the schedule and the command (stable across builds and machines).
 fn derived_name(service: &str, expr: &str, command: &str) -> String {
     let mut hash: u32 = 0x811c_9dc5;
     for b in expr.bytes().chain([b'\n']).chain(command.bytes()) {
@@ -159,8 +260,10 @@ pub(super) fn validate(args: &CrondArgs) -> Result<(), Failure> {
         .parse::<chrono_tz::Tz>()
         .map_err(|e| Failure::new(exit::USAGE, format!("invalid time zone {:?}: {e}", args.tz)))?;
     tenure::Name::new(&args.name)?;
-    read_crontab(&args.crontab, &args.name)?;
-    child::check_command(&["sh".to_string()])
+    for job in read_crontab(&args.crontab, &args.name)? {
+        child::check_command(&job.argv()[..1])?;
+    }
+    Ok(())
 }
 
 /// A job running under the elector.
@@ -182,8 +285,8 @@ struct Setup<'a> {
 }
 
 fn start(setup: &Setup<'_>, job: Job) -> Result<Running, Failure> {
-    let command = vec!["sh".to_string(), "-c".to_string(), job.command.clone()];
-    let runner = TickRunner::new(&job.name, command, setup.ttl, setup.grace, setup.hub);
+    let runner = TickRunner::new(&job.name, job.argv(), setup.ttl, setup.grace, setup.hub)
+        .with_env(job.env.clone());
     let schedule = tenure::Schedule::new(setup.store, &job.name, &job.expr)?
         .time_zone(setup.tz.name())?
         .leader_of(setup.elector)
@@ -223,6 +326,7 @@ async fn stop_all(jobs: Vec<Running>, grace: Duration) {
 }
 
 pub(super) async fn run(store: Arc<dyn Store>, args: CrondArgs) -> Result<u8, Failure> {
+    check_ttl_on(&store, args.ttl)?;
     let tz: chrono_tz::Tz = args.tz.parse().unwrap_or(chrono_tz::UTC);
     let options = SessionOptions::new().ttl(args.ttl);
     let value = args.value.clone().unwrap_or_else(tenure::default_label);
@@ -347,6 +451,33 @@ mod tests {
     }
 
     #[test]
+    fn environment_lines_set_the_following_jobs_environment() {
+        let jobs = parse_crontab(
+            "MAILTO=\"\"\nPATH=/usr/bin:/bin\n@every 1s echo a\nSHELL = /bin/bash\nGREETING='hello world'\n@every 2s echo b \\% c\n",
+            "s",
+        )
+        .unwrap();
+        let env =
+            |j: &Job| -> Vec<String> { j.env.iter().map(|(k, v)| format!("{k}={v}")).collect() };
+        assert_eq!(env(&jobs[0]), ["MAILTO=", "PATH=/usr/bin:/bin"]);
+        assert_eq!(jobs[0].argv()[0], "sh");
+        assert_eq!(
+            env(&jobs[1]),
+            [
+                "MAILTO=",
+                "PATH=/usr/bin:/bin",
+                "SHELL=/bin/bash",
+                "GREETING=hello world"
+            ]
+        );
+        assert_eq!(jobs[1].argv(), ["/bin/bash", "-c", "echo b % c"]);
+        // Seven fields: a year last.
+        let jobs = parse_crontab("0 0 12 * * ? 2099 echo far\n", "s").unwrap();
+        assert_eq!(jobs[0].expr, "0 0 12 * * ? 2099");
+        assert_eq!(jobs[0].command, "echo far");
+    }
+
+    #[test]
     fn names_come_from_content_not_position() {
         let a = parse_crontab("@every 1s echo a\n@every 3s echo b\n", "s").unwrap();
         let b = parse_crontab("@every 3s echo b\n@every 1s echo a\n", "s").unwrap();
@@ -361,6 +492,12 @@ mod tests {
             ("61 * * * * echo", "line 1: "),
             ("@every 1s", "a schedule and then a command"),
             ("colour=red @every 1s x", "unknown option"),
+            ("*/5 * * * * *", "no command after the schedule"),
+            ("* * * * * * * * echo", "8 fields"),
+            ("name=x name=y @every 1s true", "name= given twice"),
+            ("@every 1s date +%s", "'%' in the command"),
+            ("@every 1ms true", "whole seconds"),
+            ("99 * * * * 1 true", "second field"),
             ("@every 1s x\n@every 1s x\n", "line 2: a second job"),
             ("# nothing\n", "no job"),
         ] {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::Args;
 use tenure::{Election, Store};
 
-use super::lease::{bounded_close, check_ttl, finish, open_session};
+use super::lease::{bounded_close, check_ttl, finish, kill_grace, open, Retry};
 use crate::child;
 use crate::cli::{LeaseArgs, MetricsArg};
 use crate::exit::{self, Failure};
@@ -38,15 +38,44 @@ pub(super) fn validate(args: &ElectArgs) -> Result<(), Failure> {
 }
 
 pub(super) async fn run(store: Arc<dyn Store>, args: ElectArgs) -> Result<u8, Failure> {
-    let (session, grace) = open_session(&store, &args.lease).await?;
-    let election = Election::new(&session, &args.name)?;
+    let grace = kill_grace(&args.lease)?;
     let value = args.value.clone().unwrap_or_else(tenure::default_label);
     let hub = child::SignalHub::start(true)?;
-    let term = tokio::select! {
-        term = election.campaign(value.clone()) => term?,
-        signal = hub.stopped() => {
-            let _ = session.close().await;
-            return Ok(128 + signal as u8);
+    // A campaign waits for ever: a store briefly unavailable is tried again.
+    let mut retry = Retry::new(false, None);
+    let (session, term) = loop {
+        let opened = tokio::select! {
+            opened = open(&store, &args.lease) => opened,
+            signal = hub.stopped() => return Ok(128 + signal as u8),
+        };
+        let session = match opened {
+            Ok(session) => session,
+            Err(e) if retry.may(&e) => match retry.pause(&e, &hub).await {
+                Ok(()) => continue,
+                Err(code) => return Ok(code),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        let election = Election::new(&session, &args.name)?;
+        let term = tokio::select! {
+            term = election.campaign(value.clone()) => term,
+            signal = hub.stopped() => {
+                let _ = session.close().await;
+                return Ok(128 + signal as u8);
+            }
+        };
+        match term {
+            Ok(term) => break (session, term),
+            Err(e) if retry.may(&e) => {
+                let _ = bounded_close(&session).await;
+                if let Err(code) = retry.pause(&e, &hub).await {
+                    return Ok(code);
+                }
+            }
+            Err(e) => {
+                let _ = bounded_close(&session).await;
+                return Err(e.into());
+            }
         }
     };
     tracing::info!(name = %args.name, token = term.token(), "elected");

@@ -4,16 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use tenure::{Session, SessionOptions, Store};
 
 use crate::child;
 use crate::cli::LeaseArgs;
 use crate::exit::{self, Failure};
 
-pub(super) async fn open_session(
-    store: &Arc<dyn Store>,
-    lease: &LeaseArgs,
-) -> Result<(Session, Duration), Failure> {
+/// `--kill-grace`, checked against the TTL.
+pub(super) fn kill_grace(lease: &LeaseArgs) -> Result<Duration, Failure> {
     check_ttl(lease.ttl)?;
     let grace = lease.kill_grace.unwrap_or(lease.ttl / 6);
     if grace >= lease.ttl / 2 {
@@ -25,8 +25,68 @@ pub(super) async fn open_session(
             ),
         ));
     }
-    let session = Session::with_options(store, SessionOptions::new().ttl(lease.ttl)).await?;
-    Ok((session, grace))
+    Ok(grace)
+}
+
+/// A session with the lease options.
+pub(super) async fn open(store: &Arc<dyn Store>, lease: &LeaseArgs) -> tenure::Result<Session> {
+    Session::with_options(store, SessionOptions::new().ttl(lease.ttl)).await
+}
+
+/// The longest pause between two tries on a store that does not answer.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// While a wait lasts, a store that is briefly unavailable (a server
+/// restarting, a failover under way) is tried again with a backoff, until
+/// the wait's end; `--no-wait` tries once.
+pub(super) struct Retry {
+    /// `None`: no retry (`--no-wait`); `Some(None)`: for ever.
+    until: Option<Option<Instant>>,
+    backoff: Duration,
+}
+
+impl Retry {
+    pub(super) fn new(no_wait: bool, wait: Option<Duration>) -> Retry {
+        Retry {
+            until: (!no_wait).then(|| wait.map(|w| Instant::now() + w)),
+            backoff: Duration::from_millis(100),
+        }
+    }
+
+    /// What is left of `--wait` (zero once over).
+    pub(super) fn left(&self) -> Duration {
+        match self.until {
+            Some(Some(until)) => until.saturating_duration_since(Instant::now()),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether `e` is tried again: temporary, and the wait has time left
+    /// for the next try.
+    pub(super) fn may(&self, e: &tenure::Error) -> bool {
+        e.is_temporary()
+            && match self.until {
+                None => false,
+                Some(None) => true,
+                Some(Some(until)) => Instant::now() + self.backoff < until,
+            }
+    }
+
+    /// Waits before the next try; `Err(code)` when a signal stops tenure
+    /// meanwhile.
+    pub(super) async fn pause(
+        &mut self,
+        e: &tenure::Error,
+        hub: &child::SignalHub,
+    ) -> Result<(), u8> {
+        tracing::warn!(error = %e, "the store is unavailable; trying again in {}", humantime::format_duration(self.backoff));
+        tokio::select! {
+            () = tokio::time::sleep(self.backoff) => {}
+            sig = hub.stopped() => return Err(128u8.saturating_add(sig as u8)),
+        }
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        Ok(())
+    }
 }
 
 pub(super) fn check_ttl(ttl: Duration) -> Result<(), Failure> {
@@ -34,6 +94,26 @@ pub(super) fn check_ttl(ttl: Duration) -> Result<(), Failure> {
         return Err(Failure::new(
             exit::USAGE,
             "--ttl 0s: the session TTL must be more than zero (such as 15s)",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a TTL outside the store's range before anything starts (a
+/// runner that campaigns or claims in the background would otherwise
+/// report it late, after announcing its jobs).
+pub(super) fn check_ttl_on(store: &Arc<dyn Store>, ttl: Duration) -> Result<(), Failure> {
+    let caps = store.capabilities();
+    if ttl < caps.min_ttl || ttl > caps.max_ttl {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "--ttl {}: the {} store takes a TTL from {} to {}",
+                humantime::format_duration(ttl),
+                caps.backend,
+                humantime::format_duration(caps.min_ttl),
+                humantime::format_duration(caps.max_ttl)
+            ),
         ));
     }
     Ok(())
@@ -59,7 +139,15 @@ pub(super) async fn finish(
     session: &Session,
 ) -> Result<u8, Failure> {
     match outcome {
-        child::Outcome::Exited(code) | child::Outcome::Stopped { code, .. } => {
+        child::Outcome::Stopped { why, code } => {
+            tracing::info!("the command was stopped: {why}");
+            if let Err(e) = release.await {
+                tracing::warn!(error = %e, "release after the command was stopped failed");
+            }
+            let _ = bounded_close(session).await;
+            Ok(code)
+        }
+        child::Outcome::Exited(code) => {
             if let Err(e) = release.await {
                 tracing::warn!(error = %e, "release after the command exited failed");
             }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::Args;
 use std::future::Future;
 
-use tenure::{Error, Mutex, RwLock, Semaphore, Store};
+use tenure::{Error, Mutex, RwLock, Semaphore, Session, Store};
 
-use super::lease::{bounded_close, check_ttl, finish, open_session};
+use super::lease::{bounded_close, check_ttl, finish, kill_grace, open, Retry};
 use crate::child;
 use crate::cli::{parse_duration, LeaseArgs, MetricsArg};
 use crate::exit::{self, Failure};
@@ -146,37 +146,44 @@ async fn say_who_holds(store: &dyn Store, name: &str) {
     }
 }
 
-pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
-    let (session, grace) = open_session(&store, &args.lease).await?;
-    let hub = child::SignalHub::start(true)?;
-    let within = args.wait.unwrap_or_default();
-    let acquire = async {
-        match (args.shared, args.permits) {
-            (false, None) => {
-                let m = Mutex::new(&session, &args.name)?.fair(!args.unfair);
-                decided(&args, m.try_lock(), m.lock_timeout(within), m.lock())
-                    .await
-                    .map(|g| g.map(Held::Lock))
-            }
-            (true, _) => {
-                let r = RwLock::new(&session, &args.name)?;
-                decided(&args, r.try_read(), r.read_timeout(within), r.read())
-                    .await
-                    .map(|g| g.map(Held::Read))
-            }
-            (false, Some(n)) => {
-                let p = Semaphore::new(&session, &args.name, n)?;
-                decided(
-                    &args,
-                    p.try_acquire(),
-                    p.acquire_many_timeout(1, within),
-                    p.acquire(),
-                )
+/// Takes the name as the flags ask, through `session`, waiting at most
+/// `within` under `--wait`: `None` when not granted in the time asked for.
+async fn acquire(
+    session: &Session,
+    args: &LockArgs,
+    within: Duration,
+) -> tenure::Result<Option<Held>> {
+    match (args.shared, args.permits) {
+        (false, None) => {
+            let m = Mutex::new(session, &args.name)?.fair(!args.unfair);
+            decided(args, m.try_lock(), m.lock_timeout(within), m.lock())
                 .await
-                .map(|g| g.map(Held::Permit))
-            }
+                .map(|g| g.map(Held::Lock))
         }
-    };
+        (true, _) => {
+            let r = RwLock::new(session, &args.name)?;
+            decided(args, r.try_read(), r.read_timeout(within), r.read())
+                .await
+                .map(|g| g.map(Held::Read))
+        }
+        (false, Some(n)) => {
+            let p = Semaphore::new(session, &args.name, n)?;
+            decided(
+                args,
+                p.try_acquire(),
+                p.acquire_many_timeout(1, within),
+                p.acquire(),
+            )
+            .await
+            .map(|g| g.map(Held::Permit))
+        }
+    }
+}
+
+pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
+    let grace = kill_grace(&args.lease)?;
+    let hub = child::SignalHub::start(true)?;
+    let mut retry = Retry::new(args.no_wait, args.wait);
     // A lock not granted at once says, with -v, who holds it.
     let announce = tokio::spawn({
         let (store, name) = (store.clone(), args.name.clone());
@@ -186,11 +193,34 @@ pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Fai
         }
     });
     let announcing = AbortOnDrop(announce);
-    let guard = tokio::select! {
-        acquired = acquire => acquired,
-        signal = hub.stopped() => {
-            let _ = session.close().await;
-            return Ok(128 + signal as u8);
+    let (session, guard) = loop {
+        let opened = tokio::select! {
+            opened = open(&store, &args.lease) => opened,
+            signal = hub.stopped() => return Ok(128 + signal as u8),
+        };
+        let session = match opened {
+            Ok(session) => session,
+            Err(e) if retry.may(&e) => match retry.pause(&e, &hub).await {
+                Ok(()) => continue,
+                Err(code) => return Ok(code),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        let acquired = tokio::select! {
+            acquired = acquire(&session, &args, retry.left()) => acquired,
+            signal = hub.stopped() => {
+                let _ = session.close().await;
+                return Ok(128 + signal as u8);
+            }
+        };
+        match acquired {
+            Err(e) if retry.may(&e) => {
+                let _ = bounded_close(&session).await;
+                if let Err(code) = retry.pause(&e, &hub).await {
+                    return Ok(code);
+                }
+            }
+            acquired => break (session, acquired),
         }
     };
     drop(announcing);

@@ -162,6 +162,61 @@ pub(crate) fn paused_json(p: &tenure::Paused) -> serde_json::Value {
     })
 }
 
+/// A run's outcome in one word (`succeeded`, `failed`, `stopped`) and
+/// its exit code where it gave one, from what the board records
+/// (`finished`, `failed: exit 3`, `stopped: … ; exit 143`).
+pub(crate) fn outcome_of(recorded: &str) -> (&'static str, Option<u8>) {
+    let word = if recorded == "finished" {
+        "succeeded"
+    } else if recorded.starts_with("failed") {
+        "failed"
+    } else if recorded.starts_with("stopped") {
+        "stopped"
+    } else {
+        "unknown"
+    };
+    let code = recorded.rsplit_once("exit ").and_then(|(_, rest)| {
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    });
+    (word, code)
+}
+
+/// A run of `job` in progress: a live claim of a tick after the last
+/// recorded run (a claim kept by `--at-least` after its run is not one).
+async fn run_in_progress(
+    store: &Arc<dyn Store>,
+    job: &str,
+    last_tick_ms: Option<i64>,
+) -> tenure::Result<Option<serde_json::Value>> {
+    for claim in store.names(&format!("{job}@")).await? {
+        let Some(tick) = claim
+            .as_str()
+            .strip_prefix(&format!("{job}@"))
+            .and_then(|t| t.parse::<i64>().ok())
+        else {
+            continue;
+        };
+        if last_tick_ms.is_some_and(|last| last >= tick * 1000) {
+            continue;
+        }
+        let queue = store.queue(&claim).await?;
+        if let Some(holder) = queue.entries.iter().find(|e| e.granted) {
+            return Ok(Some(serde_json::json!({
+                "tick": ms_rfc3339(tick * 1000),
+                "by": holder.label,
+                "session": holder.session_tag,
+                "token": holder.seq,
+                "since": holder.granted_at.map(|t| chrono::DateTime::<chrono::Utc>::from(t)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+            })));
+        }
+    }
+    Ok(None)
+}
+
 /// The board of every job that starts with `prefix`, as JSON.
 pub async fn schedules_json(
     store: &Arc<dyn Store>,
@@ -215,6 +270,7 @@ pub async fn schedules_json(
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .collect();
         let last = info.last_run.as_ref().map(|r| {
+            let (result, exit_code) = outcome_of(&r.outcome);
             serde_json::json!({
                 "tick": ms_rfc3339(r.tick_ms),
                 "ended": ms_rfc3339(r.ended_ms),
@@ -224,8 +280,12 @@ pub async fn schedules_json(
                 "token": r.token,
                 "leader_token": r.leader_token,
                 "outcome": r.outcome,
+                "result": result,
+                "exit_code": exit_code,
             })
         });
+        let running =
+            run_in_progress(store, &job, info.last_run.as_ref().map(|r| r.tick_ms)).await?;
         all.push(serde_json::json!({
             "job": info.job,
             "expr": info.expr,
@@ -234,6 +294,7 @@ pub async fn schedules_json(
             "missed": info.missed,
             "next_ticks": next,
             "last_run": last,
+            "running": running,
             "paused": paused.as_ref().map(paused_json),
         }));
     }
@@ -271,13 +332,24 @@ pub async fn run(store: Arc<dyn Store>, command: ScheduleCommand) -> Result<u8, 
                     None if !s["paused"].is_null() => outln!("  next: none until resumed"),
                     None => {}
                 }
+                let running = &s["running"];
+                if !running.is_null() {
+                    outln!(
+                        "  running: tick {} by {} token={} since {}",
+                        running["tick"].as_str().unwrap_or_default(),
+                        escape_line(running["by"].as_str().unwrap_or_default()),
+                        running["token"],
+                        running["since"].as_str().unwrap_or("?"),
+                    );
+                }
                 let last = &s["last_run"];
                 if !last.is_null() {
                     outln!(
-                        "  last: tick {} by {} token={} {} in {:.3}s",
+                        "  last: tick {} by {} token={} {} ({}) in {:.3}s",
                         last["tick"].as_str().unwrap_or_default(),
                         escape_line(last["by"].as_str().unwrap_or_default()),
                         last["token"],
+                        last["result"].as_str().unwrap_or_default().to_uppercase(),
                         escape_line(last["outcome"].as_str().unwrap_or_default()),
                         last["seconds"].as_f64().unwrap_or_default(),
                     );
@@ -358,4 +430,20 @@ pub fn record(
         "before": before.as_ref().map(paused_json),
         "after": after.map(paused_json),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_read_in_one_word_with_the_exit_code() {
+        assert_eq!(outcome_of("finished"), ("succeeded", None));
+        assert_eq!(outcome_of("failed: exit 3"), ("failed", Some(3)));
+        assert_eq!(
+            outcome_of("stopped: the leader's term ended; exit 143"),
+            ("stopped", Some(143))
+        );
+        assert_eq!(outcome_of("failed: cannot run \"x\""), ("failed", None));
+    }
 }

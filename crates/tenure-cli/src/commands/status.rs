@@ -182,6 +182,37 @@ pub(super) async fn run(store: Arc<dyn Store>, args: StatusArgs) -> Result<u8, F
             );
         }
     }
+    // Each schedule's last outcome, and a run in progress (`tenure
+    // schedule list` for more); a store without cells lists none.
+    if let Ok(schedules) = super::schedule::schedules_json(&store, &args.prefix).await {
+        let schedules = schedules.as_array().cloned().unwrap_or_default();
+        if !schedules.is_empty() {
+            outln!("schedules:");
+        }
+        for s in schedules {
+            let job = escape_line(s["job"].as_str().unwrap_or_default());
+            let last = &s["last_run"];
+            let last = if last.is_null() {
+                "never ran".to_string()
+            } else {
+                format!(
+                    "last run {} ({})",
+                    last["result"].as_str().unwrap_or_default(),
+                    escape_line(last["outcome"].as_str().unwrap_or_default())
+                )
+            };
+            let running = s["running"]["tick"]
+                .as_str()
+                .map(|tick| format!(", running tick {tick}"))
+                .unwrap_or_default();
+            let paused = if s["paused"].is_null() {
+                ""
+            } else {
+                ", PAUSED"
+            };
+            outln!("  {job}: {last}{running}{paused}");
+        }
+    }
     // Which builds use the store (`tenure upgrade status` for more); a
     // store of your own that lists none says nothing here.
     match super::upgrade::builds_lines(&store).await {

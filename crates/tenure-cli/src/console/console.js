@@ -266,10 +266,18 @@ function renderSchedules(schedules) {
     const next = (s.next_ticks || []).map((t) => when(t, s.time_zone)).join(", ");
     tr.append(el("td", next || (p ? "none until resumed" : "–"), "next-ticks"));
     const r = s.last_run;
-    tr.append(el("td", r ? when(r.tick, s.time_zone) + " by " + r.by + " · token " + r.token + " · " + r.outcome +
-      " in " + Number(r.seconds).toFixed(3) + " s" : "never", "last-run"));
-    const stateTd = el("td", p ? "paused" + (p.until ? " until " + when(p.until, s.time_zone) : "") + " by " + p.by +
-      ": " + p.reason : "running", p ? "paused" : "running");
+    // A failed run stands out, with its exit code (in its outcome).
+    const failed = r && r.result === "failed";
+    tr.append(el("td", r ? (failed ? "FAILED · " : "") + when(r.tick, s.time_zone) + " by " + r.by + " · token " +
+      r.token + " · " + r.outcome + " in " + Number(r.seconds).toFixed(3) + " s" : "never",
+      failed ? "last-run failed" : "last-run"));
+    const run = s.running;
+    const running = run ? "running tick " + when(run.tick, s.time_zone) + " on " + run.by +
+      (run.since ? " since " + when(run.since, s.time_zone) : "") : "";
+    const stateTd = p
+      ? el("td", "paused" + (p.until ? " until " + when(p.until, s.time_zone) : "") + " by " + p.by + ": " + p.reason +
+        (run ? " · " + running : ""), "paused")
+      : el("td", run ? running : "idle", run ? "running" : "active");
     tr.append(stateTd);
     if (state.admin) {
       const td = el("td");

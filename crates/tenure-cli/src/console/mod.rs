@@ -610,6 +610,24 @@ async fn metrics(State(c): State<Arc<Console>>) -> Response {
         &|j| Some(if j["paused"].is_null() { 0.0 } else { 1.0 }),
     );
     per_job(
+        "tenure_console_schedule_running",
+        "1 while a run of the schedule is in progress (a live claim of a tick not yet recorded).",
+        &|j| Some(if j["running"].is_null() { 0.0 } else { 1.0 }),
+    );
+    per_job(
+        "tenure_console_schedule_last_run_failed",
+        "1 if the schedule's last run failed (exited non-zero or died of a signal), 0 if it succeeded or was stopped.",
+        &|j| {
+            let result = j["last_run"]["result"].as_str()?;
+            Some(if result == "failed" { 1.0 } else { 0.0 })
+        },
+    );
+    per_job(
+        "tenure_console_schedule_last_run_exit_code",
+        "The exit code of the schedule's last run, where it gave one (128+N: signal N).",
+        &|j| j["last_run"]["exit_code"].as_f64(),
+    );
+    per_job(
         "tenure_console_schedule_last_run_timestamp_seconds",
         "When a schedule's last run ended (Unix seconds), by its runner's clock.",
         &|j| {

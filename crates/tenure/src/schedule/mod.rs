@@ -59,7 +59,8 @@ pub struct Tick {
 
 impl Tick {
     /// Resolves when the run must stop — the session's lease may be lost,
-    /// the leader's term has ended, or `lock_at_most_for` was reached — or
+    /// the leader's term has ended, `lock_at_most_for` was reached, or the
+    /// schedule is shutting down — or
     /// once the run is over. The run's future is dropped when it must
     /// stop; this tells what it handed work to (a thread, a spawned task)
     /// to stop too. [`Tick::is_stopped`] tells the two apart.
@@ -124,6 +125,29 @@ impl Tick {
     /// supervisor kills what it runs for the tick by then.
     pub fn deadline(&self) -> tokio::time::Instant {
         self.session.deadline()
+    }
+}
+
+/// A schedule's shutdown future, awaited from several places: once it has
+/// resolved, it stays resolved.
+struct Shutdown<S> {
+    future: S,
+    done: bool,
+}
+
+impl<S: Future<Output = ()> + Unpin> Shutdown<S> {
+    fn new(future: S) -> Self {
+        Shutdown {
+            future,
+            done: false,
+        }
+    }
+
+    async fn wait(&mut self) {
+        if !self.done {
+            (&mut self.future).await;
+            self.done = true;
+        }
     }
 }
 
@@ -438,7 +462,9 @@ impl Schedule {
     }
 
     /// Runs ticks until `shutdown` resolves. `job` is called once per tick
-    /// this instance wins. Temporary store errors are retried.
+    /// this instance wins. Temporary store errors are retried. A run in
+    /// progress when `shutdown` resolves is told to stop ([`Tick::stopped`])
+    /// and given [`Schedule::stop_grace`] to end.
     ///
     /// With the `metrics` feature each tick is counted by what became of it
     /// here (`tenure_cron_ticks_total`: ran, claimed elsewhere, not leader,
@@ -454,6 +480,7 @@ impl Schedule {
             return self.run_bound(elector, job, shutdown).await;
         }
         tokio::pin!(shutdown);
+        let mut shutdown = Shutdown::new(shutdown);
         let tag = NameTag::of(&self.name);
         let mut paused = self.paused.subscribe();
         let mut session: Option<Session> = None;
@@ -482,7 +509,7 @@ impl Schedule {
                         // The guard `wait_for` returns is not Send: drop it here.
                         let _ = paused.wait_for(|p| !*p).await.map(|_| ());
                     } => {}
-                    () = &mut shutdown => return self.stop(session, term).await,
+                    () = shutdown.wait() => return self.stop(session, term).await,
                 }
                 // A resumed leader picks up from the next tick.
                 let resumed = Utc::now();
@@ -496,7 +523,7 @@ impl Schedule {
                     term = None;
                     let opened = tokio::select! {
                         s = Session::with_options(&self.store, self.options.clone()) => s,
-                        () = &mut shutdown => return Ok(()),
+                        () = shutdown.wait() => return Ok(()),
                     };
                     match opened {
                         Ok(s) => {
@@ -507,7 +534,7 @@ impl Schedule {
                             tracing::warn!(error = %e, job = %self.name, "cannot open a session; retrying");
                             tokio::select! {
                                 () = tokio::time::sleep(backoff) => {}
-                                () = &mut shutdown => return Ok(()),
+                                () = shutdown.wait() => return Ok(()),
                             }
                             backoff = (backoff * 2).min(crate::DEFAULT_TTL);
                             continue;
@@ -519,7 +546,7 @@ impl Schedule {
             backoff = Duration::from_millis(100);
             if self.mode == Mode::Leader && term.as_ref().is_none_or(|t| t.is_lost()) {
                 let elected = match self
-                    .campaign(&live, &tag, &mut paused, shutdown.as_mut())
+                    .campaign(&live, &tag, &mut paused, &mut shutdown)
                     .await?
                 {
                     Campaigned::Elected(result) => Some(result),
@@ -548,7 +575,7 @@ impl Schedule {
             let due = match self.step(&mut cursor, &tag) {
                 Step::Never => {
                     // No tick ever again: wait for shutdown.
-                    shutdown.await;
+                    shutdown.wait().await;
                     return self.stop(session, term).await;
                 }
                 Step::Skipped => continue,
@@ -568,7 +595,7 @@ impl Schedule {
                         () = tokio::time::sleep(wait) => {}
                         () = lost => continue,
                         _ = paused.changed() => continue,
-                        () = &mut shutdown => return self.stop(session, term).await,
+                        () = shutdown.wait() => return self.stop(session, term).await,
                     }
                     next
                 }
@@ -583,6 +610,7 @@ impl Schedule {
                     &mut job,
                     &tag,
                     std::future::pending(),
+                    &mut shutdown,
                 )
                 .await
             {
@@ -617,6 +645,7 @@ impl Schedule {
         Fut::Output: RunResult,
     {
         tokio::pin!(shutdown);
+        let mut shutdown = Shutdown::new(shutdown);
         let tag = NameTag::of(&self.name);
         let mut paused = self.paused.subscribe();
         let mut cursor = Utc::now();
@@ -630,7 +659,7 @@ impl Schedule {
                     () = async {
                         let _ = paused.wait_for(|p| !*p).await.map(|_| ());
                     } => {}
-                    () = &mut shutdown => return Ok(()),
+                    () = shutdown.wait() => return Ok(()),
                 }
                 let resumed = Utc::now();
                 cron_ticks(&tag, TickOutcome::Paused, self.ticks_in(cursor, resumed));
@@ -640,7 +669,7 @@ impl Schedule {
             let lead = tokio::select! {
                 lead = elector.leading() => lead,
                 _ = paused.changed() => continue,
-                () = &mut shutdown => return Ok(()),
+                () = shutdown.wait() => return Ok(()),
             };
             if led_token != Some(lead.token) {
                 // A new term picks up from the next tick (or the last
@@ -656,7 +685,7 @@ impl Schedule {
             }
             let due = match self.step(&mut cursor, &tag) {
                 Step::Never => {
-                    shutdown.await;
+                    shutdown.wait().await;
                     return Ok(());
                 }
                 Step::Skipped => continue,
@@ -666,7 +695,7 @@ impl Schedule {
                         () = tokio::time::sleep(wait) => {}
                         () = elector.term_over(lead.token) => continue,
                         _ = paused.changed() => continue,
-                        () = &mut shutdown => return Ok(()),
+                        () = shutdown.wait() => return Ok(()),
                     }
                     next
                 }
@@ -679,7 +708,15 @@ impl Schedule {
             };
             let over = elector.term_over(lead.token);
             let ran = self
-                .run_tick(&lead.session, due, Some(lead.token), &mut job, &tag, over)
+                .run_tick(
+                    &lead.session,
+                    due,
+                    Some(lead.token),
+                    &mut job,
+                    &tag,
+                    over,
+                    &mut shutdown,
+                )
                 .await;
             drop(slot);
             match ran {
@@ -732,7 +769,7 @@ impl Schedule {
         live: &Session,
         tag: &NameTag,
         paused: &mut watch::Receiver<bool>,
-        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+        shutdown: &mut Shutdown<impl Future<Output = ()> + Unpin>,
     ) -> Result<Campaigned> {
         let election = Election::new(live, self.name.as_str())?;
         // The leader says who it is as `tenure elect` does: host:pid, or
@@ -763,7 +800,7 @@ impl Schedule {
                     }
                 }
                 _ = paused.changed() => return Ok(Campaigned::PauseChanged),
-                () = &mut shutdown => return Ok(Campaigned::Shutdown),
+                () = shutdown.wait() => return Ok(Campaigned::Shutdown),
             }
         }
     }
@@ -777,6 +814,7 @@ impl Schedule {
         job: &mut F,
         tag: &NameTag,
         term_over: impl Future<Output = ()>,
+        shutdown: &mut Shutdown<impl Future<Output = ()> + Unpin>,
     ) -> Result<Ran>
     where
         F: FnMut(Tick) -> Fut,
@@ -835,7 +873,9 @@ impl Schedule {
             stop: stopped,
             session: session.clone(),
         });
-        let (outcome, ran) = self.supervise_run(run, session, term_over, &stop).await;
+        let (outcome, ran) = self
+            .supervise_run(run, session, term_over, shutdown, &stop)
+            .await;
         if let Some(why) = outcome.strip_prefix("failed: ") {
             tracing::warn!(job = %self.name, %at, error = %why, "run failed");
         }
@@ -878,6 +918,7 @@ impl Schedule {
         run: Fut,
         session: &Session,
         term_over: impl Future<Output = ()>,
+        shutdown: &mut Shutdown<impl Future<Output = ()> + Unpin>,
         stop: &watch::Sender<Option<&'static str>>,
     ) -> (String, RunOutcome)
     where
@@ -901,7 +942,10 @@ impl Schedule {
             result = &mut run => return ended(result),
             () = at_most => ("lock_at_most_for reached", false),
             _ = session.lost() => ("the session was lost", true),
-            () = term_over => ("the leader's term ended", true),
+            // A term ended by choice (a pause, a resignation) keeps its
+            // session: the grace is not cut to the lease's deadline then.
+            () = term_over => ("the leader's term ended", session.is_lost()),
+            () = shutdown.wait() => ("the schedule is shutting down", false),
         };
         tracing::warn!(job = %self.name, "stopping the run: {why}");
         stop.send_replace(Some(why));

@@ -240,6 +240,12 @@ fn every_secs(expr: &str, d: &str) -> Result<i64> {
     if d.is_empty() {
         return Err(invalid(expr, "@every needs a duration, such as @every 5m"));
     }
+    if d.contains("ms") || d.contains("us") || d.contains("ns") {
+        return Err(invalid(
+            expr,
+            format!("{d:?}: @every counts whole seconds (at least 1s): use s, m, h or d"),
+        ));
+    }
     let mut total: i64 = 0;
     let mut number = String::new();
     for c in d.chars() {
@@ -415,6 +421,8 @@ mod tests {
             );
         }
         assert!(Timetable::parse("@every 1h30m").is_ok());
+        let e = Timetable::parse("@every 1ms").unwrap_err().to_string();
+        assert!(e.contains("whole seconds"), "{e}");
     }
 
     #[test]
