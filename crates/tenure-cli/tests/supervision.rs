@@ -43,8 +43,9 @@ echo "$$ $h $g" > "$D/pids.$I.$$"
 while :; do sleep 0.05; done
 "#;
 
-/// A grandchild whose TERM handler says it ran.
-const HANDLER: &str = r#"trap 'echo "handled $I $$" >> "$D/events"; exit 0' TERM
+/// A grandchild whose TERM handler takes a moment to clean up (as a real
+/// one does), then says it ran.
+const HANDLER: &str = r#"trap 'sleep 0.15; echo "handled $I $$" >> "$D/events"; exit 0' TERM
 echo "ready $I $$" >> "$D/events"
 while :; do sleep 0.05; done
 "#;
@@ -55,10 +56,15 @@ while :; do sleep 0.05; done
 "#;
 
 /// How a run was started, from inside it, in one line (a crontab line
-/// too): the signal mask and ignored signals a program it starts gets (the
-/// shell passes on what it was given), its process group, whether `wait`
-/// returns. Its descriptors are read from outside while it sleeps.
-const FACTS: &str = r#"grep -E "^Sig(Blk|Ign):" /proc/self/status > "$D/sig.$I"; cut -d" " -f5 /proc/$$/stat > "$D/pgid.$I"; sleep 0.2 & wait $!; echo "$$ waited" > "$D/facts.$I"; sleep 30"#;
+/// too): first whether `wait` for a background job returns (it hangs in a
+/// shell started with SIGCHLD blocked), then the signal mask and ignored
+/// signals a program it starts gets, and its process group. Its
+/// descriptors are read from outside while it sleeps.
+const FACTS: &str = r#"sleep 0.2 & wait $!; grep -E "^Sig(Blk|Ign):" /proc/self/status > "$D/sig.$I"; cut -d" " -f5 /proc/$$/stat > "$D/pgid.$I"; echo "$$ waited" > "$D/facts.$I"; sleep 30"#;
+
+/// A program started directly, no shell between (a shell clears its own
+/// signal mask at start): its mask and ignored signals, on its stdout.
+const DIRECT: [&str; 4] = ["grep", "-E", "^Sig(Blk|Ign):", "/proc/self/status"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Runner {
@@ -78,10 +84,17 @@ impl Runner {
 
     /// The arguments of an instance running `command` (a shell line).
     fn args(self, env: &Env, name: &str, command: &str) -> Vec<String> {
+        self.args_argv(env, name, command, &["sh", "-c", command])
+    }
+
+    /// The arguments of an instance running `argv` (`crond`: the shell
+    /// line `command`, which its crontab holds).
+    fn args_argv(self, env: &Env, name: &str, command: &str, argv: &[&str]) -> Vec<String> {
         let ttl = format!("{}s", TTL.as_secs());
         let grace = format!("{}s", GRACE.as_secs());
         let sh = |args: &mut Vec<String>| {
-            args.extend(["--".into(), "sh".into(), "-c".into(), command.into()]);
+            args.push("--".into());
+            args.extend(argv.iter().map(|a| a.to_string()));
         };
         let mut args: Vec<String> = Vec::new();
         match self {
@@ -365,6 +378,51 @@ fn clean_start(runner: Runner, url: &str, name: &str) {
     unsafe { libc::kill(-pid, libc::SIGKILL) };
 }
 
+/// A program the runner starts directly (no shell between) has an empty
+/// signal mask and ignores only what tenure's parent ignored.
+fn direct_start(runner: Runner, url: &str, name: &str) {
+    let case = Case::new(runner, url, name);
+    let args = runner.args_argv(&case.env, name, "", &DIRECT);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = case.env.cmd(&args);
+    // SAFETY: signal is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let lines: Vec<String> = std::io::BufReader::new(stdout)
+            .lines()
+            .take(2)
+            .map_while(Result::ok)
+            .collect();
+        let _ = tx.send(lines.join("\n"));
+    });
+    let got = rx.recv_timeout(Duration::from_secs(20));
+    let _ = child.kill();
+    let _ = child.wait();
+    let got = got.expect("the command printed its status");
+    assert!(
+        got.contains("SigBlk:\t0000000000000000"),
+        "{runner:?}: the command's signal mask is not empty: {got}"
+    );
+    assert!(
+        got.contains("SigIgn:\t0000000000000001"),
+        "{runner:?}: the command ignores other signals than SIGHUP: {got}"
+    );
+}
+
 /// Waits (bounded) until every pid is dead.
 fn gone_within(case: &Case, pids: &[i32], within: Duration, what: &str) -> Duration {
     let start = Instant::now();
@@ -530,7 +588,7 @@ fn paused_by_operator(runner: Runner, url: &str, name: &str) {
 
 /// The cases every runner has, on one store.
 macro_rules! runner_cases {
-    ($url:expr, $runner:ident, $runner_v:expr, [$($extra:ident),*]) => {
+    ($url:expr, $runner:ident, $runner_v:expr, [$($extra:ident),*] $(, $direct:ident)?) => {
         mod $runner {
             use super::*;
 
@@ -547,6 +605,8 @@ macro_rules! runner_cases {
                 let Some(url) = url() else { return };
                 clean_start($runner_v, &url, &name("clean"));
             }
+
+            $(direct_case!($runner_v, $direct);)?
 
             #[test]
             fn tenure_sigkilled_run_gone_before_the_next() {
@@ -583,6 +643,18 @@ macro_rules! runner_cases {
     };
 }
 
+/// A program started directly: every runner but `crond`, whose commands
+/// are crontab lines run by a shell.
+macro_rules! direct_case {
+    ($runner_v:expr, direct) => {
+        #[test]
+        fn starts_a_program_clean() {
+            let Some(url) = url() else { return };
+            direct_start($runner_v, &url, &name("direct"));
+        }
+    };
+}
+
 /// The cases only some runners or stores have.
 macro_rules! extra_case {
     (hup, $runner_v:expr) => {
@@ -615,10 +687,10 @@ macro_rules! store_cases {
     ($store:ident, $url:expr, [$($store_extra:ident),*]) => {
         mod $store {
             use super::*;
-            runner_cases!($url, lock, Runner::Lock, [hup $(, $store_extra)*]);
-            runner_cases!($url, elect, Runner::Elect, [hup $(, $store_extra)*]);
-            runner_cases!($url, cron_per_tick, Runner::CronPerTick, [hup $(, $store_extra)*]);
-            runner_cases!($url, cron_leader, Runner::CronLeader, [hup $(, $store_extra)*]);
+            runner_cases!($url, lock, Runner::Lock, [hup $(, $store_extra)*], direct);
+            runner_cases!($url, elect, Runner::Elect, [hup $(, $store_extra)*], direct);
+            runner_cases!($url, cron_per_tick, Runner::CronPerTick, [hup $(, $store_extra)*], direct);
+            runner_cases!($url, cron_leader, Runner::CronLeader, [hup $(, $store_extra)*], direct);
             runner_cases!($url, crond, Runner::Crond, [operator_pause $(, $store_extra)*]);
         }
     };
