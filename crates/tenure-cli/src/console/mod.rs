@@ -490,6 +490,56 @@ async fn events(
 /// Prometheus text: the store-wide view (per name: entries, holders,
 /// waiters, the longest wait seen, the highest token held; the leader's
 /// token of each name), and the console's own process figures.
+/// The schedules' gauges of `/metrics`: paused, running, the last run's
+/// outcome, exit code and time.
+fn schedule_metrics(out: &mut String, schedules: &serde_json::Value) {
+    let jobs: Vec<&serde_json::Value> = schedules
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    let mut per_job = |name: &str, help: &str, f: &dyn Fn(&serde_json::Value) -> Option<f64>| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for j in &jobs {
+            if let Some(v) = f(j) {
+                let job = prom_escape(j["job"].as_str().unwrap_or_default());
+                out.push_str(&format!("{name}{{job=\"{job}\"}} {v}\n"));
+            }
+        }
+    };
+    per_job(
+        "tenure_console_schedule_paused",
+        "1 while a schedule is paused cluster-wide.",
+        &|j| Some(if j["paused"].is_null() { 0.0 } else { 1.0 }),
+    );
+    per_job(
+        "tenure_console_schedule_running",
+        "1 while a run of the schedule is in progress (a live claim of a tick not yet recorded).",
+        &|j| Some(if j["running"].is_null() { 0.0 } else { 1.0 }),
+    );
+    per_job(
+        "tenure_console_schedule_last_run_failed",
+        "1 if the schedule's last run failed (exited non-zero or died of a signal), 0 if it succeeded or was stopped.",
+        &|j| {
+            let result = j["last_run"]["result"].as_str()?;
+            Some(if result == "failed" { 1.0 } else { 0.0 })
+        },
+    );
+    per_job(
+        "tenure_console_schedule_last_run_exit_code",
+        "The exit code of the schedule's last run, where it gave one (128+N: signal N).",
+        &|j| j["last_run"]["exit_code"].as_f64(),
+    );
+    per_job(
+        "tenure_console_schedule_last_run_timestamp_seconds",
+        "When a schedule's last run ended (Unix seconds), by its runner's clock.",
+        &|j| {
+            let ended = j["last_run"]["ended"].as_str()?;
+            let t = humantime::parse_rfc3339(ended).ok()?;
+            t.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs_f64())
+        },
+    );
+}
+
 async fn metrics(State(c): State<Arc<Console>>) -> Response {
     c.count("metrics");
     let s = c.fresh().await;
@@ -590,52 +640,7 @@ async fn metrics(State(c): State<Arc<Console>>) -> Response {
         "Seconds since the console started.",
         vec![(None, c.started.elapsed().as_secs_f64())],
     );
-    let jobs: Vec<&serde_json::Value> = s
-        .schedules
-        .as_array()
-        .map(|a| a.iter().collect())
-        .unwrap_or_default();
-    let mut per_job = |name: &str, help: &str, f: &dyn Fn(&serde_json::Value) -> Option<f64>| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
-        for j in &jobs {
-            if let Some(v) = f(j) {
-                let job = prom_escape(j["job"].as_str().unwrap_or_default());
-                out.push_str(&format!("{name}{{job=\"{job}\"}} {v}\n"));
-            }
-        }
-    };
-    per_job(
-        "tenure_console_schedule_paused",
-        "1 while a schedule is paused cluster-wide.",
-        &|j| Some(if j["paused"].is_null() { 0.0 } else { 1.0 }),
-    );
-    per_job(
-        "tenure_console_schedule_running",
-        "1 while a run of the schedule is in progress (a live claim of a tick not yet recorded).",
-        &|j| Some(if j["running"].is_null() { 0.0 } else { 1.0 }),
-    );
-    per_job(
-        "tenure_console_schedule_last_run_failed",
-        "1 if the schedule's last run failed (exited non-zero or died of a signal), 0 if it succeeded or was stopped.",
-        &|j| {
-            let result = j["last_run"]["result"].as_str()?;
-            Some(if result == "failed" { 1.0 } else { 0.0 })
-        },
-    );
-    per_job(
-        "tenure_console_schedule_last_run_exit_code",
-        "The exit code of the schedule's last run, where it gave one (128+N: signal N).",
-        &|j| j["last_run"]["exit_code"].as_f64(),
-    );
-    per_job(
-        "tenure_console_schedule_last_run_timestamp_seconds",
-        "When a schedule's last run ended (Unix seconds), by its runner's clock.",
-        &|j| {
-            let ended = j["last_run"]["ended"].as_str()?;
-            let t = humantime::parse_rfc3339(ended).ok()?;
-            t.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs_f64())
-        },
-    );
+    schedule_metrics(&mut out, &s.schedules);
     let requests: Vec<(String, u64)> = c
         .requests
         .lock()

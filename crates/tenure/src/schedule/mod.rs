@@ -605,8 +605,7 @@ impl Schedule {
             match self
                 .run_tick(
                     &live,
-                    due,
-                    leader_token,
+                    (due, leader_token),
                     &mut job,
                     &tag,
                     std::future::pending(),
@@ -710,8 +709,7 @@ impl Schedule {
             let ran = self
                 .run_tick(
                     &lead.session,
-                    due,
-                    Some(lead.token),
+                    (due, Some(lead.token)),
                     &mut job,
                     &tag,
                     over,
@@ -809,8 +807,7 @@ impl Schedule {
     async fn run_tick<F, Fut>(
         &self,
         session: &Session,
-        at: DateTime<Utc>,
-        leader_token: Option<u64>,
+        (at, leader_token): (DateTime<Utc>, Option<u64>),
         job: &mut F,
         tag: &NameTag,
         term_over: impl Future<Output = ()>,
