@@ -210,13 +210,28 @@ impl TickRunner {
             lease_grace: self.lease_grace,
             stop_grace: self.stop_grace,
         };
-        let ended = async {
-            tick.stopped().await;
+        // The library says when the run must stop; a lost lease is stopped
+        // within the lease grace, anything else within the stop grace.
+        let why = || {
             tick.stop_reason()
                 .unwrap_or("the run must stop")
                 .to_string()
         };
-        let outcome = child::supervise(&run, &tick, std::future::pending(), ended, &self.hub).await;
+        let lost = async {
+            tick.stopped().await;
+            if !tick.is_lease_lost() {
+                std::future::pending::<()>().await;
+            }
+            why()
+        };
+        let ended = async {
+            tick.stopped().await;
+            if tick.is_lease_lost() {
+                std::future::pending::<()>().await;
+            }
+            why()
+        };
+        let outcome = child::supervise(&run, &tick, lost, ended, &self.hub).await;
         match outcome {
             Ok(child::Outcome::Exited(0)) => Ok(()),
             Ok(child::Outcome::Exited(code)) => Err(format!("exit {code}")),

@@ -118,6 +118,13 @@ impl Tick {
         *self.stop.borrow()
     }
 
+    /// Whether the lease that authorises this run is lost (the session
+    /// that claimed the tick, or the term's): a run that must stop for that
+    /// must end by [`Tick::deadline`], not after a grace.
+    pub fn is_lease_lost(&self) -> bool {
+        self.session.is_lost()
+    }
+
     /// The local deadline of the lease that authorises this run: the
     /// session that claimed the tick (in leader mode, the term's). It moves
     /// on with each confirmed renewal; a run that goes on past it may no
