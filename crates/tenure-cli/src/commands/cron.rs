@@ -110,7 +110,11 @@ pub(super) fn tick_env(
     env
 }
 
-pub(super) async fn run(store: Arc<dyn Store>, args: CronArgs) -> Result<u8, Failure> {
+pub(super) async fn run(
+    store: Arc<dyn Store>,
+    args: CronArgs,
+    runner: super::Runner,
+) -> Result<u8, Failure> {
     check_ttl_on(&store, args.ttl)?;
     let mut schedule = tenure::Schedule::new(&store, &args.name, &args.schedule)?
         .time_zone(&args.tz)?
@@ -129,7 +133,7 @@ pub(super) async fn run(store: Arc<dyn Store>, args: CronArgs) -> Result<u8, Fai
     if let Some(d) = args.at_least {
         schedule = schedule.lock_at_least_for(d);
     }
-    let hub = child::SignalHub::start(true)?;
+    let hub = runner.hub;
     let shutdown = {
         let hub = hub.clone();
         async move {

@@ -325,14 +325,18 @@ async fn stop_all(jobs: Vec<Running>, grace: Duration) {
     }
 }
 
-pub(super) async fn run(store: Arc<dyn Store>, args: CrondArgs) -> Result<u8, Failure> {
+pub(super) async fn run(
+    store: Arc<dyn Store>,
+    args: CrondArgs,
+    runner: super::Runner,
+) -> Result<u8, Failure> {
     check_ttl_on(&store, args.ttl)?;
     let tz: chrono_tz::Tz = args.tz.parse().unwrap_or(chrono_tz::UTC);
     let options = SessionOptions::new().ttl(args.ttl);
     let value = args.value.clone().unwrap_or_else(tenure::default_label);
     // Signals are caught before the first job can start a run; SIGHUP
     // reads the crontab again.
-    let hub = SignalHub::start(false)?;
+    let hub = runner.hub;
     let mut hangups = hub.hangups();
     let elector = tenure::Elector::new(&store, &args.name, value)?
         .session_options(options.clone())

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::Args;
 use tenure::{Election, Store};
 
-use super::lease::{bounded_close, check_ttl, finish, kill_grace, open, Retry};
+use super::lease::{bounded_close, check_ttl, finish, kill_grace, open};
 use crate::child;
 use crate::cli::{LeaseArgs, MetricsArg};
 use crate::exit::{self, Failure};
@@ -37,12 +37,15 @@ pub(super) fn validate(args: &ElectArgs) -> Result<(), Failure> {
     }
 }
 
-pub(super) async fn run(store: Arc<dyn Store>, args: ElectArgs) -> Result<u8, Failure> {
+pub(super) async fn run(
+    store: Arc<dyn Store>,
+    args: ElectArgs,
+    runner: super::Runner,
+) -> Result<u8, Failure> {
     let grace = kill_grace(&args.lease)?;
     let value = args.value.clone().unwrap_or_else(tenure::default_label);
-    let hub = child::SignalHub::start(true)?;
     // A campaign waits for ever: a store briefly unavailable is tried again.
-    let mut retry = Retry::new(false, None);
+    let super::Runner { hub, mut retry } = runner;
     let (session, term) = loop {
         let opened = tokio::select! {
             opened = open(&store, &args.lease) => opened,

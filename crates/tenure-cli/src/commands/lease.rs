@@ -39,14 +39,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// While a wait lasts, a store that is briefly unavailable (a server
 /// restarting, a failover under way) is tried again with a backoff, until
 /// the wait's end; `--no-wait` tries once.
-pub(super) struct Retry {
+pub(crate) struct Retry {
     /// `None`: no retry (`--no-wait`); `Some(None)`: for ever.
     until: Option<Option<Instant>>,
     backoff: Duration,
 }
 
 impl Retry {
-    pub(super) fn new(no_wait: bool, wait: Option<Duration>) -> Retry {
+    pub(crate) fn new(no_wait: bool, wait: Option<Duration>) -> Retry {
         Retry {
             until: (!no_wait).then(|| wait.map(|w| Instant::now() + w)),
             backoff: Duration::from_millis(100),
@@ -54,7 +54,7 @@ impl Retry {
     }
 
     /// What is left of `--wait` (zero once over).
-    pub(super) fn left(&self) -> Duration {
+    pub(crate) fn left(&self) -> Duration {
         match self.until {
             Some(Some(until)) => until.saturating_duration_since(Instant::now()),
             _ => Duration::ZERO,
@@ -63,7 +63,7 @@ impl Retry {
 
     /// Whether `e` is tried again: temporary, and the wait has time left
     /// for the next try.
-    pub(super) fn may(&self, e: &tenure::Error) -> bool {
+    pub(crate) fn may(&self, e: &tenure::Error) -> bool {
         e.is_temporary()
             && match self.until {
                 None => false,
@@ -74,7 +74,7 @@ impl Retry {
 
     /// Waits before the next try; `Err(code)` when a signal stops tenure
     /// meanwhile.
-    pub(super) async fn pause(
+    pub(crate) async fn pause(
         &mut self,
         e: &tenure::Error,
         hub: &child::SignalHub,

@@ -9,7 +9,7 @@ use std::future::Future;
 
 use tenure::{Error, Mutex, RwLock, Semaphore, Session, Store};
 
-use super::lease::{bounded_close, check_ttl, finish, kill_grace, open, Retry};
+use super::lease::{bounded_close, check_ttl, finish, kill_grace, open};
 use crate::child;
 use crate::cli::{parse_duration, LeaseArgs, MetricsArg};
 use crate::exit::{self, Failure};
@@ -25,10 +25,10 @@ pub(crate) struct LockArgs {
     pub(super) metrics: MetricsArg,
     /// Give up after waiting this long (exit 75).
     #[arg(short = 'w', long, value_parser = parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
-    wait: Option<Duration>,
+    pub(super) wait: Option<Duration>,
     /// Give up at once if the lock is held (exit 75).
     #[arg(short = 'n', long)]
-    no_wait: bool,
+    pub(super) no_wait: bool,
     /// Wait without a place in the queue: whoever asks first after a
     /// release wins (the lock is the same as the fair one of its name).
     #[arg(long, conflicts_with_all = ["shared", "permits"])]
@@ -180,10 +180,13 @@ async fn acquire(
     }
 }
 
-pub(super) async fn run(store: Arc<dyn Store>, args: LockArgs) -> Result<u8, Failure> {
+pub(super) async fn run(
+    store: Arc<dyn Store>,
+    args: LockArgs,
+    runner: super::Runner,
+) -> Result<u8, Failure> {
     let grace = kill_grace(&args.lease)?;
-    let hub = child::SignalHub::start(true)?;
-    let mut retry = Retry::new(args.no_wait, args.wait);
+    let super::Runner { hub, mut retry } = runner;
     // A lock not granted at once says, with -v, who holds it.
     let announce = tokio::spawn({
         let (store, name) = (store.clone(), args.name.clone());

@@ -55,15 +55,68 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, Failure> {
             .map_err(|m| Failure::new(exit::UNAVAILABLE, m))?;
         eprintln!("tenure: metrics on http://{bound}/metrics");
     }
-    let store = tenure::open(&url).await?;
-    match cli.command {
-        Command::Lock(args) => lock::run(store, args).await,
-        Command::Elect(args) => elect::run(store, args).await,
+    // A runner catches signals from here on, and its wait covers a store
+    // that is briefly unavailable at open as well.
+    let mut runner = match &cli.command {
+        Command::Lock(a) => Some(Runner::new(true, lease::Retry::new(a.no_wait, a.wait))?),
+        Command::Elect(_) | Command::Cron(_) => {
+            Some(Runner::new(true, lease::Retry::new(false, None))?)
+        }
+        Command::Crond(_) => Some(Runner::new(false, lease::Retry::new(false, None))?),
+        _ => None,
+    };
+    let store = loop {
+        match (tenure::open(&url).await, runner.as_mut()) {
+            (Ok(store), _) => break store,
+            (Err(e), Some(r)) if r.retry.may(&e) => {
+                if let Err(code) = r.retry.pause(&e, &r.hub).await {
+                    return Ok(code);
+                }
+            }
+            (Err(e), _) => return Err(e.into()),
+        }
+    };
+    let runner = runner.take();
+    match (cli.command, runner) {
+        (Command::Lock(args), Some(runner)) => lock::run(store, args, runner).await,
+        (Command::Elect(args), Some(runner)) => elect::run(store, args, runner).await,
+        (Command::Cron(args), Some(runner)) => cron::run(store, args, runner).await,
+        (Command::Crond(args), Some(runner)) => crond::run(store, args, runner).await,
+        (command, _) => run_plain(store, &url, command).await,
+    }
+}
+
+/// What a runner (`lock`, `elect`, `cron`, `crond`) gets before its store
+/// opens: the process's signal hub, and its wait for a store briefly
+/// unavailable.
+pub(crate) struct Runner {
+    pub(crate) hub: crate::child::SignalHub,
+    pub(crate) retry: lease::Retry,
+}
+
+impl Runner {
+    fn new(hup_stops: bool, retry: lease::Retry) -> Result<Runner, Failure> {
+        Ok(Runner {
+            hub: crate::child::SignalHub::start(hup_stops)?,
+            retry,
+        })
+    }
+}
+
+/// The subcommands that are not runners.
+async fn run_plain(
+    store: std::sync::Arc<dyn tenure::Store>,
+    url: &str,
+    command: Command,
+) -> Result<u8, Failure> {
+    let url = url.to_string();
+    match command {
+        Command::Lock(_) | Command::Elect(_) | Command::Cron(_) | Command::Crond(_) => Err(
+            Failure::new(exit::SOFTWARE, "a runner started without its signal hub"),
+        ),
         Command::Leader(args) => leader::run(store, args).await,
         Command::Status(args) => status::run(store, args).await,
         Command::Release(args) => release::run(store, args).await,
-        Command::Cron(args) => cron::run(store, args).await,
-        Command::Crond(args) => crond::run(store, args).await,
         Command::Fence(args) => fence::run(store, args).await,
         Command::Torture(args) => torture::run(store, &url, args).await,
         Command::TortureWorker(args) => torture::worker(store, args).await,
