@@ -233,7 +233,10 @@ pub static STORES: &[StoreFixture] = &[
         start: || RedisServer::start_or_skip().map(Running::server),
         down_url: Some(|port| format!("redis://127.0.0.1:{port}/0")),
         bad_option_url: |_| "redis://u:hunter2@127.0.0.1:1/db?bogus=1".into(),
-        bad_value_urls: &["redis://:hunter2@127.0.0.1:1/db?prefix="],
+        bad_value_urls: &[
+            "redis://:hunter2@127.0.0.1:1/db?prefix=",
+            "redis+sentinel://127.0.0.1:1/mymaster?sentinel_password=hunter2&replicas=abc",
+        ],
         differential_seeds: 12,
         torture_network_faults: &["partition", "delay", "hold"],
         server_process: Some("redis-server"),

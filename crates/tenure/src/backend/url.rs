@@ -307,8 +307,42 @@ impl StoreUrl {
     }
 }
 
-/// A URL with its password (if any) replaced by `***`, safe to show.
+/// A URL with its password (if any) replaced by `***`, safe to show: the
+/// user-info's, and the value of every query option whose name says it is
+/// a secret (`sentinel_password`, `…token`, `…secret`).
 pub fn mask_password(url: &str) -> String {
+    mask_secret_options(&mask_userinfo(url))
+}
+
+/// Whether a query option's value is a secret, by its name.
+fn secret_option(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["password", "passwd", "secret", "token"]
+        .iter()
+        .any(|word| name.contains(word))
+}
+
+/// The query options that hold secrets, their values replaced by `***`.
+fn mask_secret_options(url: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, format!("#{f}")),
+        None => (query, String::new()),
+    };
+    let options: Vec<String> = query
+        .split('&')
+        .map(|option| match option.split_once('=') {
+            Some((name, _)) if secret_option(name) => format!("{name}=***"),
+            _ => option.to_string(),
+        })
+        .collect();
+    format!("{head}?{}{fragment}", options.join("&"))
+}
+
+/// The user-info's password replaced by `***`.
+fn mask_userinfo(url: &str) -> String {
     // By hand, so that even a URL that does not parse never shows what sits
     // between `user:` and `@`.
     if let Some((scheme, rest)) = url.split_once("://") {
@@ -337,6 +371,25 @@ mod tests {
         options: &["prefix", "tls_ca"],
         fragment: false,
     };
+
+    #[test]
+    fn masks_secrets_in_query_options() {
+        let shown = mask_password(
+            "redis+sentinel://h1:26379/mymaster?sentinel_password=TopSecret1&replicas=abc",
+        );
+        assert_eq!(
+            shown,
+            "redis+sentinel://h1:26379/mymaster?sentinel_password=***&replicas=abc"
+        );
+        assert_eq!(
+            mask_password("etcd://h:2379?auth_token=t0k&prefix=a#frag"),
+            "etcd://h:2379?auth_token=***&prefix=a#frag"
+        );
+        assert_eq!(
+            mask_password("postgres://h/db?sslmode=require"),
+            "postgres://h/db?sslmode=require"
+        );
+    }
 
     #[test]
     fn masks_passwords() {
