@@ -533,6 +533,44 @@ fn signal_to_tenure(runner: Runner, url: &str, name: &str, sig: i32) {
     eprintln!("[{runner:?}] signal {sig} to tenure: its run's group gone after {took:?}; tenure exited {status:?}");
 }
 
+/// The lease taken away by the store (`tenure release --session TAG
+/// --force`, an administrator's eviction): tenure hears of it at its next
+/// renewal and stops the run as on any loss — SIGTERM to the group (the
+/// handler runs), SIGKILL after the lease grace. (Another holder may be
+/// granted before that: an eviction is safe only where the resource checks
+/// fencing tokens, so no overlap is asserted here.)
+fn lease_evicted(runner: Runner, url: &str, name: &str) {
+    let mut case = Case::new(runner, url, name);
+    let a = case.start("a");
+    let group = case.group_of("a");
+    // The session of instance a: its entries carry tenure's host:pid.
+    let status = case.env.run(&["status", "--json"]);
+    let all: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let label = format!(":{a}");
+    let tag = all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|n| n["entries"].as_array().cloned().unwrap_or_default())
+        .find(|e| e["label"].as_str().is_some_and(|l| l.ends_with(&label)))
+        .and_then(|e| e["session"].as_str().map(String::from))
+        .unwrap_or_else(|| panic!("{runner:?}: no entry of instance a in {all}"));
+    let out = case.env.run(&["release", "--session", &tag, "--force"]);
+    assert!(out.status.success(), "{out:?}");
+    let evicted = Instant::now();
+    // One renew interval to hear of it (TTL/3), the lease grace, slack.
+    let took = gone_within(&case, &group, TTL, "evicted");
+    assert!(
+        case.handled("a"),
+        "{runner:?}: the script's handler did not run on eviction: {:?}",
+        case.events()
+    );
+    eprintln!(
+        "[{runner:?}] lease evicted: the run's group gone after {took:?} ({:?} since the eviction)",
+        evicted.elapsed()
+    );
+}
+
 /// The store stops answering (its server SIGSTOPped): no renewal is
 /// confirmed, and the run is stopped by the lease's local deadline.
 fn store_paused(runner: Runner, backend: &str, name: &str) {
@@ -630,6 +668,12 @@ macro_rules! runner_cases {
             fn sigterm_to_tenure_stops_the_run_gracefully() {
                 let Some(url) = url() else { return };
                 signal_to_tenure($runner_v, &url, &name("term"), libc::SIGTERM);
+            }
+
+            #[test]
+            fn lease_evicted_run_stopped_gracefully() {
+                let Some(url) = url() else { return };
+                lease_evicted($runner_v, &url, &name("evict"));
             }
 
             #[test]

@@ -582,10 +582,14 @@ pub(crate) async fn crashed_holder_passes_on(t: &Target, fair: bool) {
         .expect("lock passed on")
         .unwrap();
     let granted_at = Instant::now();
+    // Told means `lost()` resolves at once: the session reads itself lost
+    // at the moment of the grant. (The task that records when `lost()`
+    // woke may itself be scheduled late on a loaded machine.)
+    let told_at_grant = a.is_lost();
     let (reason, lost_at) = lost.await.unwrap();
     assert_eq!(reason, tenure::LostReason::Unconfirmed);
     assert!(
-        lost_at <= granted_at,
+        told_at_grant || lost_at <= granted_at,
         "new holder granted before the old one was told"
     );
     assert!(lost_at <= opened + ttl, "loss reported after the TTL");
