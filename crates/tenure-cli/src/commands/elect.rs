@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::Args;
 use tenure::{Election, Store};
 
-use super::lease::{bounded_close, check_ttl, finish, kill_grace, open};
+use super::lease::{check_ttl, kill_grace, open_and_take, run_held};
 use crate::child;
 use crate::cli::{LeaseArgs, MetricsArg};
 use crate::exit::{self, Failure};
@@ -45,42 +45,17 @@ pub(super) async fn run(
     let grace = kill_grace(&args.lease)?;
     let value = args.value.clone().unwrap_or_else(tenure::default_label);
     // A campaign waits for ever: a store briefly unavailable is tried again.
-    let super::Runner { hub, mut retry } = runner;
-    let (session, term) = loop {
-        let opened = tokio::select! {
-            opened = open(&store, &args.lease) => opened,
-            signal = hub.stopped() => return Ok(128 + signal as u8),
-        };
-        let session = match opened {
-            Ok(session) => session,
-            Err(e) if retry.may(&e) => match retry.pause(&e, &hub).await {
-                Ok(()) => continue,
-                Err(code) => return Ok(code),
-            },
-            Err(e) => return Err(e.into()),
-        };
-        let election = Election::new(&session, &args.name)?;
-        let term = tokio::select! {
-            term = election.campaign(value.clone()) => term,
-            signal = hub.stopped() => {
-                let _ = session.close().await;
-                return Ok(128 + signal as u8);
-            }
-        };
-        match term {
-            Ok(term) => break (session, term),
-            Err(e) if retry.may(&e) => {
-                let _ = bounded_close(&session).await;
-                if let Err(code) = retry.pause(&e, &hub).await {
-                    return Ok(code);
-                }
-            }
-            Err(e) => {
-                let _ = bounded_close(&session).await;
-                return Err(e.into());
-            }
-        }
+    let mut runner = runner;
+    let taken = open_and_take(&store, &args.lease, &mut runner, |session, _| {
+        let (name, value) = (&args.name, value.clone());
+        async move { Election::new(&session, name)?.campaign(value).await }
+    })
+    .await?;
+    let (session, term) = match taken {
+        Ok(taken) => taken,
+        Err(code) => return Ok(code),
     };
+    let hub = runner.hub;
     tracing::info!(name = %args.name, token = term.token(), "elected");
     if args.command.is_empty() {
         outln!("elected {}", term.token());
@@ -106,14 +81,6 @@ pub(super) async fn run(
         lease_grace: grace,
         stop_grace: grace,
     };
-    let lost = async { term.lost().await.to_string() };
-    let outcome = match child::supervise(&run, &session, lost, std::future::pending(), &hub).await {
-        Ok(outcome) => outcome,
-        Err(f) => {
-            let _ = term.resign().await;
-            let _ = bounded_close(&session).await;
-            return Err(f);
-        }
-    };
-    finish(outcome, term.resign(), &session).await
+    let lost = term.lost();
+    run_held(&run, &session, lost, &hub, move || term.resign()).await
 }

@@ -99,6 +99,83 @@ pub(super) fn check_ttl(ttl: Duration) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Opens a session and takes what the runner runs under through it
+/// (`take`: a lock, a term), both tried again with a backoff while the store
+/// is briefly unavailable and the wait lasts. `Ok(Err(code))` when a signal
+/// stops tenure meanwhile (the session closed); a lasting error closes the
+/// session and is returned.
+pub(super) async fn open_and_take<T, F, Fut>(
+    store: &Arc<dyn Store>,
+    lease: &LeaseArgs,
+    runner: &mut super::Runner,
+    mut take: F,
+) -> Result<Result<(Session, T), u8>, Failure>
+where
+    F: FnMut(Session, Duration) -> Fut,
+    Fut: std::future::Future<Output = tenure::Result<T>>,
+{
+    let super::Runner { hub, retry } = runner;
+    loop {
+        let opened = tokio::select! {
+            opened = open(store, lease) => opened,
+            signal = hub.stopped() => return Ok(Err(128u8.saturating_add(signal as u8))),
+        };
+        let session = match opened {
+            Ok(session) => session,
+            Err(e) if retry.may(&e) => match retry.pause(&e, hub).await {
+                Ok(()) => continue,
+                Err(code) => return Ok(Err(code)),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        let taken = tokio::select! {
+            taken = take(session.clone(), retry.left()) => taken,
+            signal = hub.stopped() => {
+                let _ = session.close().await;
+                return Ok(Err(128u8.saturating_add(signal as u8)));
+            }
+        };
+        match taken {
+            Ok(taken) => return Ok(Ok((session, taken))),
+            Err(e) if retry.may(&e) => {
+                let _ = bounded_close(&session).await;
+                if let Err(code) = retry.pause(&e, hub).await {
+                    return Ok(Err(code));
+                }
+            }
+            Err(e) => {
+                let _ = bounded_close(&session).await;
+                return Err(e.into());
+            }
+        }
+    }
+}
+
+/// Runs the command under the supervisor while what `lost` watches is held,
+/// then releases it (`release`: a lock's release, a term's resignation) and
+/// ends the session; the exit code is the command's, or 79 for a lost lease.
+pub(super) async fn run_held<R>(
+    run: &child::Run<'_>,
+    session: &Session,
+    lost: impl std::future::Future<Output = tenure::LostReason>,
+    hub: &child::SignalHub,
+    release: impl FnOnce() -> R,
+) -> Result<u8, Failure>
+where
+    R: std::future::Future<Output = tenure::Result<()>>,
+{
+    let lost = async { lost.await.to_string() };
+    match child::supervise(run, session, lost, std::future::pending(), hub).await {
+        Ok(outcome) => finish(outcome, release(), session).await,
+        Err(f) => {
+            // Release now: a runtime shutting down would not run a drop's release.
+            let _ = release().await;
+            let _ = bounded_close(session).await;
+            Err(f)
+        }
+    }
+}
+
 /// Refuses a TTL outside the store's range before anything starts (a
 /// runner that campaigns or claims in the background would otherwise
 /// report it late, after announcing its jobs).

@@ -9,7 +9,7 @@ use std::future::Future;
 
 use tenure::{Error, Mutex, RwLock, Semaphore, Session, Store};
 
-use super::lease::{bounded_close, check_ttl, finish, kill_grace, open};
+use super::lease::{bounded_close, check_ttl, kill_grace, open_and_take, run_held};
 use crate::child;
 use crate::cli::{parse_duration, LeaseArgs, MetricsArg};
 use crate::exit::{self, Failure};
@@ -186,7 +186,7 @@ pub(super) async fn run(
     runner: super::Runner,
 ) -> Result<u8, Failure> {
     let grace = kill_grace(&args.lease)?;
-    let super::Runner { hub, mut retry } = runner;
+    let mut runner = runner;
     // A lock not granted at once says, with -v, who holds it.
     let announce = tokio::spawn({
         let (store, name) = (store.clone(), args.name.clone());
@@ -196,40 +196,20 @@ pub(super) async fn run(
         }
     });
     let announcing = AbortOnDrop(announce);
-    let (session, guard) = loop {
-        let opened = tokio::select! {
-            opened = open(&store, &args.lease) => opened,
-            signal = hub.stopped() => return Ok(128 + signal as u8),
-        };
-        let session = match opened {
-            Ok(session) => session,
-            Err(e) if retry.may(&e) => match retry.pause(&e, &hub).await {
-                Ok(()) => continue,
-                Err(code) => return Ok(code),
-            },
-            Err(e) => return Err(e.into()),
-        };
-        let acquired = tokio::select! {
-            acquired = acquire(&session, &args, retry.left()) => acquired,
-            signal = hub.stopped() => {
-                let _ = session.close().await;
-                return Ok(128 + signal as u8);
-            }
-        };
-        match acquired {
-            Err(e) if retry.may(&e) => {
-                let _ = bounded_close(&session).await;
-                if let Err(code) = retry.pause(&e, &hub).await {
-                    return Ok(code);
-                }
-            }
-            acquired => break (session, acquired),
-        }
+    let taken = open_and_take(&store, &args.lease, &mut runner, |session, left| {
+        let args = &args;
+        async move { acquire(&session, args, left).await }
+    })
+    .await?;
+    let (session, guard) = match taken {
+        Ok(taken) => taken,
+        Err(code) => return Ok(code),
     };
     drop(announcing);
+    let hub = runner.hub;
     let guard = match guard {
-        Ok(Some(guard)) => guard,
-        Ok(None) => {
+        Some(guard) => guard,
+        None => {
             let _ = session.close().await;
             let when = match args.wait {
                 Some(wait) => format!("within {}", humantime::format_duration(wait)),
@@ -243,10 +223,6 @@ pub(super) async fn run(
                 exit::NOT_ACQUIRED,
                 format!("{held}; not acquired {when}"),
             ));
-        }
-        Err(e) => {
-            let _ = bounded_close(&session).await;
-            return Err(e.into());
         }
     };
     tracing::info!(name = %args.name, token = guard.token(), "lock acquired");
@@ -276,15 +252,6 @@ pub(super) async fn run(
         lease_grace: grace,
         stop_grace: grace,
     };
-    let lost = async { guard.lost().await.to_string() };
-    let outcome = match child::supervise(&run, &session, lost, std::future::pending(), &hub).await {
-        Ok(outcome) => outcome,
-        Err(f) => {
-            // Release now: a runtime shutting down would not run a drop's release.
-            let _ = guard.release().await;
-            let _ = bounded_close(&session).await;
-            return Err(f);
-        }
-    };
-    finish(outcome, guard.release(), &session).await
+    let lost = guard.lost();
+    run_held(&run, &session, lost, &hub, move || guard.release()).await
 }
