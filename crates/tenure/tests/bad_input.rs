@@ -213,3 +213,48 @@ async fn a_port_with_nothing_listening_is_named() {
         );
     }
 }
+
+/// Every secret a URL can carry — the user-info's password and every query
+/// option that holds a secret (`sentinel_password`, or any option named
+/// like a password, secret or token) — is hidden in every error, on every
+/// scheme of every store built in, whatever the URL's fault: an option the
+/// store does not take, an option's bad value, a malformed URL, or a server
+/// that does not answer (nothing listens on port 1).
+#[tokio::test]
+async fn no_secret_shows_in_any_error_on_any_scheme() {
+    const SECRETS: [&str; 4] = ["PwUser0", "PwSentinel1", "PwToken2", "PwSecret3"];
+    let mut tried = 0;
+    for backend in tenure::backends().iter().filter(|b| b.is_built_in()) {
+        for scheme in backend.schemes {
+            let options =
+                "sentinel_password=PwSentinel1&auth_token=PwToken2&client_secret=PwSecret3";
+            let urls = [
+                format!("{scheme}://user:PwUser0@127.0.0.1:1/db?bogus=1&{options}"),
+                format!("{scheme}://user:PwUser0@127.0.0.1:1/db?{options}&replicas=abc"),
+                format!("{scheme}://user:PwUser0@127.0.0.1:1/m/99?replicas_timeout=x&{options}"),
+                format!("{scheme}://user:PwUser0@127.0.0.1:1/db?node_timeout=x&{options}"),
+                format!("{scheme}://user:PwUser0@[::1/db?{options}"),
+                format!("{scheme}://:PwUser0@127.0.0.1:1,127.0.0.1:1/db?{options}"),
+                format!("{scheme}://user:PwUser0@127.0.0.1:1/db?sentinel_password=PwSentinel1"),
+            ];
+            for url in urls {
+                let opened =
+                    tokio::time::timeout(std::time::Duration::from_secs(20), tenure::open(&url))
+                        .await
+                        .unwrap_or_else(|_| panic!("{scheme}: no answer within 20s"));
+                let Err(e) = opened else {
+                    panic!("{scheme}: opened");
+                };
+                tried += 1;
+                let (text, debug) = (e.to_string(), format!("{e:?}"));
+                for secret in SECRETS {
+                    assert!(
+                        !text.contains(secret) && !debug.contains(secret),
+                        "{scheme}: {secret} shown in {text} / {debug}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(tried >= 7, "only {tried} URLs were tried");
+}

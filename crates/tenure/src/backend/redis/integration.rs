@@ -465,3 +465,29 @@ async fn a_channel_listened_on_again_before_its_batch_goes_stays_subscribed() {
     guard.release().await.unwrap();
     session.close().await.unwrap();
 }
+
+/// `replicas=1` on a server with no replica: the grant is refused as not
+/// acknowledged, and the refusal says how many replicas the master has
+/// connected (none), so an operator sees why at once.
+#[tokio::test]
+async fn a_grant_no_replica_acknowledged_says_how_many_are_connected() {
+    let Some(server) = shared() else { return };
+    let url = format!(
+        "{}?prefix=unacked&replicas=1&replicas_timeout=100ms",
+        server.url()
+    );
+    let store = tenure::open(&url).await.unwrap();
+    let session = tenure::Session::new(&store).await.unwrap();
+    let e = tenure::Mutex::new(&session, "unacked")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("not acknowledged by 1 replica(s)"), "{text}");
+    assert!(
+        text.contains("the master has 0 replica(s) connected"),
+        "{text}"
+    );
+}

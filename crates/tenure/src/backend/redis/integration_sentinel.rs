@@ -148,8 +148,9 @@ async fn a_failover_is_followed_and_the_old_master_is_not_written_to() {
     failover_checks::hand_over(held, &store).await;
 }
 
-/// A URL for Sentinel that names no service, or a service the sentinels do
-/// not watch, is refused in words.
+/// A URL for Sentinel that names no service, a service the sentinels do
+/// not watch, or a database the master does not have, is refused in words,
+/// as bad input (the CLI's exit 64), not as a store to try again later.
 #[tokio::test]
 async fn a_service_the_sentinels_do_not_watch() {
     let Some(set) = shared() else { return };
@@ -159,8 +160,12 @@ async fn a_service_the_sentinels_do_not_watch() {
     assert!(e.to_string().contains("name the master's service"), "{e}");
     let other = url.replace("/mymaster/", "/nosuch/");
     let e = tenure::open(&other).await.unwrap_err();
-    assert!(matches!(e, tenure::Error::Unavailable { .. }), "{e:?}");
-    assert!(e.to_string().contains("sentinels"), "{e}");
+    assert!(matches!(e, tenure::Error::InvalidArgument { .. }), "{e:?}");
+    assert!(e.to_string().contains("\"nosuch\""), "{e}");
+    let db = url.replace("/mymaster/0", "/mymaster/99");
+    let e = tenure::open(&db).await.unwrap_err();
+    assert!(matches!(e, tenure::Error::InvalidArgument { .. }), "{e:?}");
+    assert!(e.to_string().contains("no such database"), "{e}");
     // TLS to sentinels that speak plain text: no answer, said as such.
     let tls = url.replace("redis+sentinel://", "rediss+sentinel://");
     let e = tenure::open(&tls).await.unwrap_err();

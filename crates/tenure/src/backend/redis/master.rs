@@ -189,6 +189,29 @@ impl Master {
     }
 }
 
+/// Whether a sentinel answered that it watches no service of that name.
+fn watches_no_such(e: &RedisError) -> bool {
+    e.to_string().contains("No such master with that name")
+}
+
+/// A call to the master at `at` failed: a refusal for good (a database
+/// the server does not have, credentials it refuses) as such, anything
+/// else as the master not answering.
+fn at_master(at: &str, e: RedisError) -> Error {
+    match redis_err(e) {
+        e @ (Error::InvalidArgument { .. } | Error::Auth { .. }) => e,
+        e => Error::unavailable(BACKEND, format!("master {at}: {}", unwrapped(&e))),
+    }
+}
+
+/// An error's own words, without the backend's name in front again.
+fn unwrapped(e: &Error) -> String {
+    match e {
+        Error::Unavailable { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
 impl Followed {
     pub(super) fn new(
         sentinels: Vec<(String, redis::Client)>,
@@ -232,13 +255,13 @@ impl Followed {
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| Error::unavailable(BACKEND, format!("master {at}: {e}")))?;
+            .map_err(|e| at_master(&at, e))?;
         // The node itself must say it is master: one the sentinels have
         // not yet turned into a replica is not written to.
         let role: Vec<Value> = redis::cmd("ROLE")
             .query_async(&mut conn)
             .await
-            .map_err(|e| Error::unavailable(BACKEND, format!("master {at}: {e}")))?;
+            .map_err(|e| at_master(&at, e))?;
         if role.first() != Some(&Value::BulkString(b"master".to_vec())) {
             return Err(Error::unavailable(
                 BACKEND,
@@ -280,18 +303,22 @@ impl Followed {
                     };
                     match tokio::time::timeout(connect + respond, asked).await {
                         Ok(Ok(master)) => Ok(master),
-                        Ok(Err(e)) => Err(format!("sentinel {at}: {e}")),
-                        Err(_) => Err(format!("sentinel {at}: no answer in time")),
+                        Ok(Err(e)) => Err((format!("sentinel {at}: {e}"), watches_no_such(&e))),
+                        Err(_) => Err((format!("sentinel {at}: no answer in time"), false)),
                     }
                 })
             })
             .collect();
         let mut best: Option<(u64, String, u16)> = None;
         let mut said = Vec::new();
+        // Sentinels that answered that they watch no such service, and
+        // those that answered about it.
+        let (mut unknown, mut known) = (0, 0);
         for ask in asks {
             let master = match ask.await {
                 Ok(Ok(master)) => master,
-                Ok(Err(e)) => {
+                Ok(Err((e, no_such))) => {
+                    unknown += usize::from(no_such);
                     said.push(e);
                     continue;
                 }
@@ -300,6 +327,7 @@ impl Followed {
                     continue;
                 }
             };
+            known += 1;
             let flags = master.get("flags").map(String::as_str).unwrap_or_default();
             if flags.split(',').any(|f| matches!(f, "s_down" | "o_down")) {
                 said.push(format!("a sentinel sees the master down ({flags})"));
@@ -319,6 +347,16 @@ impl Followed {
         }
         match best {
             Some((_, ip, port)) => Ok((ip, port)),
+            // Every sentinel that answered said it watches no such service:
+            // the URL is wrong, and asking again will not mend it.
+            None if unknown > 0 && known == 0 => Err(Error::InvalidArgument {
+                what: "master's service in the store URL",
+                reason: format!(
+                    "the sentinels watch no service {:?} (see `sentinel monitor` in their configuration): {}",
+                    self.service,
+                    said.join("; ")
+                ),
+            }),
             None => Err(Error::unavailable(
                 BACKEND,
                 format!(

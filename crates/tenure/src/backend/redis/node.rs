@@ -57,7 +57,9 @@ impl RedisStore {
         let highest = text(reply.get(1).ok_or_else(|| bad_reply("short fence reply"))?)?;
         let admitted = reply.first().map(text).transpose()?.as_deref() == Some("ok");
         if admitted && !acked {
-            return Err(self.unacknowledged(&format!("the fence admission on {name:?}")));
+            return Err(self
+                .unacknowledged(&format!("the fence admission on {name:?}"))
+                .await);
         }
         Ok(FenceState {
             admitted,
@@ -248,7 +250,9 @@ impl RedisStore {
             if let Err(e) = crate::store::Store::leave(self, session, name, joined.seq).await {
                 tracing::debug!(error = %e, %name, "leaving an unacknowledged grant failed");
             }
-            return Err(self.unacknowledged(&format!("the grant of {name:?}")));
+            return Err(self
+                .unacknowledged(&format!("the grant of {name:?}"))
+                .await);
         }
         Ok(NodeJoin::Placed(joined))
     }

@@ -132,20 +132,42 @@ impl RedisStore {
         }
     }
 
-    /// What a caller is told when the replicas did not acknowledge in time.
-    pub(super) fn unacknowledged(&self, what: &str) -> crate::error::Error {
+    /// What a caller is told when the replicas did not acknowledge in time,
+    /// with how many replicas the master has connected now (asked by
+    /// `ROLE`, briefly: a master that does not answer is said so).
+    pub(super) async fn unacknowledged(&self, what: &str) -> crate::error::Error {
         let (count, within) = self
             .inner
             .replicas
             .map(|r| (r.count, r.within))
             .unwrap_or_default();
+        let connected = match self.connected_replicas().await {
+            Some(n) => format!("the master has {n} replica(s) connected"),
+            None => "the master did not say how many replicas it has connected".to_string(),
+        };
         crate::error::Error::unavailable(
             super::BACKEND,
             format!(
-                "{what} was not acknowledged by {count} replica(s) within {} (replicas={count})",
+                "{what} was not acknowledged by {count} replica(s) within {} (replicas={count}); {connected}",
                 humantime::format_duration(within)
             ),
         )
+    }
+
+    /// How many replicas the master has connected, by its `ROLE`.
+    async fn connected_replicas(&self) -> Option<usize> {
+        let asked = async {
+            let mut conn = self.inner.master.conn().await.ok()?;
+            let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await.ok()?;
+            match role.get(2) {
+                Some(Value::Array(replicas)) => Some(replicas.len()),
+                _ => None,
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(1), asked)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Turns the script's status word (`reply[0]`) into a result.

@@ -51,7 +51,7 @@ impl Store for RedisStore {
         if acked {
             Ok(())
         } else {
-            Err(self.unacknowledged("a renewal"))
+            Err(self.unacknowledged("a renewal").await)
         }
     }
 
