@@ -80,20 +80,20 @@ pub use store::{Capabilities, EntryKind, Expect, FenceState, Name, Store, Versio
 
 /// The README's examples, run as doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 /// The library page's examples, run as doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../../../docs/library.md")]
+#[doc = include_str!("../guides/library.md")]
 pub struct LibraryDocDoctests;
 
 /// The fencing page's examples, run as doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../../../docs/fencing.md")]
+#[doc = include_str!("../guides/fencing.md")]
 pub struct FencingDocDoctests;
 
 /// The schedules and elections page's examples, run as doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../../../docs/schedules-and-elections.md")]
+#[doc = include_str!("../guides/schedules-and-elections.md")]
 pub struct SchedulesDocDoctests;

@@ -1,4 +1,4 @@
-#![doc = include_str!("../../../../docs/stores/memory.md")]
+#![doc = include_str!("memory.md")]
 //!
 //! # How this backend is built
 //!

@@ -1,4 +1,4 @@
-#![doc = include_str!("../../../../../docs/stores/mysql.md")]
+#![doc = include_str!("docs.md")]
 //!
 //! # How this backend is built
 //!

@@ -1,4 +1,4 @@
-#![doc = include_str!("../../../../../docs/stores/sqlite.md")]
+#![doc = include_str!("docs.md")]
 //!
 //! # How this backend is built
 //!
