@@ -371,7 +371,11 @@ async fn refuse_cluster_node(url: &StoreUrl, mut conn: ConnectionManager) -> Res
 }
 
 impl RedisStore {
-    /// Opens a store from a `redis://` URL (as [`crate::open`] does), typed.
+    /// Opens a store from a `redis://` URL, typed, for this crate's own
+    /// tests (they read the store's counters). Not part of the API: open a
+    /// store with [`crate::open`], whose errors name the URL's servers,
+    /// at open and on every later call.
+    #[doc(hidden)]
     pub async fn open(url: &str) -> Result<Self> {
         Self::open_url(StoreUrl::parse(url, &URL)?).await
     }

@@ -124,7 +124,11 @@ pub(super) fn parse_url(url: &StoreUrl) -> Result<(Vec<String>, Duration)> {
 }
 
 impl RedlockStore {
-    /// Opens a store from a `redlock://` URL (as [`crate::open`] does), typed.
+    /// Opens a store from a `redlock://` URL, typed, for this crate's own
+    /// tests (they read the store's counters). Not part of the API: open a
+    /// store with [`crate::open`], whose errors name the URL's servers,
+    /// at open and on every later call.
+    #[doc(hidden)]
     pub async fn open(url: &str) -> Result<Self> {
         Self::open_url(StoreUrl::parse(url, &URL)?).await
     }
