@@ -221,7 +221,42 @@ impl Elector {
     /// instance) it does not campaign, and a sitting leader steps down
     /// within one renew interval of the pause. The elector lists itself in
     /// the store as it starts ([`ElectorBoard::electors`]).
+    ///
+    /// # Stopping
+    ///
+    /// Once `shutdown` resolves, `run` returns within
+    /// [`Elector::stop_grace`] plus the session's TTL, whatever the store
+    /// does: the runs of the term get the grace, then the resignation and
+    /// the session's close get what is left. If the store has not answered
+    /// by then, `run` returns [`Error::Unavailable`]; the session stops
+    /// renewing, so its lease (and the term) lapses on the store's side
+    /// within its TTL. Either way [`ElectorHandle::is_leader`] is `false`
+    /// once `run` has returned.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let bound = self.stop_grace + self.options.lease_ttl();
+        let shared = self.shared.clone();
+        crate::task::stop_within(
+            |own| self.campaign_until(own),
+            shutdown,
+            bound,
+            || {
+                shared.leading.send_replace(None);
+                Err(Error::unavailable(
+                    shared.store.capabilities().backend,
+                    format!(
+                        "the elector {} did not stop within {bound:?} (its stop grace and its \
+                         session's TTL): the store did not answer; its lease lapses on the \
+                         store's side",
+                        shared.name
+                    ),
+                ))
+            },
+        )
+        .await
+    }
+
+    /// [`Elector::run`]'s loop, which ends when `shutdown` resolves.
+    async fn campaign_until(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let Elector {
             shared,
             value,
@@ -232,17 +267,9 @@ impl Elector {
         } = self;
         tokio::pin!(shutdown);
         #[cfg(feature = "schedule")]
-        let board = match ElectorBoard::new(&shared.store, shared.name.as_str()) {
-            Ok(board) => {
-                if let Err(e) = board.register().await {
-                    tracing::warn!(error = %e, elector = %shared.name, "cannot list the elector in the store");
-                }
-                Some(board)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, elector = %shared.name, "the elector cannot be paused: its name is too long for its board");
-                None
-            }
+        let board = tokio::select! {
+            board = shared.listed_board() => board,
+            () = &mut shutdown => return Ok(()),
         };
         #[cfg(not(feature = "schedule"))]
         let board: Option<()> = None;
@@ -338,8 +365,12 @@ impl Elector {
                     _ = term.lost() => break Ended::Lost,
                     () = &mut resigned => break Ended::Resigned,
                     () = tokio::time::sleep(every) => {
-                        if paused().await {
-                            break Ended::Paused;
+                        // A store slow to answer does not hold up a shutdown.
+                        tokio::select! {
+                            p = paused() => if p {
+                                break Ended::Paused;
+                            },
+                            () = &mut shutdown => break Ended::Shutdown,
                         }
                     }
                     () = &mut shutdown => break Ended::Shutdown,
@@ -376,6 +407,24 @@ impl Elector {
 }
 
 impl Shared {
+    /// The elector's board, with the elector listed on it (a store that
+    /// cannot list it does not stop the elector).
+    #[cfg(feature = "schedule")]
+    async fn listed_board(&self) -> Option<ElectorBoard> {
+        match ElectorBoard::new(&self.store, self.name.as_str()) {
+            Ok(board) => {
+                if let Err(e) = board.register().await {
+                    tracing::warn!(error = %e, elector = %self.name, "cannot list the elector in the store");
+                }
+                Some(board)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, elector = %self.name, "the elector cannot be paused: its name is too long for its board");
+                None
+            }
+        }
+    }
+
     /// Puts the term in `phase` and waits, at most `grace`, until no run
     /// of it is left (or the term is lost).
     async fn wind_down(&self, term: &Term, phase: Phase, grace: Duration) {

@@ -87,3 +87,45 @@ impl<T: Send + 'static> Drop for Finishing<T> {
         }
     }
 }
+
+/// Runs `body` (a loop that stops when the future it was given as its own
+/// shutdown resolves) until it returns, and makes its stop end in time:
+/// once `shutdown` resolves, `body`'s own shutdown is signalled, and if
+/// `body` has not returned `bound` later it is dropped (its store calls
+/// with it) and `overrun()` is returned. A backstop for a store that does
+/// not answer: a session dropped so stops renewing, and its lease lapses
+/// on the store's side.
+pub(crate) async fn stop_within<T, B, F>(
+    body: impl FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> B,
+    shutdown: F,
+    bound: std::time::Duration,
+    overrun: impl FnOnce() -> T,
+) -> T
+where
+    B: Future<Output = T>,
+    F: Future<Output = ()>,
+{
+    let (fire, fired) = tokio::sync::watch::channel(false);
+    let own = Box::pin(async move {
+        let mut fired = fired;
+        let _ = fired.wait_for(|f| *f).await;
+    });
+    let body = body(own);
+    tokio::pin!(body, shutdown);
+    let mut deadline = None;
+    loop {
+        tokio::select! {
+            done = &mut body => return done,
+            () = &mut shutdown, if deadline.is_none() => {
+                deadline = Some(tokio::time::Instant::now() + bound);
+                fire.send_replace(true);
+            }
+            () = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => return overrun(),
+        }
+    }
+}

@@ -59,6 +59,12 @@ fn fault_trials(store: &'static StoreFixture) -> Vec<Trial> {
             });
             Ok(())
         }),
+        Trial::test(name("stops_end_on_a_paused_server"), move || {
+            with_own_server(store, |server| {
+                runtime().block_on(conformance::check_stops_end_on_a_paused_server(server));
+            });
+            Ok(())
+        }),
         Trial::test(
             name("server_down_at_start_is_unavailable_in_time"),
             move || {

@@ -920,3 +920,108 @@ pub async fn check_a_handoff_here_costs_the_release_alone(
         "every handoff cost more than the release: the waiter looked"
     );
 }
+
+/// What a stop may take beyond its stated bound on a loaded test machine
+/// (scheduling, not waiting on the store).
+const STOP_ALLOWANCE: Duration = Duration::from_millis(300);
+
+/// Stopping ends on a server that does not answer (SIGSTOP): an elector
+/// that leads, a schedule whose leader is in the middle of a run and a
+/// session's close, each stopped while the server is paused, return within
+/// their stated bounds — the stop grace plus the session's TTL for
+/// `Elector::run` and `Schedule::run`, the TTL for `Session::close` (which
+/// says `Unavailable`) — and the stopped elector does not say it leads.
+pub async fn check_stops_end_on_a_paused_server(server: &mut dyn crate::Server) {
+    use tenure::{Schedule, ScheduleMode};
+    let store = tenure::open(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(1).max(store.capabilities().min_ttl);
+    let options = SessionOptions::new().ttl(ttl);
+    let grace = Duration::from_millis(200);
+
+    let elector = Elector::new(&store, unique("stop-elector"), "a")
+        .unwrap()
+        .session_options(options.clone())
+        .stop_grace(grace);
+    let leading = elector.handle();
+    let (stop_elector, rx) = tokio::sync::oneshot::channel::<()>();
+    let elector = tokio::spawn(elector.run(async {
+        let _ = rx.await;
+    }));
+
+    let (started_tx, started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let schedule = Schedule::new(&store, unique("stop-schedule"), "* * * * * *")
+        .unwrap()
+        .mode(ScheduleMode::Leader)
+        .session_options(options.clone())
+        .stop_grace(grace);
+    let (stop_schedule, rx) = tokio::sync::oneshot::channel::<()>();
+    let schedule = tokio::spawn(schedule.run(
+        move |_tick| {
+            let started = started_tx.clone();
+            async move {
+                let _ = started.send(());
+                // Ignores being told to stop: only the grace ends it.
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
+        },
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let session = Session::with_options(&store, options).await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !leading.is_leader() {
+        assert!(Instant::now() < deadline, "the elector never led");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut started = started;
+    tokio::time::timeout(Duration::from_secs(10), started.recv())
+        .await
+        .expect("the schedule never ran");
+
+    server.pause();
+    let stopping = Instant::now();
+    let _ = stop_elector.send(());
+    let _ = stop_schedule.send(());
+    let limit = grace + ttl + Duration::from_secs(10);
+    let timed = |task: tokio::task::JoinHandle<tenure::Result<()>>| async move {
+        let ended = tokio::time::timeout(limit, task).await;
+        (ended.map(|joined| joined.unwrap()), stopping.elapsed())
+    };
+    let ((elector, elector_took), (schedule, schedule_took), (closed, close_took)) =
+        tokio::join!(timed(elector), timed(schedule), async {
+            let closed = tokio::time::timeout(limit, session.close()).await;
+            (closed, stopping.elapsed())
+        });
+    server.resume();
+    eprintln!(
+        "on a paused server: the elector stopped after {elector_took:?} ({elector:?}), the \
+         schedule after {schedule_took:?} ({schedule:?}), the close after {close_took:?} \
+         ({closed:?}); TTL {ttl:?}, grace {grace:?}"
+    );
+    for (what, ended, took, bound) in [
+        ("Elector::run", elector.is_ok(), elector_took, grace + ttl),
+        (
+            "Schedule::run",
+            schedule.is_ok(),
+            schedule_took,
+            grace + ttl,
+        ),
+        ("Session::close", closed.is_ok(), close_took, ttl),
+    ] {
+        assert!(ended, "{what} had not returned after {took:?}");
+        assert!(
+            took <= bound + STOP_ALLOWANCE,
+            "{what} returned after {took:?}, bound {bound:?}"
+        );
+    }
+    // The server never answered; ZooKeeper's client may itself have judged
+    // the session expired by then (it was: the close is done).
+    let closed = closed.unwrap();
+    assert!(
+        matches!(closed, Ok(()) | Err(tenure::Error::Unavailable { .. })),
+        "a close the paused server never answered: {closed:?}"
+    );
+    assert!(!leading.is_leader(), "a stopped elector says it leads");
+}

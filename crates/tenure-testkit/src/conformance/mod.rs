@@ -265,6 +265,12 @@ macro_rules! conformance_tests {
             $crate::conformance::check_server_paused(&mut server).await;
         }
 
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stops_end_on_a_paused_server() {
+            let Some(mut server) = $start else { return };
+            $crate::conformance::check_stops_end_on_a_paused_server(&mut server).await;
+        }
+
         #[tokio::test]
         async fn server_down_at_start_is_unavailable_in_time() {
             let port = $crate::free_port();

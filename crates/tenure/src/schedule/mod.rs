@@ -477,7 +477,43 @@ impl Schedule {
     /// here (`tenure_cron_ticks_total`: ran, claimed elsewhere, not leader,
     /// missed, paused), and runs are timed, labelled with the job's name —
     /// never with a tick's claim name.
-    pub async fn run<F, Fut>(self, mut job: F, shutdown: impl Future<Output = ()>) -> Result<()>
+    ///
+    /// # Stopping
+    ///
+    /// Once `shutdown` resolves, `run` returns within
+    /// [`Schedule::stop_grace`] plus the session's TTL, whatever the store
+    /// does: a run in progress gets the grace, then the resignation and
+    /// the session's close get what is left. If the store has not answered
+    /// by then, `run` returns [`Error::Unavailable`], and the session,
+    /// which no longer renews, lapses on the store's side within its TTL.
+    pub async fn run<F, Fut>(self, job: F, shutdown: impl Future<Output = ()>) -> Result<()>
+    where
+        F: FnMut(Tick) -> Fut,
+        Fut: Future,
+        Fut::Output: RunResult,
+    {
+        let bound = self.stop_grace + self.options.lease_ttl();
+        let (backend, name) = (self.store.capabilities().backend, self.name.clone());
+        crate::task::stop_within(
+            |own| self.run_until(job, own),
+            shutdown,
+            bound,
+            || {
+                Err(Error::unavailable(
+                    backend,
+                    format!(
+                        "the schedule {name} did not stop within {bound:?} (its stop grace and \
+                         its session's TTL): the store did not answer; its lease lapses on the \
+                         store's side"
+                    ),
+                ))
+            },
+        )
+        .await
+    }
+
+    /// [`Schedule::run`]'s loop, which ends when `shutdown` resolves.
+    async fn run_until<F, Fut>(self, mut job: F, shutdown: impl Future<Output = ()>) -> Result<()>
     where
         F: FnMut(Tick) -> Fut,
         Fut: Future,

@@ -46,6 +46,11 @@ impl SessionOptions {
         self
     }
 
+    /// The TTL these options give a session.
+    pub(crate) fn lease_ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// How often to renew (default: a third of the TTL).
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
