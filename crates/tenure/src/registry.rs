@@ -58,12 +58,31 @@ impl Backend {
             }
             _ => Vec::new(),
         };
-        let store = match (built.open)(parsed).await {
+        // Opening is one call: it fails by the store's call deadline, the
+        // look at who answers on the servers' ports included.
+        let deadline = (built.capabilities)().call_deadline;
+        let until = tokio::time::Instant::now() + deadline;
+        let opening = match built.greeting {
+            Some(_) => deadline.saturating_sub(crate::backend::probe::WAIT),
+            None => deadline,
+        };
+        let opened = tokio::time::timeout(opening, (built.open)(parsed))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::unavailable(
+                    self.name,
+                    format!("no answer within {opening:?}"),
+                ))
+            });
+        let store = match opened {
             Ok(store) => store,
             Err(e @ Error::Unavailable { .. }) => {
                 return Err(match built.greeting {
                     Some(g) if !strangers.is_empty() => {
-                        name_strangers(g, strangers, e, &servers).await
+                        let found = tokio::time::timeout_at(until, strangers_found(g, strangers))
+                            .await
+                            .unwrap_or_default();
+                        with_strangers(e, found, &servers)
                     }
                     _ => e.at_servers(&servers),
                 })
@@ -77,15 +96,13 @@ impl Backend {
     }
 }
 
-/// An unavailable store's error, with each of its servers that listens
-/// but does not speak the store's protocol named as such (the client alone
-/// says "broken pipe" or "connect timed out").
-async fn name_strangers(
+/// Each of the servers that listens but does not speak the store's
+/// protocol, said as such (the client alone says "broken pipe" or "connect
+/// timed out").
+async fn strangers_found(
     greeting: &'static crate::backend::probe::Greeting,
     servers: Vec<(String, u16)>,
-    e: Error,
-    authority: &str,
-) -> Error {
+) -> Vec<String> {
     // All at once: each probe may wait a second or two.
     let probes: Vec<_> = servers
         .into_iter()
@@ -107,6 +124,12 @@ async fn name_strangers(
             ));
         }
     }
+    found
+}
+
+/// An unavailable store's error, with the strangers found among its
+/// servers named first.
+fn with_strangers(e: Error, found: Vec<String>, authority: &str) -> Error {
     match e {
         Error::Unavailable { backend, source } if !found.is_empty() => Error::Unavailable {
             backend,

@@ -559,6 +559,12 @@ pub struct Capabilities {
     /// waiter is passed over for about as long as the fair lock would keep
     /// it waiting.
     pub barging_bound: Duration,
+    /// How long one store call takes, at most, to fail with
+    /// [`Error::Unavailable`] when the server stops answering, retries
+    /// included: an open, a join, a release, a renewal, a close, a cell or
+    /// fence operation. (A wait for another holder is not one call: it
+    /// ends when the session is lost, within its TTL.)
+    pub call_deadline: Duration,
 }
 
 impl Capabilities {
@@ -592,6 +598,7 @@ impl Capabilities {
             fence_values: true,
             cells: true,
             barging_bound: Duration::from_millis(20),
+            call_deadline: Duration::from_secs(5),
         }
     }
 }

@@ -59,6 +59,17 @@ fn fault_trials(store: &'static StoreFixture) -> Vec<Trial> {
             });
             Ok(())
         }),
+        Trial::test(
+            name("every_call_fails_in_time_on_a_paused_server"),
+            move || {
+                with_own_server(store, |server| {
+                    runtime().block_on(
+                        conformance::check_every_call_fails_in_time_on_a_paused_server(server),
+                    );
+                });
+                Ok(())
+            },
+        ),
         Trial::test(name("stops_end_on_a_paused_server"), move || {
             with_own_server(store, |server| {
                 runtime().block_on(conformance::check_stops_end_on_a_paused_server(server));

@@ -28,6 +28,7 @@ pub(super) fn run(json: bool) -> Result<u8, Failure> {
                     "max_ttl_ms": c.max_ttl.as_millis(),
                     "round_trips": c.round_trips,
                     "barging_bound_ms": c.barging_bound.as_millis(),
+                    "call_deadline_ms": c.call_deadline.as_millis(),
                 })
             })
             .collect();
@@ -113,6 +114,10 @@ fn describe(c: &tenure::Capabilities) -> String {
         format!(
             "  cost of an uncontended lock and release: {}",
             c.round_trips
+        ),
+        format!(
+            "  a call to a server that stops answering fails within: {}, retries included",
+            humantime::format_duration(c.call_deadline)
         ),
     ]
     .join("\n")

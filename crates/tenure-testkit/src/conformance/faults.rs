@@ -186,8 +186,8 @@ pub async fn check_server_killed_and_restarted(server: &mut dyn crate::Server) {
 /// takes the lock again, with a higher token.
 ///
 /// And calls to it end in time: a release and a lock's join made as it
-/// stops, by sessions whose TTL outlasts the pause, each fail within
-/// [`PAUSED_CALLS_END_WITHIN`] with a temporary error that names the server
+/// stops, by sessions whose TTL outlasts the pause, each fail within the
+/// store's call deadline with a temporary error that names the server
 /// (the URL's first `host:port`), and the holder whose release went
 /// unanswered is told it may have lost the lock.
 pub async fn check_server_paused(server: &mut dyn crate::Server) {
@@ -243,7 +243,8 @@ pub async fn check_server_paused(server: &mut dyn crate::Server) {
     let paused = Instant::now();
     server.pause();
     // Both at once, while the rest of the check waits.
-    let limit = PAUSED_CALLS_END_WITHIN + Duration::from_secs(10);
+    let call_deadline = store.capabilities().call_deadline;
+    let limit = call_deadline + Duration::from_secs(20);
     let calls = tokio::spawn(async move {
         tokio::join!(
             timed(limit, async { releasing.release().await.map(drop) }),
@@ -271,8 +272,8 @@ pub async fn check_server_paused(server: &mut dyn crate::Server) {
             "{what}: {e} does not name {names}"
         );
         assert!(
-            took <= PAUSED_CALLS_END_WITHIN,
-            "{what} returned after {took:?}, bound {PAUSED_CALLS_END_WITHIN:?}"
+            took <= call_deadline + STOP_ALLOWANCE,
+            "{what} returned after {took:?}, deadline {call_deadline:?}"
         );
     }
     assert!(
@@ -313,13 +314,6 @@ pub async fn check_server_paused(server: &mut dyn crate::Server) {
     assert!(again.0.token() > before, "token went back after a pause");
     again.0.release().await.unwrap();
 }
-
-/// How long a call to a server that stopped answering may take to fail:
-/// each request's own bound (3 s on Redis, 5 s on the others), and where a
-/// call retries a failure it may safely repeat (ZooKeeper's, for 5 s), an
-/// attempt begun before that ends, with room for a loaded machine. Seen
-/// here: Redis 3 s, PostgreSQL, MySQL and etcd 5 s, ZooKeeper 8 to 13 s.
-pub const PAUSED_CALLS_END_WITHIN: Duration = Duration::from_secs(20);
 
 /// The first `host:port` a store URL names (after any user info).
 fn first_server(url: &str) -> String {
@@ -921,8 +915,8 @@ pub async fn check_a_handoff_here_costs_the_release_alone(
     );
 }
 
-/// What a stop may take beyond its stated bound on a loaded test machine
-/// (scheduling, not waiting on the store).
+/// What a stop or a failing call may take beyond its stated bound on a
+/// loaded test machine (scheduling, not waiting on the store).
 const STOP_ALLOWANCE: Duration = Duration::from_millis(300);
 
 /// Stopping ends on a server that does not answer (SIGSTOP): an elector
@@ -1024,4 +1018,115 @@ pub async fn check_stops_end_on_a_paused_server(server: &mut dyn crate::Server) 
         "a close the paused server never answered: {closed:?}"
     );
     assert!(!leading.is_leader(), "a stopped elector says it leads");
+}
+
+/// Every kind of store call made to a server that stopped answering
+/// (SIGSTOP) fails within the store's stated call deadline
+/// ([`Capabilities::call_deadline`](tenure::Capabilities)), retries
+/// included, with a temporary error: opening a store and a session, a
+/// join (`lock`, `try_lock`), a release, a renewal, a close, cell and fence
+/// operations and a read of the leader. Sessions live 30 s, so no call is
+/// ended by its session's loss.
+pub async fn check_every_call_fails_in_time_on_a_paused_server(server: &mut dyn crate::Server) {
+    use tenure::{Cell, Expect, Fence};
+    let url = server.url();
+    let store = tenure::open(&url).await.unwrap();
+    let deadline = store.capabilities().call_deadline;
+    let long = SessionOptions::new().ttl(Duration::from_secs(30));
+    let session = |o: SessionOptions| {
+        let store = store.clone();
+        async move { Session::with_options(&store, o).await.unwrap() }
+    };
+    let (holder, asker, trier, renewer, closer) = (
+        session(long.clone()).await,
+        session(long.clone()).await,
+        session(long.clone()).await,
+        session(long.clone().auto_renew(false)).await,
+        session(long.clone()).await,
+    );
+    let held = Mutex::new(&holder, unique("calls-held"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let asking = Mutex::new(&asker, unique("calls-join")).unwrap();
+    let trying = Mutex::new(&trier, unique("calls-try")).unwrap();
+    let cell = Cell::new(&store, unique("calls-cell")).unwrap();
+    cell.put(b"v", Expect::Absent).await.unwrap();
+    let fence = Fence::new(&store, unique("calls-fence")).unwrap();
+    fence.admit(1).await.unwrap();
+    let led = Name::new(unique("calls-leader")).unwrap();
+
+    server.pause();
+    let limit = deadline + Duration::from_secs(20);
+    type Call<'a> =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + 'a>>;
+    // Each call: `None` if it succeeded, else its error as text.
+    fn failed<T>(r: tenure::Result<T>) -> Option<String> {
+        r.err().map(|e| {
+            format!(
+                "{}{e}",
+                if e.is_temporary() {
+                    ""
+                } else {
+                    "NOT TEMPORARY: "
+                }
+            )
+        })
+    }
+    let calls: Vec<(&str, Call<'_>)> = vec![
+        (
+            "open a store",
+            Box::pin(async { failed(tenure::open(&url).await) }),
+        ),
+        (
+            "open a session",
+            Box::pin(async { failed(Session::with_options(&store, long.clone()).await) }),
+        ),
+        (
+            "join (lock)",
+            Box::pin(async { failed(asking.lock().await) }),
+        ),
+        (
+            "join (try_lock)",
+            Box::pin(async { failed(trying.try_lock().await) }),
+        ),
+        ("release", Box::pin(async { failed(held.release().await) })),
+        ("renewal", Box::pin(async { failed(renewer.renew().await) })),
+        ("close", Box::pin(async { failed(closer.close().await) })),
+        ("cell get", Box::pin(async { failed(cell.get().await) })),
+        (
+            "cell put",
+            Box::pin(async { failed(cell.put(b"w", Expect::Version(1)).await) }),
+        ),
+        (
+            "fence admit",
+            Box::pin(async { failed(fence.admit(2).await) }),
+        ),
+        ("fence read", Box::pin(async { failed(fence.read().await) })),
+        (
+            "leader",
+            Box::pin(async { failed(tenure::leader(store.as_ref(), &led).await) }),
+        ),
+    ];
+    let timed_calls = calls.into_iter().map(|(what, call)| async move {
+        let (answer, took) = timed(limit, call).await;
+        (what, answer, took)
+    });
+    let results = futures_util::future::join_all(timed_calls).await;
+    server.resume();
+    let mut late = Vec::new();
+    for (what, answer, took) in results {
+        eprintln!("{what} to a paused server: {answer:?} after {took:?} (deadline {deadline:?})");
+        match answer {
+            None => late.push(format!("{what}: no answer after {took:?}")),
+            Some(None) => late.push(format!("{what}: succeeded")),
+            Some(Some(e)) if e.starts_with("NOT TEMPORARY") => late.push(format!("{what}: {e}")),
+            Some(Some(_)) if took > deadline + STOP_ALLOWANCE => {
+                late.push(format!("{what}: failed after {took:?}"))
+            }
+            Some(Some(_)) => {}
+        }
+    }
+    assert!(late.is_empty(), "deadline {deadline:?}: {late:#?}");
 }

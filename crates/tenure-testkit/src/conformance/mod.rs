@@ -266,6 +266,13 @@ macro_rules! conformance_tests {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn every_call_fails_in_time_on_a_paused_server() {
+            let Some(mut server) = $start else { return };
+            $crate::conformance::check_every_call_fails_in_time_on_a_paused_server(&mut server)
+                .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn stops_end_on_a_paused_server() {
             let Some(mut server) = $start else { return };
             $crate::conformance::check_stops_end_on_a_paused_server(&mut server).await;

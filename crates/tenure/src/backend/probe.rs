@@ -25,7 +25,7 @@ pub(crate) struct Greeting {
 }
 
 /// How long the probe waits to connect, and then for an answer.
-const WAIT: Duration = Duration::from_secs(1);
+pub(crate) const WAIT: Duration = Duration::from_secs(1);
 
 /// What is wrong with the server at `host:port`, when it is listening but
 /// does not answer `greeting` as a server of its protocol would; `None`

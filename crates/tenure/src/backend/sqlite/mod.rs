@@ -65,6 +65,8 @@ pub fn capabilities() -> Capabilities {
         // contenders on this store in the cycle bench: a waiter is passed
         // over for about as long as a fair lock would keep it waiting.
         barging_bound: Duration::from_millis(5),
+        // A call waits for another process's write at most this long.
+        call_deadline: BUSY_TIMEOUT,
         wake: Wake::local_or_poll(POLL_MIN, POLL_MAX),
         ..Capabilities::durable_store(
             BACKEND,

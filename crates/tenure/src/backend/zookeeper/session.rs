@@ -388,7 +388,13 @@ impl ZkStore {
         let deletes = entries.iter().map(|(name, mine)| {
             let path = format!("{}/{}", self.name_path(name), mine.child);
             let client = session.client.clone();
-            async move { call(client.delete(&path, None)).await }
+            async move {
+                match call_raw(client.delete(&path, None)).await {
+                    Ok(Ok(()) | Err(zk::Error::NoNode)) => Ok(()),
+                    Ok(Err(e)) => Err(zk_err(e)),
+                    Err(e) => Err(e),
+                }
+            }
         });
         // And its cells' markers, so that the values bound to it are gone
         // when this returns (the server would drop them only once it ends
@@ -413,15 +419,23 @@ impl ZkStore {
         // And its node, so that `evict_session` no longer finds it.
         let node = async {
             let path = self.session_path(&session.tag);
-            let _ = call(session.client.delete(&path, None)).await;
+            match call_raw(session.client.delete(&path, None)).await {
+                Ok(Ok(()) | Err(zk::Error::NoNode)) => Ok(()),
+                Ok(Err(e)) => Err(zk_err(e)),
+                Err(e) => Err(e),
+            }
         };
-        futures_util::future::join3(
+        let (deleted, unmarked, unlisted) = futures_util::future::join3(
             futures_util::future::join_all(deletes),
             futures_util::future::join_all(markers),
             node,
         )
         .await;
         drop(session);
-        Ok(())
+        // A delete the server did not answer: the entries stay until the
+        // server ends the connection's session (within its TTL), which the
+        // caller is told rather than a close that did not happen.
+        deleted.into_iter().chain(unmarked).collect::<Result<Vec<()>>>()?;
+        unlisted
     }
 }
