@@ -84,14 +84,35 @@ impl SqlDriver for Mysql {
         BACKEND
     }
 
-    async fn open(&self, secret: &str, tag: &str, label: &str, ttl_ms: i64) -> Result<()> {
-        let args = [
-            Arg::Text(secret),
-            Arg::Text(tag),
-            Arg::Text(label),
-            Arg::Int(ttl_ms),
-        ];
-        self.call("open", &args).await.map(|_| ())
+    async fn open(
+        &self,
+        secret: &str,
+        tag: &str,
+        label: &str,
+        ttl_ms: i64,
+        build: &str,
+    ) -> Result<()> {
+        let p = &self.inner.prefix;
+        let (open, record) = (
+            format!("CALL {p}open(?, ?, ?, ?)"),
+            format!(
+                "INSERT INTO {p}session_builds (session, build) VALUES (?, ?) \
+                 ON DUPLICATE KEY UPDATE build = VALUES(build)"
+            ),
+        );
+        // One transaction: the session and its build's record, both or
+        // neither (a transaction left unfinished is rolled back).
+        poll::retry_at_once(RETRIES, is_retryable, my_err, || async {
+            let mut conn = self.conn().await?;
+            self.within(async {
+                let mut tx = conn.start_transaction(mysql_async::TxOpts::default()).await?;
+                tx.exec_drop(&open, (secret, tag, label, ttl_ms)).await?;
+                tx.exec_drop(&record, (secret, build)).await?;
+                tx.commit().await
+            })
+            .await
+        })
+        .await
     }
 
     fn format(&self) -> &'static str {
@@ -116,17 +137,6 @@ impl SqlDriver for Mysql {
         } else {
             Vec::new()
         })
-    }
-
-    async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
-        let p = &self.inner.prefix;
-        let mut conn = self.conn().await?;
-        self.within(conn.exec_drop(
-            format!("INSERT INTO {p}session_builds (session, build) VALUES (?, ?) ON DUPLICATE KEY UPDATE build = VALUES(build)"),
-            (secret, build),
-        ))
-        .await?
-        .map_err(my_err)
     }
 
     async fn session_builds(&self) -> Result<Vec<(String, String, Option<String>)>> {

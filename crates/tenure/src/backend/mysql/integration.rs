@@ -541,3 +541,59 @@ async fn a_holder_ended_elsewhere_is_passed_at_the_next_look() {
     tenure_testkit::conformance::check_a_holder_ended_elsewhere_is_passed_at_the_next_look(&store)
         .await;
 }
+
+/// Opening a session is one step, its build record with it: while the
+/// record's write is held up (another transaction holds every row and gap
+/// of the table `FOR UPDATE`), another client never sees a session without
+/// its record, and the open fails (unanswered) rather than leave one behind
+/// that `tenure upgrade finish` could not account for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opens_with_its_build_record_or_not_at_all() {
+    use mysql_async::prelude::Queryable;
+    use std::time::{Duration, Instant};
+    let Some(server) = shared() else { return };
+    let store = tenure::open(&format!("{}?prefix=atomic_", server.url()))
+        .await
+        .unwrap();
+    let (mut locker, mut watcher) = (raw_conn(server).await, raw_conn(server).await);
+    let unrecorded = "SELECT count(*) FROM atomic_sessions s WHERE s.expires_ms > 0 \
+         AND NOT EXISTS (SELECT 1 FROM atomic_session_builds b WHERE b.session = s.id)";
+    let first: Option<i64> = watcher.query_first(unrecorded).await.unwrap();
+    assert_eq!(first, Some(0));
+    locker.query_drop("START TRANSACTION").await.unwrap();
+    locker
+        .query_drop("SELECT * FROM atomic_session_builds FOR UPDATE")
+        .await
+        .unwrap();
+    let opening = tokio::spawn({
+        let store = store.clone();
+        async move { Session::new(&store).await.map(drop) }
+    });
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut looks = 0;
+    while !opening.is_finished() {
+        assert!(Instant::now() < until, "the open did not end");
+        let n: Option<i64> = watcher.query_first(unrecorded).await.unwrap();
+        assert_eq!(
+            n,
+            Some(0),
+            "a session without its build record (look {looks})"
+        );
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let opened = opening.await.unwrap();
+    assert!(
+        opened.is_err(),
+        "opened while its record could not be written"
+    );
+    locker.query_drop("ROLLBACK").await.unwrap();
+    // The held-up statement may still end on the server: both or neither.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let n: Option<i64> = watcher.query_first(unrecorded).await.unwrap();
+    assert_eq!(
+        n,
+        Some(0),
+        "a session without its build record, once unlocked"
+    );
+}

@@ -126,12 +126,20 @@ impl SqlDriver for Postgres {
         BACKEND
     }
 
-    async fn open(&self, secret: &str, tag: &str, label: &str, ttl_ms: i64) -> Result<()> {
+    async fn open(
+        &self,
+        secret: &str,
+        tag: &str,
+        label: &str,
+        ttl_ms: i64,
+        build: &str,
+    ) -> Result<()> {
         let args = [
             Arg::Text(secret),
             Arg::Text(tag),
             Arg::Text(label),
             Arg::Int(ttl_ms),
+            Arg::Text(build),
         ];
         self.query(|s| Ok(&s.open), &args).await.map(|_| ())
     }
@@ -215,12 +223,6 @@ impl SqlDriver for Postgres {
         } else {
             Vec::new()
         })
-    }
-
-    async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
-        self.query(|s| Ok(&s.record_build), &[Arg::Text(secret), Arg::Text(build)])
-            .await
-            .map(|_| ())
     }
 
     async fn session_builds(&self) -> Result<Vec<(String, String, Option<String>)>> {

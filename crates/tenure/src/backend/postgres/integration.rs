@@ -578,3 +578,74 @@ async fn a_waiter_told_of_its_grant_never_looks() {
     holder.close().await.unwrap();
     waiter.close().await.unwrap();
 }
+
+/// Opening a session is one step, its build record with it: while the
+/// record's write is held up (another transaction locks the table against
+/// writes), another client never sees a session without its record, and
+/// the open fails (unanswered) rather than leave one behind that `tenure
+/// upgrade finish` could not account for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opens_with_its_build_record_or_not_at_all() {
+    use std::time::{Duration, Instant};
+    let Some(server) = shared() else { return };
+    let store = tenure::open(&format!("{}?schema=atomic_open", server.url()))
+        .await
+        .unwrap();
+    let connect = || async {
+        let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+    };
+    let (mut locker, watcher) = (connect().await, connect().await);
+    let unrecorded = "SELECT count(*) FROM atomic_open.sessions s WHERE s.expires_ms > 0 \
+         AND NOT EXISTS (SELECT 1 FROM atomic_open.session_builds b WHERE b.session = s.id)";
+    let count = || async {
+        watcher
+            .query_one(unrecorded, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(count().await, 0);
+    let lock = locker.transaction().await.unwrap();
+    // Blocks writes, not reads.
+    lock.batch_execute("LOCK TABLE atomic_open.session_builds IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let opening = tokio::spawn({
+        let store = store.clone();
+        async move { Session::new(&store).await.map(drop) }
+    });
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut looks = 0;
+    while !opening.is_finished() {
+        assert!(Instant::now() < until, "the open did not end");
+        assert_eq!(
+            count().await,
+            0,
+            "a session without its build record (look {looks})"
+        );
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let opened = opening.await.unwrap();
+    assert!(
+        opened.is_err(),
+        "opened while its record could not be written"
+    );
+    assert_eq!(
+        count().await,
+        0,
+        "a session without its build record, after the open"
+    );
+    lock.rollback().await.unwrap();
+    // The held-up statement may still end on the server: both or neither.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        count().await,
+        0,
+        "a session without its build record, once unlocked"
+    );
+}

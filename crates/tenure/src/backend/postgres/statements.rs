@@ -82,7 +82,6 @@ pub(super) struct Statements {
     cell_put: Statement,
     cell_delete: Statement,
     expire: Statement,
-    pub(super) record_build: Statement,
     pub(super) session_builds: Statement,
 }
 
@@ -119,8 +118,13 @@ impl Statements {
         };
         let (fast_join, fast_leave) = fast_statements(s);
         Ok(Statements {
+            // One statement, so one transaction: the session and its
+            // build's record, both or neither.
             open: prep(format!(
-                "SELECT {s}.open($1, $2, $3, $4)"
+                "WITH opened AS (SELECT {s}.open($1, $2, $3, $4))
+                 INSERT INTO {s}.session_builds (session, build)
+                 SELECT $1, $5 FROM opened
+                 ON CONFLICT (session) DO UPDATE SET build = EXCLUDED.build"
             ))
             .await?,
             keep_alive: prep(format!(
@@ -181,11 +185,6 @@ impl Statements {
             cell_delete: prep(format!("SELECT * FROM {s}.cell_delete($1, $2)")).await?,
             expire: prep(format!("SELECT 'ok', {s}.expire($1, $2)")).await?,
             // Format 11's, beside format 10's.
-            record_build: prep(format!(
-                "INSERT INTO {s}.session_builds (session, build) VALUES ($1, $2)
-                 ON CONFLICT (session) DO UPDATE SET build = EXCLUDED.build"
-            ))
-            .await?,
             session_builds: prep(format!(
                 "SELECT s.tag, s.label, b.build FROM {s}.sessions s
                    LEFT JOIN {s}.session_builds b ON b.session = s.id

@@ -15,19 +15,23 @@ pub trait SqlDriver: Send + Sync + fmt::Debug + 'static {
     /// The backend's name.
     fn backend(&self) -> &'static str;
 
-    /// Records a new session of `ttl_ms`, by the server's clock.
-    async fn open(&self, secret: &str, tag: &str, label: &str, ttl_ms: i64) -> Result<()>;
+    /// Records a new session of `ttl_ms`, by the server's clock, and the
+    /// build that opens it (`RELEASE FORMAT`, beside what older builds
+    /// read), in one step: both or neither, so that no session is ever
+    /// without its build (which `tenure upgrade finish` would have to
+    /// take for an older build's).
+    async fn open(
+        &self,
+        secret: &str,
+        tag: &str,
+        label: &str,
+        ttl_ms: i64,
+        build: &str,
+    ) -> Result<()>;
 
     /// The version of what this build keeps in the database.
     fn format(&self) -> &'static str {
         ""
-    }
-
-    /// Records the build that opened the session `secret` (`RELEASE
-    /// FORMAT`), beside what older builds read.
-    async fn record_build(&self, secret: &str, build: &str) -> Result<()> {
-        let _ = (secret, build);
-        Ok(())
     }
 
     /// Every session not yet ended (a lapsed one whose end no watcher has

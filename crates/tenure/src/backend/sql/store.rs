@@ -21,19 +21,10 @@ impl<D: SqlDriver> Store for SqlStore<D> {
     async fn open_session(&self, spec: &SessionSpec) -> Result<OpenedSession> {
         let opened = OpenedSession::random()?;
         let label: String = spec.label.chars().take(255).collect();
-        self.driver
-            .open(opened.key.secret(), &opened.tag, &label, spec.ttl_ms())
-            .await?;
         let build = crate::store::Build::this(self.driver.format()).encode();
-        if let Err(e) = self.driver.record_build(opened.key.secret(), &build).await {
-            // A session without its build would be taken for an older
-            // build's (and refuse `upgrade finish`): it is closed again.
-            let _ = self
-                .driver
-                .call("close", &[Arg::Text(opened.key.secret())])
-                .await;
-            return Err(e);
-        }
+        self.driver
+            .open(opened.key.secret(), &opened.tag, &label, spec.ttl_ms(), &build)
+            .await?;
         Ok(opened)
     }
 
