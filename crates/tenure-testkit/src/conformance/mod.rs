@@ -15,6 +15,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod cancel;
 mod election;
 mod faults;
 mod input;
@@ -27,6 +28,7 @@ mod semaphore;
 mod unfair;
 mod upgrade;
 
+pub use cancel::*;
 pub use election::*;
 pub use faults::*;
 pub use input::*;
@@ -192,7 +194,7 @@ macro_rules! __conformance_checks {
             check_unfair_dead_holder_released, check_evicted_holder_is_told,
             check_evicted_session_is_told,
             check_waiter_session_expiry,
-            check_grant_before_the_wait, check_cancelled_wait_leaves_queue, check_ask_again_at_once, check_dead_waiter_behind_a_waiter, check_fencing_monotonic,
+            check_grant_before_the_wait, check_cancelled_wait_leaves_queue, check_ask_again_at_once, check_dropped_anywhere_leaves_nothing, check_dead_waiter_behind_a_waiter, check_fencing_monotonic,
             check_election_failover, check_observe_order, check_proclaim_only_by_leader,
             check_elector_callbacks, check_elector_resign_and_recampaign, check_elector_pause, check_shared_and_permits, check_bad_input, check_names_byte_for_byte,
             check_rwlock, check_semaphore, check_once, check_schedule_per_tick,
