@@ -13,15 +13,18 @@ use tokio::time::Instant;
 
 use super::faults::{inject, nemesis};
 use super::options::{Plan, TortureArgs, NETWORK_FAULTS, SQLITE_SKEW_S};
-use super::report::{bound, print_summary, recheck, violations, write_history, Report};
+use super::report::{
+    allowance, check_history, print_summary, recheck, stated_bound, violations, write_history,
+    Report,
+};
 use super::workers::{keep_task_worker, keep_worker};
-use super::{check, proxy, workers, Rng, Shared};
+use super::{proxy, workers, Rng, Shared};
 
 /// Runs the harness; returns the exit code (0 pass, 1 safety violation,
 /// 2 liveness or leak failure).
 pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<u8, String> {
     if let Some(path) = &args.check {
-        return recheck(path, args.ttl, args.report.as_deref());
+        return recheck(path, args.ttl, args.strict, args.report.as_deref());
     }
     let plan = Plan::new(store.as_ref(), &args)?;
     let run_id = tenure::store::random_hex(4).map_err(|e| e.to_string())?;
@@ -39,7 +42,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     stop_workers(&shared, tasks).await;
     let leaked = leaks(&store, &prefix, args.ttl).await?;
     let history = shared.history();
-    let findings = check::check(&history, bound(args.ttl).as_micros() as u64);
+    let findings = check_history(&history, args.ttl, args.strict);
     let build_failure = shared.builds.failure();
     let code = if findings.unsafe_run() {
         1
@@ -49,7 +52,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         0
     };
     let verdict = ["pass", "safety violation", "liveness or leak failure"][code as usize];
-    print_summary(&findings, leaked, args.ttl, verdict);
+    print_summary(&findings, leaked, args.ttl, args.strict, verdict);
     if shared.builds.mixed() {
         for b in shared.builds.report() {
             println!(
@@ -74,7 +77,8 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             worker_0_boottime_ahead_s: plan.skewed.then_some(SQLITE_SKEW_S),
             fault_interval_ms: args.fault_interval.as_millis() as u64,
             nemesis: args.nemesis_exec.is_some(),
-            recovery_bound_ms: bound(args.ttl).as_millis() as u64,
+            recovery_bound_ms: stated_bound(args.ttl).as_millis() as u64,
+            recovery_allowance_ms: allowance(args.strict).as_millis() as u64,
             findings,
             leaked_names: leaked,
             builds: shared.builds.report(),
@@ -194,7 +198,7 @@ async fn drive(shared: &Arc<Shared>, args: &TortureArgs, faults: &[String]) {
         if last_progress.elapsed() >= Duration::from_secs(2) {
             last_progress = Instant::now();
             let history = shared.history();
-            let f = check::check(&history, bound(args.ttl).as_micros() as u64);
+            let f = check_history(&history, args.ttl, args.strict);
             eprintln!(
                 "torture: {:>5.1}s  grants {}  faults {}  violations {}",
                 shared.start.elapsed().as_secs_f64(),
