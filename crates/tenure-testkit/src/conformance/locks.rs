@@ -623,6 +623,60 @@ pub(crate) async fn crashed_holder_passes_on(t: &Target, fair: bool) {
     b.close().await.unwrap();
 }
 
+/// A holder that dies silently (its session never renews nor closes: a
+/// process killed) is released to a waiter within the bound the store
+/// states, whenever the waiter came — as the holder died, while its lease
+/// still ran by the store's clock, or after it lapsed: by the holder's TTL
+/// and one renew interval where the store's clock judges expiry; where a
+/// watching client does (`Capabilities::watched_expiry`), also no later
+/// than a TTL (+1 % and 10 ms) and one renew interval after the waiter
+/// came, since it must see the holder unrenewed for a TTL itself.
+pub async fn check_crashed_holder_released_to_a_late_waiter(t: &Target) {
+    let ttl = short_ttl(t, Duration::from_millis(600));
+    let renew = ttl / 3;
+    let watched = t.store.capabilities().watched_expiry;
+    // Scheduling on a loaded machine, as the sibling checks allow.
+    let allowance = Duration::from_millis(300);
+    for comes_after in [Duration::ZERO, ttl / 2, ttl * 3 / 2] {
+        let name = unique("late-waiter");
+        let opened = Instant::now();
+        let dead = dying_join(&t.store, &name, ttl).await;
+        assert!(dead.granted);
+        tokio::time::sleep_until(opened + comes_after).await;
+        let b = session(&t.store).await;
+        let came = Instant::now();
+        let gb = tokio::time::timeout(
+            Duration::from_secs(20),
+            Mutex::new(&b, &name).unwrap().lock(),
+        )
+        .await
+        .expect("the lock passed on")
+        .unwrap();
+        let granted = Instant::now();
+        // (One that comes after the lease lapsed is granted as it comes.)
+        let mut bound = (opened + ttl + renew).max(came);
+        if watched {
+            bound = bound.max(came + ttl + ttl / 100 + Duration::from_millis(10) + renew);
+        }
+        eprintln!(
+            "came {:?} after the holder died, granted {:?} after, bound {:?}",
+            came - opened,
+            granted - opened,
+            bound - opened
+        );
+        assert!(
+            granted <= bound + allowance,
+            "came {:?} after the holder died, granted {:?} after it; the bound is {:?}",
+            came - opened,
+            granted - opened,
+            bound - opened
+        );
+        assert!(gb.token() > dead.seq);
+        gb.release().await.unwrap();
+        b.close().await.unwrap();
+    }
+}
+
 /// A waiter whose own session expires stops waiting and says so.
 pub async fn check_waiter_session_expiry(t: &Target) {
     let name = unique("waiter-expiry");
