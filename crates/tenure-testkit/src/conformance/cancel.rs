@@ -67,7 +67,7 @@ async fn ask(ask: Ask, session: &Session, name: &str, permits: u32) -> tenure::R
 pub async fn check_dropped_anywhere_leaves_nothing(t: &Target) {
     const ROUNDS: u64 = 36;
     let caps = t.store.capabilities().clone();
-    let permits = if caps.permits { 2 } else { 1 };
+    let permits = 2;
     let started = Instant::now();
     // A small fixed-seed generator: the same points on every run.
     let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -84,7 +84,12 @@ pub async fn check_dropped_anywhere_leaves_nothing(t: &Target) {
             "{ROUNDS} rounds took over 2 minutes"
         );
         let how = ASKS[(round % ASKS.len() as u64) as usize];
-        if matches!(how, Ask::Read | Ask::Write) && !caps.shared {
+        let unsupported = match how {
+            Ask::Read | Ask::Write => !caps.shared,
+            Ask::Permit => !caps.permits,
+            _ => false,
+        };
+        if unsupported {
             continue;
         }
         let name = unique("dropped");
