@@ -215,7 +215,7 @@ pub(super) fn print_summary(
     outln!(
         "torture: TTL {}, recovery bound {} (TTL, one renew interval, 1 % and 10 ms), allowance {}",
         humantime::format_duration(ttl),
-        humantime::format_duration(stated_bound(ttl)),
+        humantime::format_duration(Duration::from_millis(stated_bound(ttl).as_millis() as u64)),
         humantime::format_duration(allowance(strict))
     );
     for (what, figure, rule) in rows {
