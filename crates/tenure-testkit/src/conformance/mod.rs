@@ -17,11 +17,13 @@
 
 mod cancel;
 mod election;
+mod expiry;
 mod faults;
 mod input;
 mod locks;
 mod metrics;
 mod once;
+mod paused;
 mod registers;
 mod schedule;
 mod semaphore;
@@ -30,11 +32,13 @@ mod upgrade;
 
 pub use cancel::*;
 pub use election::*;
+pub use expiry::*;
 pub use faults::*;
 pub use input::*;
 pub use locks::*;
 pub use metrics::*;
 pub use once::*;
+pub use paused::*;
 pub use registers::*;
 pub use schedule::*;
 pub use semaphore::*;

@@ -1,6 +1,6 @@
 //! Conformance: the non-fair mutex.
 
-use super::locks::crashed_holder_passes_on;
+use super::expiry::crashed_holder_passes_on;
 use super::*;
 use crate::counting::Counting;
 
