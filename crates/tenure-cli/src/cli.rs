@@ -147,6 +147,17 @@ pub(crate) enum Command {
     /// Rolling upgrades: which builds use the store, and finishing an upgrade.
     #[command(subcommand)]
     Upgrade(UpgradeCommand),
+    /// Declare a new store new, once, before its first use (Redis: grant at once on its empty keyspace).
+    #[command(
+        after_help = "Example:\n  tenure init --store redis://redis.internal:6379/0\n\n\
+        A Redis keyspace that comes back empty (a restart without persistence, a failover to a\n\
+        replica that had none of it) looks the same as a new one: tenure grants nothing on an empty\n\
+        keyspace until the longest lease it could have held has lapsed (the URL's max_ttl, 60s by\n\
+        default). Run this once on a Redis you know is new to skip that wait; never from a start\n\
+        script, which would skip it after a loss too. Refused (exit 64) while any session lives on\n\
+        the store. Other stores keep what they hold: nothing to do."
+    )]
+    Init,
     /// Contend for one lock from many worker processes while injecting faults, and check the history.
     #[command(
         after_help = "Example:\n  tenure torture --store postgres://… --clients 6 --duration 2m --report torture.json\n\n\

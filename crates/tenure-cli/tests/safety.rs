@@ -297,19 +297,20 @@ fn the_supervisor_runs_even_if_tenures_file_was_deleted() {
 
 /// `--wait` rides out a store that is briefly down (a restart, a
 /// failover): the unavailable store is tried again with a backoff until
-/// the wait's end; `--no-wait` tries once and exits 69.
+/// the wait's end; `--no-wait` tries once and exits 69. (Redis comes back
+/// empty: it grants again once its `max_ttl` has passed.)
 #[test]
 fn a_wait_rides_out_a_store_briefly_down() {
     let Some(mut server) = RedisServer::start_or_skip() else {
         return;
     };
-    let env = Env::with_url(server.url());
+    let env = Env::with_url(format!("{}?max_ttl=2s", server.url()));
     server.kill();
-    let out = env.run(&["lock", "down", "--no-wait", "--", "true"]);
+    let out = env.run(&["lock", "down", "--ttl", "1s", "--no-wait", "--", "true"]);
     assert_eq!(out.status.code(), Some(69), "{out:?}");
     let started = Instant::now();
     let waiting = env
-        .cmd(&["lock", "down", "--wait", "30s", "--", "true"])
+        .cmd(&["lock", "down", "--ttl", "1s", "--wait", "30s", "--", "true"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -325,5 +326,51 @@ fn a_wait_rides_out_a_store_briefly_down() {
     eprintln!(
         "lock --wait 30s with Redis down for 1.5 s: done after {:?}",
         started.elapsed()
+    );
+}
+
+/// A Redis prefix nobody used looks the same as one that lost its keys:
+/// its first lock waits for max_ttl (a `--no-wait` lock is not acquired, a
+/// waiting one is granted after it), unless `tenure init` declared it new
+/// first. `init` on a store that keeps what it holds has nothing to do.
+#[test]
+fn init_declares_a_new_redis_new_and_an_undeclared_one_waits_max_ttl() {
+    let sqlite = Env::sqlite();
+    let out = sqlite.run(&["init"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("nothing to do: sqlite keeps what it holds"),
+        "{said}"
+    );
+
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let undeclared = Env::with_url(format!("{}?prefix=undeclared&max_ttl=2s", server.url()));
+    let out = undeclared.run(&["lock", "first", "--ttl", "1s", "--no-wait", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tenure init"),
+        "the wait is not explained: {err}"
+    );
+    let started = Instant::now();
+    let out = undeclared.run(&["lock", "first", "--ttl", "1s", "--", "true"]);
+    assert!(out.status.success(), "{out:?}");
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(4), "waited {waited:?}");
+
+    let declared = Env::with_url(format!("{}?prefix=declared&max_ttl=2s", server.url()));
+    let out = declared.run(&["init"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("declared new"),
+        "{out:?}"
+    );
+    let out = declared.run(&["lock", "first", "--ttl", "1s", "--no-wait", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "a declared store did not grant at once: {out:?}"
     );
 }

@@ -87,6 +87,10 @@ impl Store for Addressed {
         self.bounded(self.inner.retire_older_formats()).await
     }
 
+    async fn declare_new(&self) -> Result<Vec<String>> {
+        self.bounded(self.inner.declare_new()).await
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         self.bounded(self.inner.session_builds()).await
     }

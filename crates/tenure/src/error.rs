@@ -293,6 +293,11 @@ pub enum LostReason {
     Unconfirmed,
     /// The session was closed by its owner.
     Closed,
+    /// The store lost what it held, this session with it: its data came back
+    /// empty (a Redis restarted without persistence, or a failover to a
+    /// replica that had none of it). The store grants nothing until every
+    /// lease it could have held has lapsed.
+    Forgotten,
 }
 
 impl fmt::Display for LostReason {
@@ -308,6 +313,10 @@ impl fmt::Display for LostReason {
                  answer a release or a lock, so the session no longer knows what it holds"
             }
             LostReason::Closed => "the session was closed",
+            LostReason::Forgotten => {
+                "the store lost what it held (its data came back empty: a restart without \
+                 persistence, or a failover to a replica that had none of it)"
+            }
         })
     }
 }

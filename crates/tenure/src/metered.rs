@@ -104,6 +104,10 @@ impl Store for Metered {
             .await
     }
 
+    async fn declare_new(&self) -> Result<Vec<String>> {
+        self.timed("declare_new", self.inner.declare_new()).await
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         self.timed("session_builds", self.inner.session_builds())
             .await

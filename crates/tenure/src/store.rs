@@ -711,6 +711,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Err(unsupported(self, "finishing an upgrade"))
     }
 
+    /// Declares the store new, before its first use: nothing was ever held
+    /// on it. A store that can lose everything it held and come back empty
+    /// (Redis restarted without persistence, or failed over to a replica
+    /// that had none of it) cannot tell such a loss from a new store, so it
+    /// grants nothing on an empty keyspace until the longest lease it allows
+    /// has lapsed ([`Capabilities::max_ttl`]); this skips that wait, once,
+    /// for a store an operator knows is new. Refused with
+    /// [`Error::InvalidArgument`] while any session lives on the store.
+    /// Returns what it changed, in words; a store that never forgets has
+    /// nothing to do and returns nothing.
+    async fn declare_new(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
     /// Reads the fence `name`, or admits a token through it, in one atomic
     /// step: a token at least the highest admitted is admitted and becomes
     /// the highest (with its value, if one is given); a lower one changes

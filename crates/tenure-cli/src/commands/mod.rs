@@ -11,6 +11,7 @@ pub(crate) mod crond;
 pub(crate) mod elect;
 pub(crate) mod elector;
 pub(crate) mod fence;
+mod init;
 pub(crate) mod leader;
 mod lease;
 pub(crate) mod lock;
@@ -125,6 +126,7 @@ async fn run_plain(
         Command::Elector(command) => elector::run(store, command).await,
         Command::Console(args) => console::run(store, &url, args).await,
         Command::Upgrade(command) => upgrade::run(store, command).await,
+        Command::Init => init::run(store).await,
         Command::Backends(_) | Command::Completions(_) | Command::Man => Ok(0),
     }
 }

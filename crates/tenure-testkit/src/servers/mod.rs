@@ -11,7 +11,7 @@ mod zookeeper;
 pub use etcd::EtcdCluster;
 pub use mariadb::MariaDbServer;
 pub use postgres::PostgresServer;
-pub use redis::RedisServer;
+pub use redis::{declare_new as declare_redis_new, RedisServer};
 pub use redis_cluster::RedisCluster;
 pub use sentinel::RedisSentinel;
 pub use zookeeper::ZkEnsemble;

@@ -39,6 +39,7 @@ impl RedisServer {
             child: None,
         };
         server.launch();
+        declare_new(&server.url());
         Some(server)
     }
 
@@ -74,6 +75,9 @@ impl RedisServer {
             child: None,
         };
         server.launch();
+        if replica_of.is_none() {
+            declare_new(&server.url());
+        }
         Some(server)
     }
 
@@ -248,5 +252,37 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.resume();
         self.kill();
+    }
+}
+
+/// Declares the store at `url` (its default prefix) new, as an operator
+/// runs `tenure init` once on a new Redis: the kit's servers start empty,
+/// and tenure otherwise takes an empty keyspace for one that lost what it
+/// held and grants nothing on it for its max_ttl. A restart
+/// ([`RedisServer::restart`]) is a loss, and is not declared. Skipped
+/// where this build of tenure cannot open the URL (a scheme whose feature
+/// is off); any other failure fails the test.
+pub fn declare_new(url: &str) {
+    let url = url.to_string();
+    // A thread of its own: the caller may be inside a runtime.
+    let declared = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let store = match tenure::open(&url).await {
+                Err(tenure::Error::BackendDisabled { .. } | tenure::Error::Unsupported { .. }) => {
+                    return Ok(())
+                }
+                other => other?,
+            };
+            store.declare_new().await.map(|_| ())
+        })
+    })
+    .join()
+    .expect("declaring the store new");
+    if let Err(e) = declared {
+        panic!("declaring the kit's new Redis new: {e}");
     }
 }

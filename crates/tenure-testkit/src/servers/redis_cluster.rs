@@ -71,6 +71,8 @@ impl RedisCluster {
             assert!(Instant::now() < deadline, "the cluster did not form");
             std::thread::sleep(Duration::from_millis(200));
         }
+        let ports: Vec<u16> = set.nodes.iter().map(RedisServer::port).collect();
+        super::redis::declare_new(&Self::url_via(&ports));
         Some(set)
     }
 

@@ -77,6 +77,7 @@ pub(crate) fn status_error(
     };
     match word {
         "lost" => Error::SessionLost(LostReason::Expired),
+        "forgot" => Error::SessionLost(LostReason::Forgotten),
         "notheld" => Error::NotHeld("this session holds no such entry"),
         "conflict" => Error::Conflict {
             name: name.to_string(),

@@ -153,6 +153,7 @@ pub(crate) fn session_lost(backend: &'static str, reason: crate::error::LostReas
         LostReason::Expired => "expired",
         LostReason::Evicted => "evicted",
         LostReason::Unconfirmed => "unconfirmed",
+        LostReason::Forgotten => "forgotten",
         LostReason::Closed => return,
     };
     #[cfg(feature = "metrics")]

@@ -15,6 +15,7 @@ use super::script::SCRIPT;
 use super::{capabilities, Inner, RedisStore, Replicas, BACKEND, URL};
 use crate::backend::url::{mask_password, StoreUrl};
 use crate::error::{Error, Result};
+use crate::store::Capabilities;
 
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub(super) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -71,6 +72,26 @@ struct Parsed {
     replicas: Option<Replicas>,
     /// For `redis+cluster://`: the nodes to start from (`host:port`).
     cluster: Option<Vec<String>>,
+    /// `max_ttl=D`: the longest session TTL, and how long a keyspace found
+    /// empty grants nothing.
+    max_ttl: Duration,
+}
+
+/// How long a session's TTL may be on Redis unless `max_ttl` says
+/// otherwise, and so how long a keyspace found empty (new, or lost) grants
+/// nothing: four times the default TTL.
+pub(crate) const DEFAULT_MAX_TTL: Duration = Duration::from_secs(60);
+
+/// `max_ttl=D` (shared by Redlock, whose nodes are Redis servers).
+pub(crate) fn parse_max_ttl(url: &StoreUrl) -> Result<Duration> {
+    let Some(v) = url.option("max_ttl") else {
+        return Ok(DEFAULT_MAX_TTL);
+    };
+    let most = Duration::from_secs(7 * 24 * 3600);
+    humantime::parse_duration(v)
+        .ok()
+        .filter(|d| *d >= Duration::from_secs(1) && *d <= most)
+        .ok_or_else(|| url.invalid(format!("max_ttl={v:?} is not a duration from 1s to 7days")))
 }
 
 /// How long a grant, a renewal or a fence waits for its replicas unless
@@ -228,6 +249,7 @@ fn parse_url(url: &StoreUrl) -> Result<Parsed> {
         sentinel,
         replicas: parse_replicas(url)?,
         cluster,
+        max_ttl: parse_max_ttl(url)?,
     })
 }
 
@@ -431,12 +453,15 @@ impl RedisStore {
                 moving_key: format!("{prefix}:moving"),
                 prefix,
                 url: url.masked().to_string(),
-                caps: capabilities(),
+                caps: Capabilities {
+                    max_ttl: parsed.max_ttl,
+                    ..capabilities()
+                },
                 round_trips: Default::default(),
                 wakeups: Wakeups::default(),
             }),
         };
-        store.check_layout().await?;
+        store.check_layout(false).await?;
         Ok(store)
     }
 }

@@ -477,6 +477,8 @@ async fn a_grant_no_replica_acknowledged_says_how_many_are_connected() {
         server.url()
     );
     let store = tenure::open(&url).await.unwrap();
+    // A prefix of its own, new.
+    store.declare_new().await.unwrap();
     let session = tenure::Session::new(&store).await.unwrap();
     let e = tenure::Mutex::new(&session, "unacked")
         .unwrap()
@@ -490,4 +492,79 @@ async fn a_grant_no_replica_acknowledged_says_how_many_are_connected() {
         text.contains("the master has 0 replica(s) connected"),
         "{text}"
     );
+}
+
+/// A keyspace that comes back empty (the server restarted without
+/// persistence: a loss looks the same as a new store) grants nothing until
+/// the longest lease it could have held has lapsed (`max_ttl`), to a new
+/// client or to one that knew it; the holder it forgot is told so, before
+/// anyone else is granted. A store is declared new only while no session
+/// lives on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_that_comes_back_empty_grants_nothing_until_max_ttl() {
+    use std::time::{Duration, Instant};
+    use tenure::{LostReason, Mutex, Session, SessionOptions};
+    let Some(mut server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let max_ttl = Duration::from_secs(3);
+    let url = format!("{}?max_ttl=3s", server.url());
+    let options = || SessionOptions::new().ttl(Duration::from_secs(2));
+    let store = tenure::open(&url).await.unwrap();
+    assert_eq!(store.capabilities().max_ttl, max_ttl);
+    let e = Session::with_options(&store, SessionOptions::new().ttl(Duration::from_secs(4)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+
+    // The kit declared the server new: granted at once.
+    let holder = Session::with_options(&store, options()).await.unwrap();
+    let _held = Mutex::new(&holder, "job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("a store declared new grants at once");
+    let e = store.declare_new().await.unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { reason, .. } if reason.contains("1 session(s) live")),
+        "{e:?}"
+    );
+
+    tokio::task::block_in_place(|| server.restart());
+    let restarted = Instant::now();
+    // A client that knew the keyspace, and one that never saw it.
+    // (The first call on a connection the restart broke fails; it reconnects.)
+    let mut knew = Session::with_options(&store, options()).await;
+    while knew.is_err() && restarted.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        knew = Session::with_options(&store, options()).await;
+    }
+    let knew = knew.unwrap();
+    let other = tenure::open(&url).await.unwrap();
+    let newcomer = Session::with_options(&other, options()).await.unwrap();
+    for session in [&knew, &newcomer] {
+        let got = Mutex::new(session, "job")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap();
+        assert!(got.is_none(), "granted on a keyspace that lost its data");
+    }
+    let waiting = Mutex::new(&newcomer, "job").unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(15), waiting.lock())
+        .await
+        .expect("granted once the quiet ended")
+        .unwrap();
+    let waited = restarted.elapsed();
+    assert!(
+        holder.is_lost(),
+        "the holder was not told before the next grant"
+    );
+    assert_eq!(holder.lost_reason(), Some(LostReason::Forgotten));
+    assert!(
+        waited >= max_ttl && waited < max_ttl + Duration::from_secs(3),
+        "granted {waited:?} after the restart (max_ttl {max_ttl:?})"
+    );
+    granted.release().await.unwrap();
 }

@@ -3,7 +3,9 @@
 
 use redis::Value;
 
-use super::reply::text;
+use std::time::Duration;
+
+use super::reply::{number, text};
 use super::{RedisStore, BACKEND};
 use crate::error::{Error, Result};
 use crate::store::Name;
@@ -28,14 +30,22 @@ pub(super) fn sessions_key(prefix: &str) -> String {
 
 impl RedisStore {
     /// Fails unless the prefix holds keys of this build's layout (or none),
-    /// and keeps the keyspace's id that grant messages carry.
-    pub(super) async fn check_layout(&self) -> Result<()> {
+    /// and keeps the keyspace's id that grant messages carry. A prefix
+    /// found without its marker (new, or its keys lost) is made quiet for
+    /// `max_ttl`, unless `new` declares it new (refused while a session
+    /// lives). Says how long the keyspace stays quiet.
+    pub(super) async fn check_layout(&self, new: bool) -> Result<Duration> {
         // Fail now, not at the first lock, if the server refuses us or the
         // prefix holds another layout's keys. The answer is the keyspace's
         // id, which a release's grant message carries.
         let candidate = crate::store::random_hex(16)?;
+        let max_ttl = self.inner.caps.max_ttl.as_millis().to_string();
+        let mode: &[u8] = if new { b"new" } else { b"" };
         let reply = match self
-            .call("layout", &[KEY_LAYOUT.as_bytes(), candidate.as_bytes()])
+            .call(
+                "layout",
+                &[KEY_LAYOUT.as_bytes(), candidate.as_bytes(), max_ttl.as_bytes(), mode],
+            )
             .await
         {
             // (A marker that cannot be read as text, such as layout 1's
@@ -55,6 +65,16 @@ impl RedisStore {
             }
             other => other?,
         };
+        if reply.first().map(text).transpose()?.as_deref() == Some("inuse") {
+            let live = reply.get(1).map(text).transpose()?.unwrap_or_default();
+            return Err(Error::InvalidArgument {
+                what: "store",
+                reason: format!(
+                    "{} prefix {}: {live} session(s) live: only a store nobody uses is declared new",
+                    self.inner.url, self.inner.prefix
+                ),
+            });
+        }
         if let Some(Value::BulkString(id)) = reply.get(1) {
             // The id travels with the data (a copy of the keys into another
             // database, SWAPDB): a grant message names the database too.
@@ -63,7 +83,31 @@ impl RedisStore {
             ours.extend_from_slice(self.inner.db.as_bytes());
             let _ = self.inner.wakeups.keyspace.set(ours);
         }
-        Ok(())
+        let quiet = match reply.get(2) {
+            Some(v) => Duration::from_millis(number(v)?.try_into().unwrap_or(0)),
+            None => Duration::ZERO,
+        };
+        if !quiet.is_zero() {
+            tracing::warn!(
+                store = %self.inner.url,
+                prefix = %self.inner.prefix,
+                "the prefix holds no tenure keys: a new store, or one that lost what it held; \
+                 nothing is granted for {} (max_ttl), until every lease it could have held has \
+                 lapsed (declare a new store new once: `tenure init URL`)",
+                humantime::format_duration(quiet)
+            );
+        }
+        Ok(quiet)
+    }
+
+    /// Declares the prefix new (see [`crate::Store::declare_new`]).
+    pub(crate) async fn declare_new_prefix(&self) -> Result<Vec<String>> {
+        let quiet = self.check_layout(true).await?;
+        debug_assert!(quiet.is_zero());
+        Ok(vec![format!(
+            "{} prefix {}: declared new (grants at once)",
+            self.inner.url, self.inner.prefix
+        )])
     }
 
     /// The layout marker as it is now.

@@ -32,6 +32,8 @@ use std::time::Duration;
 use super::url::UrlRules;
 use crate::store::{Capabilities, Wake};
 use pubsub::Wakeups;
+#[cfg(feature = "redlock")]
+pub(crate) use connect::{parse_max_ttl, DEFAULT_MAX_TTL};
 
 #[cfg(feature = "redlock")]
 pub(crate) use node::NodeJoin;
@@ -65,6 +67,7 @@ pub(crate) const URL: UrlRules =
         "sentinel_password",
         "replicas",
         "replicas_timeout",
+        "max_ttl",
     ])
     .with_fragment();
 
@@ -78,6 +81,8 @@ pub fn capabilities() -> Capabilities {
         // The server's wall clock only hints; a watcher confirms expiry.
         watched_expiry: true,
         wake: Wake::pub_sub(POLL_MAX),
+        // `max_ttl=` (a keyspace found empty grants nothing for this long).
+        max_ttl: connect::DEFAULT_MAX_TTL,
         ..Capabilities::durable_store(
             BACKEND,
             "the watching client's monotonic clock (a holder renewed on it is watched for its TTL); Redis's TIME only hints",

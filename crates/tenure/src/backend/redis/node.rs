@@ -10,7 +10,7 @@ use super::script::Reply;
 use super::RedisStore;
 use crate::backend::codec;
 use crate::backend::poll::{self, Listening, Look, Watch};
-use crate::error::Result;
+use crate::error::{Error, LostReason, Result};
 use crate::store::{
     EntryKind, FenceOp, FenceState, JoinMode, Joined, Name, OpenedSession, SessionKey, SessionSpec,
 };
@@ -83,17 +83,21 @@ impl RedisStore {
         let ttl = spec.ttl.as_millis().to_string();
         // Tabs and newlines separate fields in the script's records.
         let label = poll::printable(&spec.label);
-        self.call(
-            "open",
-            &[
-                opened.key.secret().as_bytes(),
-                opened.tag.as_bytes(),
-                ttl.as_bytes(),
-                label.as_bytes(),
-            ],
-        )
-        .await
-        .map(|_| ())
+        let args: [&[u8]; 4] = [
+            opened.key.secret().as_bytes(),
+            opened.tag.as_bytes(),
+            ttl.as_bytes(),
+            label.as_bytes(),
+        ];
+        match self.call("open", &args).await {
+            // The prefix lost its marker since this client looked: look
+            // again (which makes the keyspace quiet), then open.
+            Err(Error::SessionLost(LostReason::Forgotten)) => {
+                self.check_layout(false).await?;
+                self.call("open", &args).await.map(|_| ())
+            }
+            other => other.map(|_| ()),
+        }
     }
 
     /// Records the build that opened `session` on this node (format 5).

@@ -57,6 +57,17 @@
 -- (only its waiter listens; a tab never occurs in a name, and the padding
 -- keeps a name's channels in queue order), PUBLISH P:ch:<name> on any
 -- change (observers).
+--   P:quiet             set, with a Redis expiry of the store's max_ttl, by
+--                       the client that finds the prefix without its marker
+--                       (P:sessions): a keyspace that lost what it held (a
+--                       restart without persistence, a failover to a
+--                       replica that had none of it) looks the same as a
+--                       new one, and while this key lives nothing is
+--                       granted, so every lease the lost keyspace could
+--                       have held has lapsed before anyone is granted
+--                       again (a new store is declared new instead:
+--                       'layout' with 'new'). A session found gone while it
+--                       lives, or without the marker, was forgotten.
 --   P:id                this keyspace's random id, set by the first client
 --                       (SET NX at 'layout'). A release's grant is
 --                       published as "<id>:<database number>" (the number
@@ -93,6 +104,21 @@ end
 if op ~= 'leave' then read_clock() end
 local SESS = P .. ':live'
 
+-- How long the keyspace stays quiet (see P:quiet), in ms; read once.
+local quiet_ms = nil
+local function quiet_left()
+  if not quiet_ms then quiet_ms = math.max(redis.call('PTTL', P .. ':quiet'), 0) end
+  return quiet_ms
+end
+
+-- The answer for a session the store no longer has: 'forgot' when the
+-- keyspace lost its data (no marker, or quiet since it was found so),
+-- 'lost' otherwise.
+local function gone()
+  if quiet_left() > 0 or redis.call('EXISTS', P .. ':sessions') == 0 then return {'forgot'} end
+  return {'lost'}
+end
+
 -- Redlock's nodes take a proposed seq no more than this many µs past their
 -- own clock (see the general join).
 local AHEAD = 2000000
@@ -103,10 +129,11 @@ if op == 'join' then
   local ekey = P .. ':e:' .. name
   local ckey = P .. ':c:' .. name
   local seq, first = nil, 0
-  if redis.call('EXISTS', ekey) == 0 and (kind ~= 'P' or tonumber(ARGV[6]) <= tonumber(ARGV[7])) then
+  if redis.call('EXISTS', ekey) == 0 and (kind ~= 'P' or tonumber(ARGV[6]) <= tonumber(ARGV[7]))
+      and redis.call('EXISTS', P .. ':quiet') == 0 then
     local proposed = ARGV[10] or ''
     if proposed == '' then
-      if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
+      if not redis.call('GET', P .. ':s:' .. secret) then return gone() end
       -- Numbers go to redis.call and back in the reply as they are: Redis
       -- writes them with 17 digits (Lua's own tostring keeps 14, too few for
       -- a seq), which saves the string.format calls of the general path.
@@ -123,7 +150,7 @@ if op == 'join' then
       local p = tonumber(proposed)
       local current = tonumber(redis.call('GET', ckey) or '')
       if p and current and p > current and p <= tonumber(t[1]) * 1000000 + tonumber(t[2]) + AHEAD then
-        if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
+        if not redis.call('GET', P .. ':s:' .. secret) then return gone() end
         if redis.call('DEL', P .. ':cs:' .. name) == 1 then first = 1 end
         seq = p
         redis.call('SET', ckey, p)
@@ -150,7 +177,7 @@ elseif op == 'leave' then
   -- Fast path: the last hold of the only entry; the queue empties and there
   -- is nobody to grant.
   local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
-  if not redis.call('GET', P .. ':s:' .. secret) then return {'lost'} end
+  if not redis.call('GET', P .. ':s:' .. secret) then return gone() end
   local ekey = P .. ':e:' .. name
   local qkey = P .. ':q:' .. name
   if redis.call('ZCARD', qkey) == 1 then
@@ -302,6 +329,8 @@ local function settle_one(name, changed)
     if r.kind == 'X' then ok = (seen.count == 0)
     elseif r.kind == 'S' then ok = seen.all_shared
     else ok = (seen.permits + r.count <= r.limit) end
+    -- A quiet keyspace grants nothing new.
+    if ok and r.granted == '' and quiet_left() > 0 then ok = false end
     if not ok then
       seen.blocked = r
       return false
@@ -455,6 +484,9 @@ end
 
 if op == 'open' then
   -- ARGV: secret, tag, ttl_ms, label
+  -- A prefix without its marker lost its keys since this client looked:
+  -- the client looks again ('layout'), which makes the keyspace quiet.
+  if redis.call('EXISTS', P .. ':sessions') == 0 then return {'forgot'} end
   collect()
   local ttl = tonumber(ARGV[5])
   redis.call('ZADD', SESS, fmt(now + ttl), ARGV[3])
@@ -466,9 +498,9 @@ if op == 'open' then
 elseif op == 'keepalive' then
   -- ARGV: secret
   local secret = ARGV[3]
-  if not alive(secret) then return {'lost'} end
+  if not alive(secret) then return gone() end
   local info = redis.call('HGET', SINFO, secret)
-  if not info then return {'lost'} end
+  if not info then return gone() end
   local ttl = tonumber(split(info)[2])
   redis.call('ZADD', SESS, 'XX', fmt(now + ttl), secret)
   redis.call('SET', k('s', secret), fmt(now + ttl))
@@ -485,7 +517,7 @@ elseif op == 'join' then
   -- and optionally the seq to use (Redlock)
   local secret, name, kind = ARGV[3], ARGV[4], ARGV[5]
   local count, limit, value, mode = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
-  if not alive(secret) then return {'lost'} end
+  if not alive(secret) then return gone() end
   local seen = settle(name, false)
   local mine = own(secret, name)
   if mine then
@@ -517,7 +549,9 @@ elseif op == 'join' then
   elseif kind == 'X' then granted = seen.count == 0
   elseif kind == 'S' then granted = seen.all_shared
   else granted = seen.permits + count <= limit end
+  if granted and quiet_left() > 0 then granted = false end
   if mode == 'ifgranted' and not granted then
+    if quiet_left() > 0 then return {'none'} end
     -- Nobody in the queue alive by Redis's clock, holders and waiters
     -- alike (a crashed process's waiter watches no one, so such a queue
     -- would stay for ever): say what to watch, all of it. A live holder
@@ -589,6 +623,8 @@ elseif op == 'join' then
   -- The new seq is also the name's new version.
   redis.call('PUBLISH', k('ch', name), 'changed')
   if granted or mode ~= 'wait' or proposed then return {'ok', seq, granted and 1 or 0, 1, first} end
+  -- Quiet: look again when it ends (or at a release).
+  if quiet_left() > 0 then return {'ok', seq, 0, 1, first, fmt(quiet_left()), 1, '', '0'} end
   -- Queued: also what a first look would say (as 'look' answers 'wait'),
   -- so that the waiter need not look once it listens. `seen` is the queue
   -- before this entry, which is last. Not when the walk ahead found an
@@ -605,7 +641,7 @@ elseif op == 'join' then
 elseif op == 'leave' then
   -- ARGV: secret, name, seq, the client's database number
   local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
-  if not alive(secret) then return {'lost'} end
+  if not alive(secret) then return gone() end
   local mine = own(secret, name)
   if not mine or mine.seq ~= seq then return {'notheld'} end
   mine.holds = mine.holds - 1
@@ -628,10 +664,11 @@ elseif op == 'look' then
   -- blocked by (the granted entries, for the next in line; the entry just
   -- ahead, for the others) as a fingerprint and their longest TTL.
   local secret, name, seq, expire = ARGV[3], ARGV[4], ARGV[5], ARGV[6] or ''
-  if not alive(secret) then return {'lost'} end
+  if not alive(secret) then return gone() end
   local mine = own(secret, name)
   if not mine or mine.seq ~= seq then return {'notheld'} end
   if mine.granted ~= '' then return {'granted'} end
+  if quiet_left() > 0 then return {'wait', fmt(quiet_left()), 1, '', '0'} end
   -- Each turn ends something (a confirmed blocker, an ended entry), so
   -- this ends.
   while true do
@@ -668,7 +705,7 @@ elseif op == 'expire' then
 elseif op == 'setvalue' then
   -- ARGV: secret, name, seq, value
   local secret, name, seq = ARGV[3], ARGV[4], ARGV[5]
-  if not alive(secret) then return {'lost'} end
+  if not alive(secret) then return gone() end
   settle(name, false)
   local mine = own(secret, name)
   if not mine or mine.seq ~= seq or mine.granted == '' then return {'notheld'} end
@@ -709,13 +746,21 @@ elseif op == 'queue' then
 
 elseif op == 'layout' then
   -- ARGV[3]: the layout this script writes; ARGV[4]: a random id, this
-  -- keyspace's if it has none yet. Called once per connection. Answers
-  -- the keyspace's id.
+  -- keyspace's if it has none yet; ARGV[5]: the store's max_ttl in ms;
+  -- ARGV[6]: 'new' when an operator declares the prefix new. Called once
+  -- per connection, and again when 'open' finds no marker. Answers the
+  -- keyspace's id and how long it stays quiet (ms).
   local marker = P .. ':sessions'
   local kind = redis.call('TYPE', marker)['ok']
   local found = kind == 'string' and redis.call('GET', marker) or '1'
   if kind == 'none' then
     redis.call('SET', marker, ARGV[3])
+    -- No marker: a new prefix, or one whose keys were lost. Until every
+    -- lease it could have held has lapsed, nothing is granted.
+    if ARGV[6] ~= 'new' then
+      redis.call('SET', P .. ':quiet', '1', 'PX', ARGV[5])
+      quiet_ms = tonumber(ARGV[5])
+    end
   elseif found == '3' and ARGV[3] == '4' then
     -- Layout 3 differs only in judging expiry by TIME: upgraded in place
     -- (its renewal counters start at 0; its clients refuse the prefix from
@@ -724,13 +769,20 @@ elseif op == 'layout' then
   elseif found ~= ARGV[3] then
     return {'layout', found}
   end
+  if ARGV[6] == 'new' then
+    -- An operator declares the prefix new: only where no session lives.
+    local live = redis.call('ZCARD', SESS)
+    if live > 0 then return {'inuse', fmt(live)} end
+    redis.call('DEL', P .. ':quiet')
+    quiet_ms = 0
+  end
   -- Read first: a replica that only reads, or a full server, still opens.
   local id = redis.call('GET', P .. ':id')
   if not id then
     redis.call('SET', P .. ':id', ARGV[4])
     id = ARGV[4]
   end
-  return {'ok', id}
+  return {'ok', id, fmt(quiet_left())}
 
 elseif op == 'version' then
   return {'ok', redis.call('GET', k('c', ARGV[3])) or '0'}

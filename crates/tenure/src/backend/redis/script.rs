@@ -174,9 +174,9 @@ impl RedisStore {
     fn status(&self, reply: Vec<Value>, op: &str, args: &[&[u8]]) -> Result<Vec<Value>> {
         match reply.first().map(text).transpose()?.as_deref() {
             Some("ok") | Some("none") | Some("granted") | Some("wait") | Some("behind")
-            | Some("ahead") | Some("stale") | Some("mismatch") => Ok(reply),
+            | Some("ahead") | Some("stale") | Some("mismatch") | Some("inuse") => Ok(reply),
             Some("layout") => Err(self.layout_mismatch(&reply)?),
-            Some(word @ ("lost" | "notheld" | "conflict")) => {
+            Some(word @ ("lost" | "forgot" | "notheld" | "conflict")) => {
                 // The name is the first argument of some operations and the
                 // second (after the session) of the others.
                 let at = usize::from(!NAME_FIRST_OPS.contains(&op));

@@ -36,6 +36,10 @@ impl Store for RedisStore {
         self.retire_older_layouts().await
     }
 
+    async fn declare_new(&self) -> Result<Vec<String>> {
+        self.declare_new_prefix().await
+    }
+
     async fn session_builds(&self) -> Result<Vec<crate::store::SessionBuild>> {
         Ok(crate::store::SessionBuild::listed(
             self.session_builds_by_secret().await?.into_values(),

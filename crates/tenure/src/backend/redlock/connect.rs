@@ -155,7 +155,10 @@ impl RedlockStore {
                 all: ((1u32 << n) - 1) as Mask,
                 node_timeout,
                 url: url.masked().to_string(),
-                caps: capabilities(),
+                caps: crate::store::Capabilities {
+                    max_ttl: crate::backend::redis::parse_max_ttl(&url)?,
+                    ..capabilities()
+                },
                 sessions: std::sync::Mutex::new(HashMap::new()),
                 last_placed: AtomicU64::new(0),
                 offset: std::sync::atomic::AtomicI64::new(0),

@@ -72,7 +72,7 @@ pub(crate) const GREETING: Option<&crate::backend::probe::Greeting> =
     });
 
 /// How this backend reads its URL (the one parser: [`super::url`]).
-pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "node_timeout", "tls_ca"]);
+pub(crate) const URL: UrlRules = UrlRules::servers(&["prefix", "node_timeout", "tls_ca", "max_ttl"]);
 
 /// The Redlock backend's capabilities.
 pub fn capabilities() -> Capabilities {
@@ -97,6 +97,8 @@ pub fn capabilities() -> Capabilities {
         cells: false,
         wake: Wake::pub_sub(POLL_MAX),
         min_ttl: Duration::from_millis(300),
+        // `max_ttl=` (each node, found empty, grants nothing for this long).
+        max_ttl: crate::backend::redis::DEFAULT_MAX_TTL,
         ..Capabilities::durable_store(
             BACKEND,
             "the watching client's monotonic clock, on each node (a majority must agree); the nodes' TIME only hints",

@@ -59,6 +59,28 @@ impl Store for RedlockStore {
         Ok(answers.into_iter().flat_map(|(_, changed)| changed).collect())
     }
 
+    /// Every node declared new; a majority must answer, and a node where a
+    /// session lives refuses for all.
+    async fn declare_new(&self) -> Result<Vec<String>> {
+        let (answers, tally) = self
+            .tally(self.inner.all, |node| async move {
+                match node.declare_new_prefix().await {
+                    Err(Error::InvalidArgument { reason, .. }) => Ok(Err(reason)),
+                    other => other.map(Ok),
+                }
+            })
+            .await;
+        self.majority_or_error(&tally)?;
+        let mut changed = Vec::new();
+        for (_, answer) in answers {
+            changed.extend(answer.map_err(|reason| Error::InvalidArgument {
+                what: "store",
+                reason,
+            })?);
+        }
+        Ok(changed)
+    }
+
     /// Every session a majority of nodes answered for, as any node that
     /// answered knows it (a session on one node only counts), with the build
     /// any of them recorded.
