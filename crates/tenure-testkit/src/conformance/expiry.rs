@@ -307,6 +307,68 @@ pub async fn check_crashed_holder_released_to_a_late_waiter(t: &Target) {
     }
 }
 
+/// A waiter further back becomes the next in line when the entry ahead of
+/// it is granted; when that new holder then dies silently, the waiter
+/// passes it by within the holder's TTL and one renew interval of its last
+/// renewal (and, where a watcher confirms expiry, 1 % and 10 ms), as the
+/// next in line from the start would — not a TTL later, at a look it makes
+/// once per TTL of the entry ahead.
+pub async fn check_made_next_by_a_grant_passes_a_dead_holder_in_bound(t: &Target) {
+    // Long enough that a look a TTL late shows over the allowance.
+    let ttl = short_ttl(t, Duration::from_millis(1500));
+    let renew = ttl / 3;
+    let allowance = Duration::from_millis(300);
+    let name = unique("made-next");
+    let a = session(&t.store).await;
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    // B: the raw contract, renewed by hand, queued behind A.
+    let spec = SessionSpec {
+        ttl,
+        label: "dies once granted".into(),
+    };
+    let b = t.store.open_session(&spec).await.unwrap();
+    let key = Name::new(&name).unwrap();
+    let joined = t
+        .store
+        .join(&b.key, request(&key, EntryKind::Exclusive, b""))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!joined.granted);
+    // C: behind B, watching B's entry.
+    let c = session(&t.store).await;
+    let waiting = {
+        let (c, name) = (c.clone(), name.clone());
+        tokio::spawn(async move { Mutex::new(&c, &name).unwrap().lock().await })
+    };
+    wait_queue_len(&t.store, &name, 3).await;
+    tokio::time::sleep(ttl / 4).await;
+    // B renews (C has not looked since), A releases: B holds, and renews
+    // no more.
+    t.store.keep_alive(&b.key).await.unwrap();
+    let last_renewal = Instant::now();
+    held.release().await.unwrap();
+    let gc = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the lock passed on")
+        .unwrap()
+        .unwrap();
+    let took = last_renewal.elapsed();
+    let mut bound = ttl + renew;
+    if t.store.capabilities().watched_expiry {
+        bound += ttl / 100 + Duration::from_millis(10);
+    }
+    eprintln!("made next by a grant: the dead holder passed by {took:?} after its last renewal (bound {bound:?})");
+    assert!(
+        took <= bound + allowance,
+        "the holder granted ahead of the waiter died {took:?} before the waiter was granted; the bound is {bound:?}"
+    );
+    assert!(gc.token() > joined.seq);
+    gc.release().await.unwrap();
+    a.close().await.unwrap();
+    c.close().await.unwrap();
+}
+
 /// A waiter whose own session expires stops waiting and says so.
 pub async fn check_waiter_session_expiry(t: &Target) {
     let name = unique("waiter-expiry");

@@ -193,7 +193,7 @@ macro_rules! __conformance_checks {
         $crate::__conformance_checks! {@$mode [$($args)*]
             check_exclusion, check_concurrent_first_use, check_try_lock_while_held, check_hinted_try, check_timeout, check_fifo,
             check_reentrancy, check_non_reentrant_mutex, check_reentrant_waiters, check_non_holder_cannot_act, check_close_releases_everything,
-            check_crashed_holder_released, check_crashed_holder_released_to_a_late_waiter, check_crashed_queue_cleared_by_try,
+            check_crashed_holder_released, check_crashed_holder_released_to_a_late_waiter, check_made_next_by_a_grant_passes_a_dead_holder_in_bound, check_crashed_queue_cleared_by_try,
             check_unfair_mutex, check_unfair_waiters_wake_one_at_a_time, check_unfair_starvation_bound, check_unfair_crashed_holder_released,
             check_unfair_dead_holder_released, check_evicted_holder_is_told,
             check_evicted_session_is_told,

@@ -71,7 +71,7 @@ impl JoinedLook {
     /// The answer, if it is still fresh enough to stand in for a look: a
     /// blocker's renewal after the join read it goes unseen until the
     /// waiter's next look, as one after any look's read does. The next in
-    /// line looks every renew interval (a third of the TTL) anyway; for the
+    /// line looks every quarter of the TTL anyway; for the
     /// others the gap is kept under a tenth of the blockers' TTL (and
     /// [`JOINED_FRESH`]): a few round trips as a rule, more only when the
     /// waiter had to open its notification connection first.

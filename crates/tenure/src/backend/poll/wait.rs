@@ -41,10 +41,14 @@ use crate::store::{Name, Store};
 /// blocker is watched on its own: a live co-holder that renews does not
 /// keep a dead one in place. Every holder's own deadline passed by then: its
 /// last renewal came before the waiter first saw the fingerprint. The next
-/// in line looks at least every third of the TTL (a holder's renew
-/// interval), so a crashed holder is released within its TTL and one renew
-/// interval (and 1 % and 10 ms) of its last renewal; a waiter further back
-/// looks once per TTL of the entry ahead.
+/// in line looks at least every [`NEXT_LOOKS_EVERY`] of the TTL (a
+/// quarter: under a holder's renew interval, a third, by enough to cover
+/// the waiter's own round trips), so a crashed holder is released within
+/// its TTL and one renew interval (and 1 % and 10 ms) of its last renewal;
+/// a waiter further back looks once per TTL of the entry ahead, and when
+/// the store tells it that it became the next in line
+/// ([`Listeners::made_next`](super::Listeners::made_next)), a quarter of
+/// the TTL of the holders it then waits on later.
 pub(crate) async fn until_granted<F, Fut, H, HF, C, CF>(
     listening: &Listening,
     min: Duration,
@@ -76,6 +80,9 @@ where
         let handed_over = listening.hand_over().notified();
         tokio::pin!(handed_over);
         handed_over.as_mut().enable();
+        let made_next = listening.made_next().notified();
+        tokio::pin!(made_next);
+        made_next.as_mut().enable();
         // Announced with the grant itself: a look would only say so again
         // (one round trip more on every handoff).
         if listening.announced_granted() {
@@ -115,6 +122,7 @@ where
             Look::Wait { until, next, watch } => (until, next, watch),
         };
         watched.saw(watch.as_ref(), Instant::now());
+        let watching = watch.is_some();
         let mut polls = !pushed_now && (next || listening.is_first());
         if polls && !polling {
             backoff = min;
@@ -146,6 +154,26 @@ where
                     }
                     handed_over.set(listening.hand_over().notified());
                     handed_over.as_mut().enable();
+                }
+                () = &mut made_next => {
+                    // Now next in line (a grant or an end ahead): whoever
+                    // holds is watched every renew interval from now on,
+                    // as a look that said "next" would have, so a holder
+                    // that dies is noticed within a renew interval of its
+                    // last renewal, not a TTL later. No look at once: a
+                    // handoff costs no round trip more.
+                    let ttl = match listening.made_next_ttl() {
+                        ttl if ttl.is_zero() => watched.ttl,
+                        ttl => ttl,
+                    };
+                    if watching && !ttl.is_zero() {
+                        let look_at = Instant::now() + ttl / NEXT_LOOKS_EVERY;
+                        if look_at < wake_at.deadline() {
+                            wake_at.as_mut().reset(look_at);
+                        }
+                    }
+                    made_next.set(listening.made_next().notified());
+                    made_next.as_mut().enable();
                 }
                 () = &mut wake_at => {
                     backoff = (backoff * 2).min(max);
@@ -210,13 +238,17 @@ impl Watched {
             (true, Some(first)) if !self.ttl.is_zero() => {
                 let due =
                     (*first + confirm_after(self.ttl)).saturating_duration_since(Instant::now());
-                Some(if next { due.min(self.ttl / 3) } else { due })
+                Some(if next { due.min(self.ttl / NEXT_LOOKS_EVERY) } else { due })
             }
             (true, _) => None,
             (false, _) => until.map(|d| d + Duration::from_millis(1)),
         }
     }
 }
+
+/// The next in line looks at least every TTL / this while it watches the
+/// holders (see [`until_granted`]).
+const NEXT_LOOKS_EVERY: u32 = 4;
 
 /// How long a waiter sleeps before it looks again, unless woken: a poll's
 /// `backoff` (when it `polls`), the `expiry`, whichever comes first.

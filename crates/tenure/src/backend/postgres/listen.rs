@@ -70,7 +70,11 @@ impl Postgres {
                         }
                     }
                     Ok(AsyncMessage::Notification(n)) => {
-                        listeners.wake(&poll::change_key(n.payload()))
+                        listeners.wake(&poll::change_key(n.payload()));
+                        // A change may make a waiter the next in line
+                        // (a grant ahead of it), which then watches the
+                        // holders every quarter TTL, not once per TTL.
+                        listeners.maybe_made_next(n.payload());
                     }
                     Ok(_) => {}
                     Err(_) => break,
