@@ -87,17 +87,27 @@ impl RedisStore {
             Some(v) => Duration::from_millis(number(v)?.try_into().unwrap_or(0)),
             None => Duration::ZERO,
         };
+        Ok(quiet)
+    }
+
+    /// Says, when a session opens on a quiet keyspace (`reply` is the
+    /// script's answer to 'open'), why nothing will be granted for a while.
+    pub(super) fn warn_if_quiet(&self, reply: &[Value]) {
+        let quiet = reply
+            .get(1)
+            .and_then(|v| number(v).ok())
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map_or(Duration::ZERO, Duration::from_millis);
         if !quiet.is_zero() {
             tracing::warn!(
                 store = %self.inner.url,
                 prefix = %self.inner.prefix,
-                "the prefix holds no tenure keys: a new store, or one that lost what it held; \
-                 nothing is granted for {} (max_ttl), until every lease it could have held has \
-                 lapsed (declare a new store new once: `tenure init URL`)",
+                "the prefix held no tenure keys: a new store, or one that lost what it held; \
+                 nothing is granted for {} more (max_ttl: until every lease it could have held \
+                 has lapsed). Declare a new store new once, before its first use: `tenure init`",
                 humantime::format_duration(quiet)
             );
         }
-        Ok(quiet)
     }
 
     /// Declares the prefix new (see [`crate::Store::declare_new`]).

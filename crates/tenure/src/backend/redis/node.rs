@@ -89,15 +89,17 @@ impl RedisStore {
             ttl.as_bytes(),
             label.as_bytes(),
         ];
-        match self.call("open", &args).await {
+        let reply = match self.call("open", &args).await {
             // The prefix lost its marker since this client looked: look
             // again (which makes the keyspace quiet), then open.
             Err(Error::SessionLost(LostReason::Forgotten)) => {
                 self.check_layout(false).await?;
-                self.call("open", &args).await.map(|_| ())
+                self.call("open", &args).await?
             }
-            other => other.map(|_| ()),
-        }
+            other => other?,
+        };
+        self.warn_if_quiet(&reply);
+        Ok(())
     }
 
     /// Records the build that opened `session` on this node (format 5).

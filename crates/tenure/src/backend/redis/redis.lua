@@ -506,7 +506,9 @@ if op == 'open' then
   redis.call('SET', k('s', ARGV[3]), fmt(now + ttl))
   redis.call('HSET', SINFO, ARGV[3], ARGV[4] .. '\t' .. ARGV[5] .. '\t' .. ARGV[6])
   redis.call('HSET', RENEWALS, ARGV[3], '0')
-  return {'ok'}
+  -- How long the keyspace stays quiet (the client says so: nothing will
+  -- be granted to this session until then).
+  return {'ok', fmt(quiet_left())}
 
 elseif op == 'keepalive' then
   -- ARGV: secret
