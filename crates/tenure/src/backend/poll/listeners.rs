@@ -20,11 +20,9 @@ struct Slot {
     /// once, only to start polling.
     hand_over: Notify,
     /// The store made this entry the next in line (a grant or an end ahead
-    /// of it), and the longest TTL of the entries it now waits on (ms): not
-    /// a reason to look at once, but to watch them every renew interval
-    /// from now on.
+    /// of it), or may have: not a reason to look at once, but to watch the
+    /// holders every quarter TTL from now on.
     made_next: Notify,
-    made_next_ttl: std::sync::atomic::AtomicU64,
     /// The store announced the grant of the entry of this [`grant_key`].
     granted: std::sync::atomic::AtomicBool,
     /// What an announcement must carry to be taken
@@ -137,12 +135,9 @@ impl Listeners {
     }
 
     /// The store says the entry of `key` (a [`grant_key`]) is now the next
-    /// in line, waiting on holders whose longest TTL is `ttl`.
-    pub(crate) fn made_next(&self, key: &str, ttl: Duration) {
+    /// in line (Redis's script, on the entry's own channel).
+    pub(crate) fn made_next(&self, key: &str) {
         if let Some((slot, _)) = self.registry().get(key) {
-            let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-            slot.made_next_ttl
-                .store(ms, std::sync::atomic::Ordering::Release);
             slot.made_next.notify_waiters();
         }
     }
@@ -150,12 +145,10 @@ impl Listeners {
     /// [`Self::made_next`] for a store that only says that `name` changed
     /// (PostgreSQL's `NOTIFY` on every change): the first waiter of the
     /// name in this process (the next in line, if it is in this process)
-    /// watches its blockers a quarter of their TTL from now. One look per
-    /// process and quarter TTL at most, however often the name changes.
+    /// is told. One look per process and quarter TTL at most, however often
+    /// the name changes.
     pub(crate) fn maybe_made_next(&self, name: &str) {
         if let Some(slot) = self.first_slot(&grant_prefix(name)) {
-            slot.made_next_ttl
-                .store(0, std::sync::atomic::Ordering::Release);
             slot.made_next.notify_waiters();
         }
     }
@@ -278,15 +271,6 @@ impl Listening {
         &self.slot.made_next
     }
 
-    /// The longest TTL of the holders the last [`Self::made_next`] named
-    /// (zero: not said, see [`Listeners::maybe_made_next`]).
-    pub(super) fn made_next_ttl(&self) -> Duration {
-        Duration::from_millis(
-            self.slot
-                .made_next_ttl
-                .load(std::sync::atomic::Ordering::Acquire),
-        )
-    }
 
     /// Whether the store announced this entry's grant ([`Listeners::granted`]).
     pub(super) fn announced_granted(&self) -> bool {

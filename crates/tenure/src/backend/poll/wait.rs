@@ -162,12 +162,10 @@ where
                     // that dies is noticed within a renew interval of its
                     // last renewal, not a TTL later. No look at once: a
                     // handoff costs no round trip more.
-                    let ttl = match listening.made_next_ttl() {
-                        ttl if ttl.is_zero() => watched.ttl,
-                        ttl => ttl,
-                    };
-                    if watching && !ttl.is_zero() {
-                        let look_at = Instant::now() + ttl / NEXT_LOOKS_EVERY;
+                    // (By the TTL of what it watched: its first look then
+                    // names the holders and their TTL.)
+                    if watching && !watched.ttl.is_zero() {
+                        let look_at = Instant::now() + watched.ttl / NEXT_LOOKS_EVERY;
                         if look_at < wake_at.deadline() {
                             wake_at.as_mut().reset(look_at);
                         }

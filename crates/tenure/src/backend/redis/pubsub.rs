@@ -220,8 +220,8 @@ impl RedisStore {
                     .is_some_and(|id| !id.is_empty() && msg.get_payload_bytes() == id.as_slice());
                 if ours {
                     listeners.granted(msg.get_channel_name());
-                } else if let Some(ttl) = made_next(msg.get_payload_bytes()) {
-                    listeners.made_next(msg.get_channel_name(), ttl);
+                } else if msg.get_payload_bytes() == b"next" {
+                    listeners.made_next(msg.get_channel_name());
                 } else {
                     listeners.wake(msg.get_channel_name());
                 }
@@ -268,11 +268,4 @@ impl Drop for Disarm {
             (self.1)(&mut unheard.lock().unwrap_or_else(|e| e.into_inner()));
         }
     }
-}
-
-/// The script's `next:<ttl ms>`: the waiter's entry is now the next in
-/// line, behind holders whose longest TTL that is.
-fn made_next(payload: &[u8]) -> Option<std::time::Duration> {
-    let ms = std::str::from_utf8(payload.strip_prefix(b"next:")?).ok()?;
-    ms.parse().ok().map(std::time::Duration::from_millis)
 }

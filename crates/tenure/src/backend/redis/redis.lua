@@ -357,17 +357,10 @@ local function settle_one(name, changed)
     bump(name)
     redis.call('PUBLISH', k('ch', name), 'changed')
     -- The first waiting entry may have just become the next in line: told
-    -- so (with the longest TTL of the granted entries), it watches them
-    -- every renew interval from now, without a look at once.
+    -- so, it watches the holders from now on, without a look at once.
     local w = seen.blocked
     if w and #seen.granted > 0 then
-      local ttl = 0
-      for _, r in ipairs(seen.granted) do
-        local info = redis.call('HGET', SINFO, r.secret)
-        if info then ttl = math.max(ttl, tonumber(split(info)[2]) or 0) end
-      end
-      redis.call('PUBLISH', k('w', name) .. '\t' .. string.rep('0', 20 - #w.seq) .. w.seq,
-                 'next:' .. fmt(ttl))
+      redis.call('PUBLISH', k('w', name) .. '\t' .. string.rep('0', 20 - #w.seq) .. w.seq, 'next')
     end
   end
   return seen
