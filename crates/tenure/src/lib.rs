@@ -21,7 +21,7 @@
 // - `registry`: URL → backend, one table;
 // - session and acquisition: `session` (the lease), `acquire`;
 // - recipes: `guard`, `mutex`, `rwlock`, `semaphore`, `election`, `once`,
-//   `schedule`, and the registers `fence` and `cell`;
+//   `schedule`, `group` and `shards`, and the registers `fence` and `cell`;
 // - `fencing`: the token check in the user's own database (drivers only);
 // - `metrics`: what the sessions and recipes record, and `metered`, the one
 //   store wrapper that records store operations (no backend records).
@@ -37,6 +37,7 @@ mod elector;
 mod error;
 mod fence;
 pub mod fencing;
+mod group;
 mod guard;
 #[cfg(feature = "metrics")]
 mod metered;
@@ -50,6 +51,7 @@ mod rwlock;
 mod schedule;
 mod semaphore;
 mod session;
+mod shards;
 pub mod store;
 mod task;
 pub mod upgrade;
@@ -62,6 +64,7 @@ pub use elector::ElectorBoard;
 pub use elector::{Elector, ElectorHandle};
 pub use error::{BoxError, Error, LostReason, Result};
 pub use fence::Fence;
+pub use group::{Group, Member, MembersWatch, Membership, GROUP_PREFIX};
 pub use guard::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, SemaphorePermit};
 #[cfg(feature = "metrics")]
 pub use metered::Metered;
@@ -76,6 +79,10 @@ pub use schedule::{
 };
 pub use semaphore::Semaphore;
 pub use session::{default_label, Session, SessionOptions, DEFAULT_TTL};
+pub use shards::{
+    shard_map, Shard, ShardOwner, ShardState, ShardStatus, ShardView, Shards, DEFAULT_SHARD_GRACE,
+    MAX_SHARDS, SHARD_PREFIX,
+};
 pub use store::{Capabilities, EntryKind, Expect, FenceState, Name, Store, Versioned};
 
 /// The README's examples, run as doctests.

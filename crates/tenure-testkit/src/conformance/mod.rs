@@ -27,6 +27,7 @@ mod paused;
 mod registers;
 mod schedule;
 mod semaphore;
+mod shards;
 mod unfair;
 mod upgrade;
 
@@ -42,6 +43,7 @@ pub use paused::*;
 pub use registers::*;
 pub use schedule::*;
 pub use semaphore::*;
+pub use shards::*;
 pub use unfair::*;
 pub use upgrade::*;
 
@@ -205,7 +207,10 @@ macro_rules! __conformance_checks {
             check_schedule_leader, check_schedule_paused_cluster_wide, check_fence, check_fence_values, check_fence_interleaved, check_cell,
             check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released,
             check_metrics_same_as_memory, check_session_builds, check_upgrade_finish,
-            check_upgrade_finish_while_sessions_open}
+            check_upgrade_finish_while_sessions_open,
+            check_shards_group_membership, check_shards_refuse_another_count, check_shards_balanced_and_sticky,
+            check_shards_one_owner_under_churn, check_shards_dead_member_reassigned_in_bound,
+            check_shards_paused_member_loses_first}
     };
     (@table [] $($check:ident),*) => {
         &[$($crate::conformance::Check {

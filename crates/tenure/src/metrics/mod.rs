@@ -263,6 +263,14 @@ metric_names! {
         "When a run of the job last succeeded (ended on its own, not failed or stopped), as a Unix time.";
     CRON_NEXT_TICK = "tenure_cron_next_tick_timestamp_seconds", Gauge, "seconds", ["name"],
         "When the schedule's next tick is due, as a Unix time.";
+    SHARDS_OWNED = "tenure_shards_owned", Gauge, "", ["name"],
+        "Shards of the group (name) this process owns now.";
+    SHARD_HANDOVERS = "tenure_shard_handovers_total", Counter, "", ["name", "side"],
+        "Shards of the group this process took (side=taken: granted after the map gave them to it) or gave up (side=given: released after a revocation).";
+    SHARD_HANDOVER = "tenure_shard_handover_seconds", Histogram, "seconds", ["name", "side"],
+        "side=taken: from the map giving this process a shard to its grant (the previous owner's drain included); side=given: from a revocation to the release.";
+    SHARDS_SETTLED = "tenure_shards_settled_timestamp_seconds", Gauge, "seconds", ["name"],
+        "When this member of the group last settled (owning exactly what the map gives it), as a Unix time; 0 while it is not settled.";
     ONCE = "tenure_once_total", Counter, "", ["outcome"],
         "Calls of once() by outcome: ran, recorded, failed, retry, in_progress, error.";
     STORE_OPERATION = "tenure_store_operation_seconds", Histogram, "seconds", ["backend", "op"],

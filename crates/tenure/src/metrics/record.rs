@@ -366,6 +366,44 @@ impl Drop for LeaderMetric {
     }
 }
 
+/// A member of the shard group `name` now owns `delta` more shards.
+pub(crate) fn shards_owned(name: &NameTag, delta: f64) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    gauge_add(SHARDS_OWNED, labels(&[], name), delta);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (name, delta);
+}
+
+/// A shard of the group `name` changed hands on this member's side
+/// (`taken` or `given`), after `secs`.
+pub(crate) fn shard_handover(name: &NameTag, side: &'static str, secs: f64) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    {
+        counter(SHARD_HANDOVERS, labels(&[("side", side)], name), 1);
+        histogram(SHARD_HANDOVER, labels(&[("side", side)], name), secs);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (name, side, secs);
+}
+
+/// A member of the group `name` settled at the Unix time `at`, or is no
+/// longer settled (0).
+pub(crate) fn shards_settled(name: &NameTag, at: f64) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    gauge_set(SHARDS_SETTLED, labels(&[], name), at);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (name, at);
+}
+
 /// What became of a schedule's tick, as this instance saw it.
 #[cfg(feature = "schedule")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
