@@ -13,8 +13,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::commands::{
     cell::CellCommand, completions::CompletionsArgs, cron::CronArgs, crond::CrondArgs,
     elect::ElectArgs, elector::ElectorCommand, fence::FenceArgs, leader::LeaderArgs,
-    lock::LockArgs, release::ReleaseArgs, schedule::ScheduleCommand, status::StatusArgs,
-    upgrade::UpgradeCommand,
+    lock::LockArgs, release::ReleaseArgs, schedule::ScheduleCommand, shards::ShardsArgs,
+    status::StatusArgs, upgrade::UpgradeCommand,
 };
 use crate::exit::EXIT_CODES;
 use crate::{console, torture};
@@ -71,6 +71,25 @@ pub(crate) enum Command {
         same lease-loss handling as `tenure lock`."
     )]
     Elect(ElectArgs),
+    /// Own a share of a group's shards: run a command once per shard this instance owns.
+    #[command(
+        after_help = "Examples:\n  tenure shards ingest --shards 16 -- ./consume.sh\n  \
+        tenure shards status ingest --json\n\n\
+        Every instance running `tenure shards NAME --shards N` is a member of the group NAME; the\n\
+        group's N shards are split among its live members (in proportion to --weight), each shard\n\
+        owned by at most one member at a time. For each shard it owns, this instance runs the\n\
+        command with TENURE_GROUP, TENURE_SHARD (0 to N-1), TENURE_SHARDS and TENURE_FENCE (the\n\
+        shard's fencing token), under the same supervisor as `tenure lock`: stopped by the lease's\n\
+        local deadline even if tenure is stopped or dies. When a member joins or leaves, a shard\n\
+        that moves is revoked: SIGTERM to its run's process group, SIGKILL after --grace, and the\n\
+        shard is released (its next owner granted) only once nothing of the group is left. A run\n\
+        that exits while its shard is still owned is started again a second later. SIGINT/SIGTERM:\n\
+        every run is stopped (SIGTERM, --grace, SIGKILL), then the member leaves. A lost session\n\
+        stops every run; the member then joins again. For thousands of shards per instance, use\n\
+        the library (tenure::Shards) rather than a process per shard. A group named `status`\n\
+        cannot be run from here."
+    )]
+    Shards(ShardsArgs),
     /// Show the current leader of an election.
     #[command(
         after_help = "Example:\n  tenure leader scheduler --watch\n\nExits 3 when nobody leads (without --watch)."

@@ -1,5 +1,5 @@
 //! The supervision suite: one contract for every runner (`lock`, `elect`,
-//! `cron` in both modes, `crond`), checked the same way on each, on SQLite,
+//! `cron` in both modes, `crond`, `shards`), checked the same way on each, on SQLite,
 //! PostgreSQL and Redis — as the conformance suite checks every store.
 //!
 //! Each run is `sh run.sh`: it appends `start` to `$D/events`, reports any
@@ -73,6 +73,8 @@ enum Runner {
     CronPerTick,
     CronLeader,
     Crond,
+    /// `tenure shards` with one shard: one run at a time across instances.
+    Shards,
 }
 
 impl Runner {
@@ -114,6 +116,11 @@ impl Runner {
                     "per-tick"
                 };
                 args.extend(["cron", "@every 1s", name, "--mode", mode].map(String::from));
+                args.extend(["--ttl".into(), ttl, "--grace".into(), grace]);
+                sh(&mut args);
+            }
+            Runner::Shards => {
+                args.extend(["shards", name, "--shards", "1"].map(String::from));
                 args.extend(["--ttl".into(), ttl, "--grace".into(), grace]);
                 sh(&mut args);
             }
@@ -170,6 +177,11 @@ impl Case {
     /// a process group of its own (as a job-control shell does).
     fn start_with(&mut self, id: &str, command: &str, own_group: bool) -> u32 {
         let args = self.runner.args(&self.env, &self.name, command);
+        self.start_args(id, &args, own_group)
+    }
+
+    /// Starts instance `id` of tenure with `args`.
+    fn start_args(&mut self, id: &str, args: &[String], own_group: bool) -> u32 {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut cmd = self.env.cmd(&args);
         cmd.env("I", id)
@@ -624,6 +636,64 @@ fn paused_by_operator(runner: Runner, url: &str, name: &str) {
     case.assert_no_overlap();
 }
 
+/// A shard that moves (`tenure shards`, two shards: a second member takes
+/// one of the first's) is revoked: SIGTERM to its run's group (the handler
+/// runs), and the new owner's run of that shard starts only once the old
+/// run is gone; the other shard's run goes on.
+fn shard_revoked(url: &str, name: &str) {
+    let mut case = Case::new(Runner::Shards, url, name);
+    std::fs::write(
+        case.env.path("shard.sh"),
+        r#"echo "start $I $TENURE_SHARD $$" >> "$D/events"
+trap 'sleep 0.15; echo "handled $I $TENURE_SHARD $$" >> "$D/events"; exit 0' TERM
+while :; do sleep 0.05; done
+"#,
+    )
+    .unwrap();
+    let run = r#"sh "$D/shard.sh""#;
+    let args = |case: &Case| {
+        let mut args = Runner::Shards.args(&case.env, name, run);
+        // Two shards instead of one.
+        let at = args.iter().position(|a| a == "--shards").unwrap();
+        args[at + 1] = "2".into();
+        args
+    };
+    let spawn = |case: &mut Case, id: &str| {
+        let args = args(case);
+        case.start_args(id, &args, false);
+    };
+    spawn(&mut case, "a");
+    case.wait_event("start a 0", Duration::from_secs(20));
+    case.wait_event("start a 1", Duration::from_secs(20));
+    spawn(&mut case, "b");
+    case.wait_event("start b", Duration::from_secs(20));
+    let events = case.events();
+    let b_start = events
+        .iter()
+        .position(|e| e.starts_with("start b"))
+        .unwrap();
+    let moved = events[b_start].split(' ').nth(2).unwrap().to_string();
+    let handled = events
+        .iter()
+        .position(|e| e.starts_with(&format!("handled a {moved}")));
+    assert!(
+        handled.is_some_and(|h| h < b_start),
+        "shard {moved}: b's run started before a's run of it was stopped: {events:?}\n{}",
+        case.stderr_all()
+    );
+    let stayed = if moved == "0" { "1" } else { "0" };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !case
+            .events()
+            .iter()
+            .any(|e| e.starts_with(&format!("handled a {stayed}"))),
+        "the shard that did not move was stopped: {:?}",
+        case.events()
+    );
+    eprintln!("[Shards] shard {moved} moved from a to b; its run was stopped first: {events:?}");
+}
+
 /// The cases every runner has, on one store.
 macro_rules! runner_cases {
     ($url:expr, $runner:ident, $runner_v:expr, [$($extra:ident),*] $(, $direct:ident)?) => {
@@ -717,6 +787,13 @@ macro_rules! extra_case {
             store_paused($runner_v, backend, &name("storepause"));
         }
     };
+    (revoke, $runner_v:expr) => {
+        #[test]
+        fn shard_revoked_run_stopped_before_the_next_owner() {
+            let Some(url) = url() else { return };
+            shard_revoked(&url, &name("revoke"));
+        }
+    };
     (operator_pause, $runner_v:expr) => {
         #[test]
         fn elector_paused_run_stopped_gracefully() {
@@ -736,6 +813,7 @@ macro_rules! store_cases {
             runner_cases!($url, cron_per_tick, Runner::CronPerTick, [hup $(, $store_extra)*], direct);
             runner_cases!($url, cron_leader, Runner::CronLeader, [hup $(, $store_extra)*], direct);
             runner_cases!($url, crond, Runner::Crond, [operator_pause $(, $store_extra)*]);
+            runner_cases!($url, shards, Runner::Shards, [hup, revoke $(, $store_extra)*], direct);
         }
     };
 }

@@ -18,6 +18,7 @@ pub(crate) mod lock;
 pub(crate) mod man;
 pub(crate) mod release;
 pub(crate) mod schedule;
+pub(crate) mod shards;
 pub(crate) mod status;
 pub(crate) mod torture;
 pub(crate) mod upgrade;
@@ -47,6 +48,7 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Elect(a) => a.metrics.metrics,
         Command::Cron(a) => a.metrics.metrics,
         Command::Crond(a) => a.metrics.metrics,
+        Command::Shards(a) => a.metrics.metrics,
         _ => None,
     };
     if let Some(addr) = metrics {
@@ -64,6 +66,7 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, Failure> {
             Some(Runner::new(true, lease::Retry::new(false, None))?)
         }
         Command::Crond(_) => Some(Runner::new(false, lease::Retry::new(false, None))?),
+        Command::Shards(a) if a.runs() => Some(Runner::new(true, lease::Retry::new(false, None))?),
         _ => None,
     };
     let store = loop {
@@ -83,11 +86,12 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, Failure> {
         (Command::Elect(args), Some(runner)) => elect::run(store, args, runner).await,
         (Command::Cron(args), Some(runner)) => cron::run(store, args, runner).await,
         (Command::Crond(args), Some(runner)) => crond::run(store, args, runner).await,
+        (Command::Shards(args), Some(runner)) => shards::run(store, args, runner).await,
         (command, _) => run_plain(store, &url, command).await,
     }
 }
 
-/// What a runner (`lock`, `elect`, `cron`, `crond`) gets before its store
+/// What a runner (`lock`, `elect`, `cron`, `crond`, `shards`) gets before its store
 /// opens: the process's signal hub, and its wait for a store briefly
 /// unavailable.
 pub(crate) struct Runner {
@@ -115,6 +119,7 @@ async fn run_plain(
         Command::Lock(_) | Command::Elect(_) | Command::Cron(_) | Command::Crond(_) => Err(
             Failure::new(exit::SOFTWARE, "a runner started without its signal hub"),
         ),
+        Command::Shards(args) => shards::status(store, args).await,
         Command::Leader(args) => leader::run(store, args).await,
         Command::Status(args) => status::run(store, args).await,
         Command::Release(args) => release::run(store, args).await,
@@ -144,6 +149,7 @@ fn validate(command: &Command) -> Result<(), Failure> {
         Command::Elect(args) => elect::validate(args),
         Command::Cron(args) => cron::validate(args),
         Command::Crond(args) => crond::validate(args),
+        Command::Shards(args) => shards::validate(args),
         _ => Ok(()),
     }
 }

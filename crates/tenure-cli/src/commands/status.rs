@@ -49,11 +49,18 @@ impl Recipes {
         }
     }
 
-    /// "lock", "read/write lock", "semaphore", "election", "tick claim" or
-    /// "non-fair waiters" (a lock's wake-up line).
+    /// "lock", "read/write lock", "semaphore", "election", "tick claim",
+    /// "non-fair waiters" (a lock's wake-up line), "group" (its members) or
+    /// "shard" (one shard of a group).
     pub(crate) fn kind(&self, name: &str, entries: &[Entry]) -> &'static str {
         if name.starts_with(tenure::queue::WAKE_LINE_PREFIX) {
             return "non-fair waiters";
+        }
+        if name.starts_with(tenure::GROUP_PREFIX) {
+            return "group";
+        }
+        if name.starts_with(tenure::SHARD_PREFIX) {
+            return "shard";
         }
         let claim_of = name
             .rsplit_once('@')
