@@ -100,6 +100,11 @@ pub struct LibraryDocDoctests;
 #[doc = include_str!("../guides/fencing.md")]
 pub struct FencingDocDoctests;
 
+/// The shards page's examples, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guides/shards.md")]
+pub struct ShardsDocDoctests;
+
 /// The schedules and elections page's examples, run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../guides/schedules-and-elections.md")]

@@ -76,7 +76,7 @@ fn ten_seconds() -> SessionOptions {
 
 /// The scenario: a lock, a contended lock, a release, a timeout, the two
 /// sides of a read-write lock, a semaphore, an election, `once`, a
-/// schedule's tick and an evicted session.
+/// schedule's tick, an evicted session and a shard group's handover.
 async fn scenario(store: &Arc<dyn Store>) -> u64 {
     let a = Session::with_options(store, ten_seconds()).await.unwrap();
     let b = Session::with_options(store, ten_seconds()).await.unwrap();
@@ -151,6 +151,7 @@ async fn scenario(store: &Arc<dyn Store>) -> u64 {
     assert_eq!(store.evict(&name).await.unwrap(), 1);
     assert!(matches!(b.renew().await, Err(Error::SessionLost(_))));
     drop(evicted);
+    tenure_testkit::conformance::shards_scenario(store, "metrics-shards").await;
     a.close().await.unwrap();
     token
 }
@@ -300,6 +301,16 @@ async fn the_memory_scenario_records_every_metric_with_its_labels() {
         let labels = [("name", "metrics-election"), ("to", to)];
         assert_eq!(value(&all, LEADER_TRANSITIONS, &labels), Some(1.0), "{to}");
     }
+    let shards = [("name", "metrics-shards")];
+    assert_eq!(value(&all, SHARDS_OWNED, &shards), Some(0.0));
+    let taken = [("name", "metrics-shards"), ("side", "taken")];
+    let given = [("name", "metrics-shards"), ("side", "given")];
+    // Two first grants and the moved shard's, taken; the moved shard and
+    // the two given back at the leaves, given.
+    assert_eq!(value(&all, SHARD_HANDOVERS, &taken), Some(3.0));
+    assert_eq!(value(&all, SHARD_HANDOVERS, &given), Some(3.0));
+    assert_eq!(value(&all, SHARD_HANDOVER, &taken), Some(3.0));
+    assert_eq!(value(&all, SHARDS_SETTLED, &shards), Some(0.0));
     assert_eq!(value(&all, ONCE, &[("outcome", "ran")]), Some(1.0));
     assert_eq!(value(&all, ONCE, &[("outcome", "recorded")]), Some(1.0));
     let cron = [("name", "metrics-cron")];

@@ -19,6 +19,12 @@ pub struct Record {
     /// The worker it concerns (none for a fault on the server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<u32>,
+    /// The shard it concerns, in a run of shard owners (`--shards`): a
+    /// grant, a release, a read or a write of that shard's registers. None
+    /// for a lock's run, and for what concerns every shard of a worker (a
+    /// lost session, an exit, a fault).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
     /// What happened.
     #[serde(flatten)]
     pub op: Op,
@@ -140,6 +146,71 @@ pub fn check(history: &[Record], recovery_bound_us: u64) -> Findings {
 /// loaded machine is allowed beyond it; a recovery over the stated bound is
 /// counted, one over both fails the run.
 pub fn check_with_allowance(history: &[Record], stated_us: u64, allowance_us: u64) -> Findings {
+    check_one(history, stated_us, allowance_us, Recovery::ToAnother)
+}
+
+/// What a recovery is, in a history of one lock or of one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    /// A lock's: from a fault on its holder to its next grant to another
+    /// worker (workers contend all the time).
+    ToAnother,
+    /// A shard's: from a fault on its owner that ended the owner's hold
+    /// (a loss or an exit, not a handover's release) to the shard's next
+    /// grant to anyone, the owner's next life included (an owner keeps its
+    /// shards until the map moves them).
+    AfterLoss,
+}
+
+/// Checks the history of a run of shard owners: each shard's own history
+/// (its grants, releases, reads and writes, and every worker's losses,
+/// exits and faults) as a lock's, with recoveries as [`Recovery::AfterLoss`]
+/// says; the findings summed (the worst recovery, the largest).
+pub fn check_shards(history: &[Record], stated_us: u64, allowance_us: u64) -> Findings {
+    let shards: std::collections::BTreeSet<u32> = history.iter().filter_map(|r| r.shard).collect();
+    let mut all = Findings {
+        faults: history
+            .iter()
+            .filter(|r| matches!(r.op, Op::FaultStart { .. }))
+            .count(),
+        ..Findings::default()
+    };
+    for shard in shards {
+        let own: Vec<Record> = history
+            .iter()
+            .filter(|r| r.shard.is_none_or(|s| s == shard))
+            .cloned()
+            .collect();
+        let f = check_one(&own, stated_us, allowance_us, Recovery::AfterLoss);
+        all.grants += f.grants;
+        all.fenced_lost_writes += f.fenced_lost_writes;
+        all.fenced_lower_token_accepted += f.fenced_lower_token_accepted;
+        all.duplicate_tokens += f.duplicate_tokens;
+        all.tokens_backwards += f.tokens_backwards;
+        all.overlaps_unpaused += f.overlaps_unpaused;
+        all.overlaps_paused += f.overlaps_paused;
+        all.longest_overlap_ms = all.longest_overlap_ms.max(f.longest_overlap_ms);
+        all.twin_lost_writes += f.twin_lost_writes;
+        all.fenced_refusals += f.fenced_refusals;
+        all.slow_recoveries += f.slow_recoveries;
+        all.recoveries_over_stated += f.recoveries_over_stated;
+        all.compound_faults += f.compound_faults;
+        all.worst_recovery_ms = all.worst_recovery_ms.max(f.worst_recovery_ms);
+        for e in f.explained {
+            if all.explained.len() < MAX_EXPLAINED {
+                all.explained.push(format!("shard {shard}: {e}"));
+            }
+        }
+    }
+    all
+}
+
+fn check_one(
+    history: &[Record],
+    stated_us: u64,
+    allowance_us: u64,
+    recovery: Recovery,
+) -> Findings {
     let mut f = Findings::default();
     let mut highest = 0u64;
     let mut fenced_value = 0u64;
@@ -160,6 +231,9 @@ pub fn check_with_allowance(history: &[Record], stated_us: u64, allowance_us: u6
     let mut pausing: HashMap<Option<u32>, u64> = HashMap::new();
     // Faults on a holder: (worker, at, fault).
     let mut holder_faults: Vec<(u32, u64, &str)> = Vec::new();
+    // Of those, the ones whose hold ended in a handover's release (not
+    // counted as a shard's recovery): by index.
+    let mut handed_over: std::collections::HashSet<usize> = std::collections::HashSet::new();
     let end = history.last().map_or(0, |r| r.at_us);
     for r in history {
         let w = r.worker;
@@ -230,6 +304,15 @@ pub fn check_with_allowance(history: &[Record], stated_us: u64, allowance_us: u6
                 if let Some(w) = w {
                     if let Some((since, token)) = inside.remove(&w) {
                         closed.push((w, since, r.at_us, token));
+                        if r.op == Op::Release {
+                            handed_over.extend(
+                                holder_faults
+                                    .iter()
+                                    .enumerate()
+                                    .filter(|(_, (fw, at, _))| *fw == w && *at >= since)
+                                    .map(|(i, _)| i),
+                            );
+                        }
                     }
                 }
             }
@@ -262,12 +345,21 @@ pub fn check_with_allowance(history: &[Record], stated_us: u64, allowance_us: u6
         pauses.push((w, from, end));
     }
     count_overlaps(&mut f, history, &sections, &pauses);
+    if recovery == Recovery::AfterLoss {
+        holder_faults = holder_faults
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !handed_over.contains(i))
+            .map(|(_, h)| h)
+            .collect();
+    }
     count_recoveries(
         &mut f,
         history,
         holder_faults,
         end,
         (stated_us, allowance_us),
+        recovery,
     );
     f
 }
@@ -339,6 +431,7 @@ fn count_recoveries(
     holder_faults: Vec<(u32, u64, &str)>,
     end: u64,
     (stated_us, allowance_us): (u64, u64),
+    recovery: Recovery,
 ) {
     // Recovery: from a fault on a holder to the next grant to another
     // worker, when no other fault came in between (a paused next waiter,
@@ -371,7 +464,11 @@ fn count_recoveries(
             .max()
             .unwrap_or(at);
         let next = history.iter().find_map(|r| match r.op {
-            Op::Grant { .. } if r.at_us > at && r.worker != Some(w) => Some(r.at_us),
+            Op::Grant { .. }
+                if r.at_us > at && (recovery == Recovery::AfterLoss || r.worker != Some(w)) =>
+            {
+                Some(r.at_us)
+            }
             _ => None,
         });
         if let Some(next) = next {
@@ -463,6 +560,7 @@ mod tests {
         Record {
             at_us,
             worker: Some(worker),
+            shard: None,
             op,
         }
     }
@@ -836,6 +934,7 @@ mod tests {
             Record {
                 at_us: 1,
                 worker: None,
+                shard: None,
                 op: Op::FaultStart {
                     fault: "nemesis".into(),
                 },
@@ -851,6 +950,7 @@ mod tests {
             Record {
                 at_us: 3_000,
                 worker: None,
+                shard: None,
                 op: Op::FaultEnd {
                     fault: "nemesis".into(),
                 },
@@ -874,5 +974,76 @@ mod tests {
             let back: Record = serde_json::from_str(&line).unwrap();
             assert_eq!(&back, rec);
         }
+    }
+
+    fn on(shard: u32, rec: Record) -> Record {
+        Record {
+            shard: Some(shard),
+            ..rec
+        }
+    }
+
+    /// Shards: each shard is checked as a lock (an overlap of two owners
+    /// of one shard is a violation, two owners of two shards are not), and
+    /// a shard lost with its owner is measured to its next grant, to
+    /// anyone, while a handover (a release) is not a recovery.
+    #[test]
+    fn shards_are_checked_one_by_one() {
+        let kill = |at, w| {
+            r(
+                at,
+                w,
+                Op::FaultStart {
+                    fault: "kill".into(),
+                },
+            )
+        };
+        let killed = |at, w| {
+            r(
+                at,
+                w,
+                Op::FaultEnd {
+                    fault: "kill".into(),
+                },
+            )
+        };
+        let mut h = vec![
+            on(0, r(0, 1, Op::Grant { token: 1 })),
+            on(1, r(1, 2, Op::Grant { token: 1 })),
+            // Worker 1 killed: shard 0 is owned again 2 000 µs later by
+            // worker 1's next life.
+            kill(100, 1),
+            r(101, 1, Op::Exit),
+            killed(101, 1),
+            on(0, r(2_100, 1, Op::Grant { token: 2 })),
+            // Shard 1 handed over: not a recovery, however late.
+            kill(3_000, 2),
+            on(1, r(3_001, 2, Op::Release)),
+            r(3_002, 2, Op::Exit),
+            killed(3_002, 2),
+            on(1, r(9_000, 1, Op::Grant { token: 2 })),
+        ];
+        let f = check_shards(&h, 2_500, 0);
+        assert_eq!(f.grants, 4);
+        assert_eq!(f.faults, 2);
+        assert_eq!(f.overlaps_unpaused, 0);
+        assert_eq!(f.slow_recoveries, 0, "{f:?}");
+        assert_eq!(f.worst_recovery_ms, 2.0);
+        // Lost instead of released: now a recovery of 6 ms, over the bound.
+        h[7] = on(1, r(3_001, 2, Op::Lost));
+        let f = check_shards(&h, 2_500, 0);
+        assert_eq!(f.slow_recoveries, 1, "{f:?}");
+        // Two owners of shard 0 at once: a violation; of two shards: not.
+        let h = vec![
+            on(0, r(0, 1, Op::Grant { token: 1 })),
+            on(1, r(1, 2, Op::Grant { token: 1 })),
+            on(0, r(2, 2, Op::Grant { token: 2 })),
+            on(0, r(10, 1, Op::Release)),
+            on(0, r(11, 2, Op::Release)),
+            on(1, r(12, 2, Op::Release)),
+        ];
+        let f = check_shards(&h, 2_500, 0);
+        assert_eq!(f.overlaps_unpaused, 1, "{f:?}");
+        assert!(f.explained[0].starts_with("shard 0:"), "{:?}", f.explained);
     }
 }

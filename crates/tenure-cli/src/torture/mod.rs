@@ -22,6 +22,7 @@ mod options;
 mod proxy;
 mod report;
 mod run;
+mod shard_worker;
 mod worker;
 mod workers;
 
@@ -87,7 +88,12 @@ struct Shared {
     start: Instant,
     start_ns: u64,
     history: StdMutex<Vec<Record>>,
-    registers: StdMutex<Registers>,
+    /// The registers: one pair for a lock's run, one per shard for a run
+    /// of shard owners (by shard; `None` for the lock).
+    registers: StdMutex<HashMap<Option<u32>, Registers>>,
+    /// A run of shard owners (`--shards N`): the group's shard count, and
+    /// workers' lines name a shard; 0 for a lock's run.
+    shards: u32,
     /// Per worker: how to reach it, and the token it holds (0: none).
     workers: StdMutex<HashMap<u32, (Control, u64)>>,
     grants: AtomicU64,
@@ -114,12 +120,13 @@ struct Shared {
 impl Shared {
     /// The state of a run starting now, with each worker's proxies (network
     /// faults only).
-    fn new(links: HashMap<u32, Vec<proxy::Proxy>>, builds: builds::Builds) -> Shared {
+    fn new(links: HashMap<u32, Vec<proxy::Proxy>>, builds: builds::Builds, shards: u32) -> Shared {
         Shared {
             start: Instant::now(),
             start_ns: mono_ns(),
             history: StdMutex::new(Vec::new()),
-            registers: StdMutex::new(Registers::default()),
+            registers: StdMutex::new(HashMap::new()),
+            shards,
             workers: StdMutex::new(HashMap::new()),
             grants: AtomicU64::new(0),
             pause_on_write: StdMutex::new(Vec::new()),
@@ -139,9 +146,20 @@ impl Shared {
 
     /// Records an event stamped at `ns` (CLOCK_MONOTONIC).
     fn record_at(&self, ns: u64, worker: Option<u32>, op: Op) {
+        self.record_shard_at(ns, worker, None, op);
+    }
+
+    /// Records an event of one shard (`None`: of the lock, or of every
+    /// shard of the worker) stamped at `ns`.
+    fn record_shard_at(&self, ns: u64, worker: Option<u32>, shard: Option<u32>, op: Op) {
         let at_us = ns.saturating_sub(self.start_ns) / 1000;
         let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
-        history.push(Record { at_us, worker, op });
+        history.push(Record {
+            at_us,
+            worker,
+            shard,
+            op,
+        });
     }
 
     /// The history so far, in time order.

@@ -79,6 +79,15 @@ pub struct TortureArgs {
     /// an error) or are never granted.
     #[arg(long, value_name = "EXE")]
     pub mixed_with: Option<std::path::PathBuf>,
+    /// Shard owners instead of lock holders: the workers are the members of
+    /// one group of this many shards ([`tenure::Shards`]); each works on
+    /// every shard it is granted (a read and a write of that shard's
+    /// registers), hands a revoked shard back, and the checker holds each
+    /// shard to what it holds a lock to (one owner at a time, tokens and
+    /// the fenced register per shard), and each shard an owner lost to a
+    /// fault owned again within the shards' bound.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -92,6 +101,10 @@ pub struct WorkerArgs {
     /// Seed of this worker's critical-section times.
     #[arg(long)]
     pub seed: u64,
+    /// A member of the group NAME with this many shards, instead of a
+    /// holder of the lock NAME.
+    #[arg(long, default_value_t = 0)]
+    pub shards: u32,
 }
 
 /// What the run does, by its options and the store: checked before anything
@@ -160,6 +173,14 @@ impl Plan {
         }
         if args.nemesis_exec.is_some() {
             faults.push("nemesis".into());
+        }
+        if let Some(n) = args.shards {
+            if !(1..=tenure::MAX_SHARDS).contains(&n) {
+                return Err(format!("--shards {n}: from 1 to {}", tenure::MAX_SHARDS));
+            }
+            if args.mixed_with.is_some() {
+                return Err("--shards and --mixed-with: builds before shards have none".into());
+            }
         }
         if args.clients < 2 {
             return Err("--clients must be at least 2: torture needs contention".into());

@@ -13,10 +13,7 @@ use tokio::time::Instant;
 
 use super::faults::{inject, nemesis};
 use super::options::{Plan, TortureArgs, NETWORK_FAULTS, SQLITE_SKEW_S};
-use super::report::{
-    allowance, check_history, print_summary, recheck, stated_bound, violations, write_history,
-    Report,
-};
+use super::report::{allowance, print_summary, recheck, violations, write_history, Bound, Report};
 use super::workers::{keep_task_worker, keep_worker};
 use super::{proxy, workers, Rng, Shared};
 
@@ -29,20 +26,34 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
     let plan = Plan::new(store.as_ref(), &args)?;
     let run_id = tenure::store::random_hex(4).map_err(|e| e.to_string())?;
     let prefix = format!("tenure-torture/{run_id}/");
-    let name = format!("{prefix}lock");
+    // A lock's run contends for one lock; a run of shard owners is one
+    // group (its names are `tenure.group:PREFIX…` and `tenure.shard:PREFIX…`).
+    let shards = args.shards.unwrap_or(0);
+    let name = match shards {
+        0 => format!("{prefix}lock"),
+        _ => format!("{prefix}group"),
+    };
+    let bound = Bound::of(store.as_ref(), &args);
     let (links, urls) = if plan.network {
         start_proxies(url, &args).await?
     } else {
         (HashMap::new(), HashMap::new())
     };
     let builds = super::builds::Builds::new(args.mixed_with.as_ref())?;
-    let shared = Arc::new(Shared::new(links, builds));
+    let shared = Arc::new(Shared::new(links, builds, shards));
     let tasks = spawn_workers(&shared, &store, url, urls, &name, &args, &plan)?;
-    drive(&shared, &args, &plan.faults).await;
+    drive(&shared, &args, &plan.faults, &bound).await;
     stop_workers(&shared, tasks).await;
-    let leaked = leaks(&store, &prefix, args.ttl).await?;
+    let mut leaked = 0;
+    for prefix in [
+        prefix.clone(),
+        format!("{}{prefix}", tenure::GROUP_PREFIX),
+        format!("{}{prefix}", tenure::SHARD_PREFIX),
+    ] {
+        leaked += leaks(&store, &prefix, args.ttl).await?;
+    }
     let history = shared.history();
-    let findings = check_history(&history, args.ttl, args.strict);
+    let findings = bound.check(&history);
     let build_failure = shared.builds.failure();
     let code = if findings.unsafe_run() {
         1
@@ -52,7 +63,7 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
         0
     };
     let verdict = ["pass", "safety violation", "liveness or leak failure"][code as usize];
-    print_summary(&findings, leaked, args.ttl, args.strict, verdict);
+    print_summary(&findings, leaked, &bound, verdict);
     if shared.builds.mixed() {
         for b in shared.builds.report() {
             println!(
@@ -77,7 +88,8 @@ pub async fn run(store: Arc<dyn Store>, url: &str, args: TortureArgs) -> Result<
             worker_0_boottime_ahead_s: plan.skewed.then_some(SQLITE_SKEW_S),
             fault_interval_ms: args.fault_interval.as_millis() as u64,
             nemesis: args.nemesis_exec.is_some(),
-            recovery_bound_ms: stated_bound(args.ttl).as_millis() as u64,
+            shards: args.shards,
+            recovery_bound_ms: bound.stated.as_millis() as u64,
             recovery_allowance_ms: allowance(args.strict).as_millis() as u64,
             findings,
             leaked_names: leaked,
@@ -155,7 +167,7 @@ fn spawn_workers(
 /// Gives each fault its turn, and tells the progress every 2 s, until the
 /// run's time or its cycles are up; then waits for a fault of the user's in
 /// force to end.
-async fn drive(shared: &Arc<Shared>, args: &TortureArgs, faults: &[String]) {
+async fn drive(shared: &Arc<Shared>, args: &TortureArgs, faults: &[String], bound: &Bound) {
     let deadline = Instant::now() + args.duration;
     let mut rng = Rng::new(args.seed);
     let mut next_fault = Instant::now() + args.fault_interval;
@@ -198,7 +210,7 @@ async fn drive(shared: &Arc<Shared>, args: &TortureArgs, faults: &[String]) {
         if last_progress.elapsed() >= Duration::from_secs(2) {
             last_progress = Instant::now();
             let history = shared.history();
-            let f = check_history(&history, args.ttl, args.strict);
+            let f = bound.check(&history);
             eprintln!(
                 "torture: {:>5.1}s  grants {}  faults {}  violations {}",
                 shared.start.elapsed().as_secs_f64(),

@@ -41,17 +41,20 @@ pub(super) async fn worker_loop(
     store: Arc<dyn Store>,
     args: WorkerArgs,
     input: impl tokio::io::AsyncRead + Unpin,
-    output: impl tokio::io::AsyncWrite + Unpin,
+    output: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
     mut term: tokio::sync::watch::Receiver<bool>,
     frozen: Option<tokio::sync::watch::Receiver<gate::Gate>>,
 ) -> Result<u8, String> {
-    let name = Name::new(&args.name).map_err(|e| e.to_string())?;
-    let mut rng = Rng::new(args.seed);
-    let mut answers = BufReader::new(input).lines();
     let mut out = Lines {
         out: output,
         frozen,
     };
+    if args.shards != 0 {
+        return super::shard_worker::shard_loop(store, args, input, out, term).await;
+    }
+    let name = Name::new(&args.name).map_err(|e| e.to_string())?;
+    let mut rng = Rng::new(args.seed);
+    let mut answers = BufReader::new(input).lines();
     let mut session: Option<Session> = None;
     loop {
         let s = match &session {
@@ -96,24 +99,10 @@ pub(super) async fn worker_loop(
         let token = guard.token();
         out.say(&format!("grant {token}")).await?;
         let mut last_act = out.say(&format!("read {token}")).await?;
-        let answer = answers
-            .next_line()
-            .await
-            .map_err(|e| e.to_string())?
-            .unwrap_or_default();
-        let words: Vec<&str> = answer.split_whitespace().collect();
-        let value = match words.as_slice() {
-            ["ok", fenced, _] => fenced.parse::<u64>().unwrap_or(0),
-            ["refused", _, twin] => twin.parse::<u64>().unwrap_or(0),
-            _ => return Ok(0),
+        let Some(value) = read_answer(&mut answers).await? else {
+            return Ok(0);
         };
-        // A careful holder: it stops acting the moment its session is lost
-        // (the library tells it before anyone else can be granted), and
-        // looks once more just before it writes.
-        let lost = tokio::select! {
-            () = tokio::time::sleep(rng.between(Duration::from_millis(2), Duration::from_millis(30))) => s.is_lost(),
-            _ = s.lost() => true,
-        };
+        let lost = critical_section(&s, &mut rng).await;
         if lost {
             out.say_at(lost_at(&s, last_act), "lost").await?;
             drop(guard);
@@ -137,8 +126,38 @@ pub(super) async fn worker_loop(
     }
 }
 
+/// The value a read gives: the fenced register's, or where it refused the
+/// token, the twin's (the worker writes one more either way); `None` when
+/// the harness is gone.
+pub(super) async fn read_answer(
+    answers: &mut tokio::io::Lines<BufReader<impl tokio::io::AsyncRead + Unpin>>,
+) -> Result<Option<u64>, String> {
+    let answer = answers
+        .next_line()
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    let words: Vec<&str> = answer.split_whitespace().collect();
+    Ok(match words.as_slice() {
+        ["ok", fenced, _] => Some(fenced.parse::<u64>().unwrap_or(0)),
+        ["refused", _, twin] => Some(twin.parse::<u64>().unwrap_or(0)),
+        _ => None,
+    })
+}
+
+/// A careful holder's critical section: a short random time, cut short
+/// the moment its session is lost (the library tells it before anyone else
+/// can be granted); says whether the session is lost by its end (it looks
+/// once more just before it writes).
+pub(super) async fn critical_section(s: &Session, rng: &mut Rng) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(rng.between(Duration::from_millis(2), Duration::from_millis(30))) => s.is_lost(),
+        _ = s.lost() => true,
+    }
+}
+
 /// A worker's output to the harness.
-struct Lines<W> {
+pub(super) struct Lines<W> {
     out: W,
     frozen: Option<tokio::sync::watch::Receiver<gate::Gate>>,
 }
@@ -146,12 +165,12 @@ struct Lines<W> {
 impl<W: tokio::io::AsyncWrite + Unpin> Lines<W> {
     /// Tells the harness `line`, stamped now (after a freeze, if one is on);
     /// returns the stamp.
-    async fn say(&mut self, line: &str) -> Result<u64, String> {
+    pub(super) async fn say(&mut self, line: &str) -> Result<u64, String> {
         self.say_at(0, line).await
     }
 
     /// Tells the harness `line`, stamped `at` (0: now, after a freeze).
-    async fn say_at(&mut self, at: u64, line: &str) -> Result<u64, String> {
+    pub(super) async fn say_at(&mut self, at: u64, line: &str) -> Result<u64, String> {
         if let Some(frozen) = &mut self.frozen {
             let _ = frozen.wait_for(|g| *g != gate::Gate::Frozen).await;
         }
@@ -173,7 +192,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Lines<W> {
 /// now, when the worker learned it. So a worker slow to notice (a busy
 /// scheduler, an answer of the harness it was awaiting) is not counted as
 /// holding past the moment the library told it.
-fn lost_at(s: &Session, last_act: u64) -> u64 {
+pub(super) fn lost_at(s: &Session, last_act: u64) -> u64 {
     let now = mono_ns();
     let told = match s.lost_reason() {
         Some(tenure::LostReason::Unconfirmed) => {

@@ -56,6 +56,14 @@ pub(super) async fn keep_worker(
             .arg(format!("{}ms", ttl.as_millis()))
             .arg("--seed")
             .arg((seed ^ (u64::from(id) << 32) ^ life).to_string())
+            // Only in a run of shard owners: an older build (--mixed-with)
+            // knows no such option.
+            .args(
+                (shared.shards != 0)
+                    .then(|| ["--shards".to_string(), shared.shards.to_string()])
+                    .into_iter()
+                    .flatten(),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -139,6 +147,7 @@ pub(super) async fn keep_task_worker(
             name: name.clone(),
             ttl,
             seed: seed ^ (u64::from(id) << 32) ^ life,
+            shards: shared.shards,
         };
         let frozen = gate.subscribe();
         let task = tokio::spawn(async move {
@@ -193,55 +202,51 @@ async fn serve(
     let mut lines = BufReader::new(output).lines();
     let mut rng = Rng::new(u64::from(id) ^ mono_ns());
     while let Ok(Some(line)) = lines.next_line().await {
-        // "<the worker's stamp, ns> <what> <numbers…>"; reads and writes
-        // are stamped by the harness as it applies them, in their order.
+        // "<the worker's stamp, ns> <what> [SHARD] <numbers…>"; reads and
+        // writes are stamped by the harness as it applies them, in their
+        // order. A run of shard owners names the shard first.
         let all: Vec<&str> = line.split_whitespace().collect();
         let Some((stamp, words)) = all.split_first() else {
             continue;
         };
         let stamp = stamp.parse::<u64>().unwrap_or_else(|_| mono_ns());
+        let (verb, words) = match words.split_first() {
+            Some((verb, rest)) => (*verb, rest),
+            None => continue,
+        };
+        let (shard, words) = match (shared.shards != 0, verb) {
+            (true, "grant" | "release" | "read" | "write") => match words.split_first() {
+                Some((s, rest)) => (s.parse::<u32>().ok(), rest),
+                None => continue,
+            },
+            _ => (None, words),
+        };
         let number = |i: usize| words.get(i).and_then(|w| w.parse::<u64>().ok());
-        match (words.first().copied(), number(1), number(2)) {
-            (Some("req"), _, _) => shared.record_at(stamp, Some(id), Op::Request),
-            (Some("grant"), Some(token), _) => {
+        match (verb, number(0), number(1)) {
+            ("req", _, _) => shared.record_at(stamp, Some(id), Op::Request),
+            ("grant", Some(token), _) => {
                 shared.grants.fetch_add(1, Ordering::Relaxed);
                 shared.builds.granted(id);
                 set_token(shared, id, token);
-                shared.record_at(stamp, Some(id), Op::Grant { token });
+                shared.record_shard_at(stamp, Some(id), shard, Op::Grant { token });
             }
-            (Some("release"), _, _) => {
-                set_token(shared, id, 0);
-                shared.record_at(stamp, Some(id), Op::Release);
+            ("release", _, _) => {
+                if shared.shards == 0 {
+                    set_token(shared, id, 0);
+                }
+                shared.record_shard_at(stamp, Some(id), shard, Op::Release);
             }
-            (Some("lost"), _, _) => {
+            ("lost", _, _) => {
                 set_token(shared, id, 0);
                 shared.record_at(stamp, Some(id), Op::Lost);
             }
-            (Some("read"), Some(token), _) => {
-                let answer = {
-                    let mut regs = shared.registers.lock().unwrap_or_else(|e| e.into_inner());
-                    let fenced = (token >= regs.highest).then(|| {
-                        regs.highest = token;
-                        regs.fenced
-                    });
-                    shared.record(
-                        Some(id),
-                        Op::Read {
-                            token,
-                            fenced,
-                            twin: regs.twin,
-                        },
-                    );
-                    match fenced {
-                        Some(v) => format!("ok {v} {}\n", regs.twin),
-                        None => format!("refused {} {}\n", regs.highest, regs.twin),
-                    }
-                };
+            ("read", Some(token), _) => {
+                let answer = read(shared, id, shard, token);
                 if reply(&mut stdin, &answer).await.is_err() {
                     return;
                 }
             }
-            (Some("write"), Some(token), Some(value)) => {
+            ("write", Some(token), Some(value)) => {
                 let paused = {
                     let mut queue = shared
                         .pause_on_write
@@ -265,37 +270,70 @@ async fn serve(
                     let length = pause(shared.clone(), id, control.clone(), ttl, rng.next());
                     tokio::time::sleep(length).await;
                 }
-                let answer = {
-                    let mut regs = shared.registers.lock().unwrap_or_else(|e| e.into_inner());
-                    let accepted = token >= regs.highest;
-                    let (fenced_before, twin_before) = (regs.fenced, regs.twin);
-                    if accepted {
-                        regs.highest = token;
-                        regs.fenced = value;
-                    }
-                    regs.twin = value;
-                    shared.record(
-                        Some(id),
-                        Op::Write {
-                            token,
-                            value,
-                            accepted,
-                            fenced_before,
-                            twin_before,
-                        },
-                    );
-                    if accepted {
-                        "ok\n"
-                    } else {
-                        "refused\n"
-                    }
-                };
+                let answer = write(shared, id, shard, token, value);
                 if reply(&mut stdin, answer).await.is_err() {
                     return;
                 }
             }
             _ => {}
         }
+    }
+}
+
+/// Applies a read of the registers (the lock's, or one shard's) with
+/// `token`, records it, and says the answer.
+fn read(shared: &Shared, id: u32, shard: Option<u32>, token: u64) -> String {
+    let mut all = shared.registers.lock().unwrap_or_else(|e| e.into_inner());
+    let regs = all.entry(shard).or_default();
+    let fenced = (token >= regs.highest).then(|| {
+        regs.highest = token;
+        regs.fenced
+    });
+    let twin = regs.twin;
+    let answer = match fenced {
+        Some(v) => format!("ok {v} {twin}\n"),
+        None => format!("refused {} {twin}\n", regs.highest),
+    };
+    shared.record_shard_at(
+        mono_ns(),
+        Some(id),
+        shard,
+        Op::Read {
+            token,
+            fenced,
+            twin,
+        },
+    );
+    answer
+}
+
+/// Applies a write of `value` with `token`, records it, and says the answer.
+fn write(shared: &Shared, id: u32, shard: Option<u32>, token: u64, value: u64) -> &'static str {
+    let mut all = shared.registers.lock().unwrap_or_else(|e| e.into_inner());
+    let regs = all.entry(shard).or_default();
+    let accepted = token >= regs.highest;
+    let (fenced_before, twin_before) = (regs.fenced, regs.twin);
+    if accepted {
+        regs.highest = token;
+        regs.fenced = value;
+    }
+    regs.twin = value;
+    shared.record_shard_at(
+        mono_ns(),
+        Some(id),
+        shard,
+        Op::Write {
+            token,
+            value,
+            accepted,
+            fenced_before,
+            twin_before,
+        },
+    );
+    if accepted {
+        "ok\n"
+    } else {
+        "refused\n"
     }
 }
 

@@ -93,7 +93,8 @@ fn series(snapshotter: &Snapshotter) -> Vec<Series> {
 }
 
 /// The scenario: a lock taken, tried, timed out on and waited for; an
-/// election; `once` twice; a schedule's tick; an evicted session.
+/// election; `once` twice; a schedule's tick; an evicted session; a shard
+/// group's handover.
 async fn scenario(url: &str, prefix: &str) {
     let store = tenure::open(url).await.expect("open the store");
     let ttl = Duration::from_secs(10).max(store.capabilities().min_ttl);
@@ -177,6 +178,9 @@ async fn scenario(url: &str, prefix: &str) {
             .expect("the evicted session learnt of it");
     }
     drop(guard);
+
+    // A shard group: a handover each way, a member that settles.
+    super::shards_scenario(&store, &format!("{prefix}/shards")).await;
 
     a.close().await.unwrap();
     b.close().await.unwrap();

@@ -455,3 +455,37 @@ pub async fn check_shards_paused_member_loses_first(t: &Target) {
     ob.leave().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// A member owns both shards of the group `group`, a second joins and one
+/// shard moves to it (a handover on each side), both settle, both leave:
+/// what every shard metric records (the metrics scenarios' shards step).
+pub async fn shards_scenario(store: &Arc<dyn Store>, group: &str) {
+    let within = Duration::from_secs(20);
+    let a = session(store).await;
+    let b = session(store).await;
+    let mut first = Shards::new(&a, group, 2).unwrap().join().await.unwrap();
+    for _ in 0..2 {
+        // Dropped at once: the work on it is over, so a revocation
+        // releases it without waiting for the grace.
+        drop(
+            tokio::time::timeout(within, first.next())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    settled(&mut [&mut first], 2, within).await;
+    let mut second = Shards::new(&b, group, 2).unwrap().join().await.unwrap();
+    drop(
+        tokio::time::timeout(within, second.next())
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    let map = settled(&mut [&mut first, &mut second], 2, within).await;
+    assert_eq!(map.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1]);
+    first.leave().await.unwrap();
+    second.leave().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
