@@ -637,12 +637,7 @@ fn the_page_follows_the_store_in_a_real_browser() {
     let page = http(&console.addr, "GET", "/", &[], "");
     assert!(page.body.contains("Reading the store…"), "{}", page.body);
     assert!(!page.body.contains("No name has a holder"), "{}", page.body);
-    browser.open(&format!("http://{}/", console.addr));
-    browser.until(
-        "return document.getElementById('badge').textContent",
-        "live".into(),
-        Duration::from_secs(10),
-    );
+    open_live(&browser, &console);
     browser.until(
         "return document.getElementById('empty').textContent",
         "No name has a holder or a waiter.".into(),
@@ -650,12 +645,7 @@ fn the_page_follows_the_store_in_a_real_browser() {
     );
 
     // Another process (this test) takes a lock with an HTML label.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = rt.block_on(tenure::open(&env.url)).unwrap();
+    let (rt, store) = runtime_and_store(&env);
     let session = rt
         .block_on(tenure::Session::with_options(
             &store,
@@ -770,6 +760,89 @@ fn the_page_follows_the_store_in_a_real_browser() {
     signal(lock.id(), libc::SIGCONT);
     wait_exit(&mut lock, Duration::from_secs(20));
 
+    let errors = browser.js("return window.tenureErrors");
+    assert_eq!(errors, serde_json::json!([]), "script errors on the page");
+}
+
+/// Opens the console's page and waits until it is live.
+fn open_live(browser: &Browser, console: &Console) {
+    browser.open(&format!("http://{}/", console.addr));
+    browser.until(
+        "return document.getElementById('badge').textContent",
+        "live".into(),
+        Duration::from_secs(10),
+    );
+}
+
+/// A runtime of this test's own, and the environment's store opened in it
+/// (another process than the console, as far as the store can tell).
+fn runtime_and_store(env: &Env) -> (tokio::runtime::Runtime, std::sync::Arc<dyn tenure::Store>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt.block_on(tenure::open(&env.url)).unwrap();
+    (rt, store)
+}
+
+/// A shard group on the page: its members' name is a `group` whose
+/// entries are members, each shard held is a `shard` whose holder is its
+/// owner, with the shard's token.
+#[test]
+fn a_shard_group_shows_its_members_and_owners() {
+    let Some(browser) = Browser::start() else {
+        return;
+    };
+    let env = Env::sqlite();
+    let console = Console::start(&env, &[]);
+    open_live(&browser, &console);
+    let (rt, store) = runtime_and_store(&env);
+    let session = rt.block_on(tenure::Session::new(&store)).unwrap();
+    let mut owner = rt
+        .block_on(tenure::Shards::new(&session, "ingest", 2).unwrap().join())
+        .unwrap();
+    let shard = rt.block_on(owner.next()).unwrap();
+    let group = "const r = document.querySelector('tr[data-name=\"tenure.group:ingest\"]');";
+    browser.until(
+        &format!("{group} return r ? r.querySelector('.kind').textContent : null"),
+        "group".into(),
+        Duration::from_secs(5),
+    );
+    let name = shard.name().to_string();
+    let row = format!("const r = document.querySelector('tr[data-name=\"{name}\"]');");
+    browser.until(
+        &format!("{row} return r ? r.querySelector('.kind').textContent : null"),
+        "shard".into(),
+        Duration::from_secs(5),
+    );
+    browser.until(
+        &format!("{row} return r.querySelector('.token').textContent"),
+        shard.token().to_string().into(),
+        Duration::from_secs(5),
+    );
+    // Its queue: the owner.
+    browser.js(&format!("{row} r.click(); return true"));
+    browser.until(
+        "const q = document.getElementById('queue').tBodies[0]; return q.rows.length ? q.rows[0].cells[1].textContent : null",
+        "owner".into(),
+        Duration::from_secs(5),
+    );
+    browser.js(&format!("{group} r.click(); return true"));
+    browser.until(
+        "const q = document.getElementById('queue').tBodies[0]; return q.rows.length ? q.rows[0].cells[1].textContent : null",
+        "member".into(),
+        Duration::from_secs(5),
+    );
+    let shot = browser.screenshot();
+    std::fs::write(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-shards.png"),
+        &shot,
+    )
+    .unwrap();
+    drop(shard);
+    rt.block_on(owner.leave()).unwrap();
+    rt.block_on(session.close()).unwrap();
     let errors = browser.js("return window.tenureErrors");
     assert_eq!(errors, serde_json::json!([]), "script errors on the page");
 }

@@ -305,7 +305,13 @@ async fn run_shard(shard: Shard, session: Session, setup: Arc<Setup>, hub: Arc<S
             _ = hub.stopped() => break,
         }
     }
-    say(format_args!("shards {name}: shard {index} released"));
+    if session.is_lost() {
+        say(format_args!(
+            "shards {name}: shard {index} lost with the session"
+        ));
+    } else {
+        say(format_args!("shards {name}: shard {index} released"));
+    }
     shard.release();
 }
 

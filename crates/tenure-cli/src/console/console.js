@@ -39,11 +39,13 @@ function duration(ms) {
 }
 
 // What an entry is called in a name of `kind` (the server says what each
-// name is: lock, read/write lock, semaphore, election, tick claim or
-// non-fair waiters, a lock's wake-up line).
+// name is: lock, read/write lock, semaphore, election, tick claim,
+// non-fair waiters (a lock's wake-up line), group (its members) or shard).
 function role(kind, entry) {
   const granted = entry.state === "holder";
   if (kind === "election") return granted ? "leader" : "candidate";
+  if (kind === "group") return "member";
+  if (kind === "shard") return granted ? "owner" : "next owner";
   if (kind === "tick claim") return "claimed";
   if (kind === "non-fair waiters") return granted ? "watching" : "waiting";
   return granted ? "holder" : "waiter";
