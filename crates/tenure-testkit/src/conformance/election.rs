@@ -315,11 +315,15 @@ pub async fn check_elector_pause(t: &Target) {
         .unwrap();
     let every = renew.renew_interval();
     renew.close().await.unwrap();
+    // The stop's own bound (stop grace + TTL) is not what this checks:
+    // room for a session's close on a loaded machine (a ZooKeeper close
+    // once took over the 2 s of a TTL alone).
     let make = |who: &str| {
         Running::start(
             Elector::new(&t.store, &name, who)
                 .unwrap()
-                .session_options(options.clone()),
+                .session_options(options.clone())
+                .stop_grace(Duration::from_secs(5)),
         )
     };
     let (a, b) = (make("a"), make("b"));
