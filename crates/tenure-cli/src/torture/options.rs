@@ -181,6 +181,12 @@ impl Plan {
             if args.mixed_with.is_some() {
                 return Err("--shards and --mixed-with: builds before shards have none".into());
             }
+            if !store.capabilities().shared {
+                return Err(format!(
+                    "--shards: the {} store has no shared entries, so no groups",
+                    store.capabilities().backend
+                ));
+            }
         }
         if args.clients < 2 {
             return Err("--clients must be at least 2: torture needs contention".into());

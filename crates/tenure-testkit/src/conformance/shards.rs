@@ -40,6 +40,28 @@ async fn settled(owners: &mut [&mut ShardOwner], shards: u32, within: Duration) 
     }
 }
 
+/// Whether the store can keep groups (shared entries); one that cannot
+/// must refuse a group, typed, for a member as for shards: checked here,
+/// and the caller's check ends.
+async fn refuses_groups(t: &Target) -> bool {
+    if t.store.capabilities().shared {
+        return false;
+    }
+    let s = session(&t.store).await;
+    let name = unique("no-groups");
+    let group = Group::new(&t.store, &name).unwrap();
+    let err = group.join(&s, "v").await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    let err = Shards::new(&s, &name, 4).unwrap().join().await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    s.close().await.unwrap();
+    eprintln!(
+        "{}: no shared entries (capabilities): groups and shards are Unsupported",
+        t.store.capabilities().backend
+    );
+    true
+}
+
 async fn ttl_session(store: &Arc<dyn Store>, ttl: Duration) -> Session {
     Session::with_options(store, SessionOptions::new().ttl(ttl))
         .await
@@ -49,6 +71,9 @@ async fn ttl_session(store: &Arc<dyn Store>, ttl: Duration) -> Session {
 /// Members join with values, are listed in the order they joined, and a
 /// watch sees every join and leave, a closed session's included.
 pub async fn check_shards_group_membership(t: &Target) {
+    if refuses_groups(t).await {
+        return;
+    }
     let name = unique("group");
     let group = Group::new(&t.store, &name).unwrap();
     let mut watch = group.watch();
@@ -96,6 +121,9 @@ pub async fn check_shards_group_membership(t: &Target) {
 
 /// Members that give another shard count than the group's are refused.
 pub async fn check_shards_refuse_another_count(t: &Target) {
+    if refuses_groups(t).await {
+        return;
+    }
     let name = unique("shards-count");
     let a = session(&t.store).await;
     let b = session(&t.store).await;
@@ -113,6 +141,9 @@ pub async fn check_shards_refuse_another_count(t: &Target) {
 /// the group settles at 4 each, moving few shards; one leaves and the
 /// other three take its shards only.
 pub async fn check_shards_balanced_and_sticky(t: &Target) {
+    if refuses_groups(t).await {
+        return;
+    }
     let name = unique("shards-balance");
     let within = Duration::from_secs(15);
     let grace = Duration::from_millis(200);
@@ -251,6 +282,9 @@ fn work(
 /// its worker) while the others work; at the end every shard has one
 /// owner.
 pub async fn check_shards_one_owner_under_churn(t: &Target) {
+    if refuses_groups(t).await {
+        return;
+    }
     let name = unique("shards-churn");
     let shards = 24;
     let ledger = Arc::new(std::sync::Mutex::new(Ledger::default()));
@@ -326,6 +360,9 @@ pub async fn check_shards_one_owner_under_churn(t: &Target) {
 /// (where a watcher confirms expiry, a TTL more: they watch it for its
 /// TTL first).
 pub async fn check_shards_dead_member_reassigned_in_bound(t: &Target) {
+    if refuses_groups(t).await {
+        return;
+    }
     let ttl = short_ttl(t, Duration::from_millis(1000));
     let renew = ttl / 3;
     let name = unique("shards-dead");
@@ -398,6 +435,9 @@ pub async fn check_shards_dead_member_reassigned_in_bound(t: &Target) {
 /// [`Shard::lost`](tenure::Shard::lost) resolves — before another member is
 /// granted any of them, and the new grants carry higher tokens.
 pub async fn check_shards_paused_member_loses_first(t: &Target) {
+    if refuses_groups(t).await {
+        return;
+    }
     let ttl = short_ttl(t, Duration::from_millis(1000));
     let name = unique("shards-paused");
     let shards = 4;
