@@ -3,7 +3,7 @@
 //! and revokes, drains and releases the others.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ enum Slot {
         hold: Hold,
         standing: watch::Sender<Standing>,
         done: oneshot::Receiver<()>,
-        delivered: Arc<AtomicBool>,
+        handout: Arc<AtomicU8>,
     },
     Draining {
         hold: Hold,
@@ -287,9 +287,9 @@ impl Engine {
         let (hold, joined) = result?.ok_or_else(crate::acquire::no_grant)?;
         let (standing, standing_rx) = watch::channel(Standing::Owned);
         let (done_tx, done) = oneshot::channel();
-        let delivered = Arc::new(AtomicBool::new(false));
+        let handout = Arc::new(AtomicU8::new(super::PENDING));
         let shard = Shard {
-            delivered: delivered.clone(),
+            handout: handout.clone(),
             index,
             shards: self.shards,
             token: joined.seq,
@@ -306,7 +306,7 @@ impl Engine {
                 hold,
                 standing,
                 done,
-                delivered,
+                handout,
             },
         );
         // Nobody to hand it to (the owner is gone): it is revoked at the
@@ -325,13 +325,19 @@ impl Engine {
                 hold,
                 standing,
                 done,
-                delivered,
+                handout,
             }) => {
-                // Still waiting in the owner's channel: no work to drain.
-                let grace = match delivered.load(Ordering::Acquire) {
-                    true => grace,
-                    false => Duration::ZERO,
-                };
+                // Still waiting in the owner's channel: withdrawn (never
+                // handed out after this), with no work to drain.
+                let withdrawn = handout
+                    .compare_exchange(
+                        super::PENDING,
+                        super::WITHDRAWN,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok();
+                let grace = if withdrawn { Duration::ZERO } else { grace };
                 let deadline = Instant::now() + grace;
                 let _ = standing.send(Standing::Revoked(deadline));
                 self.draining.spawn(async move {

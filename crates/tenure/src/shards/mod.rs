@@ -6,7 +6,7 @@ mod engine;
 mod view;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,13 @@ pub use view::{shard_map, ShardState, ShardView};
 
 /// Where a group's shards are locked: `tenure.shard:GROUP/INDEX`.
 pub const SHARD_PREFIX: &str = "tenure.shard:";
+
+/// A granted shard's hand-out ([`Shard::handout`]): waiting in the
+/// owner's channel, handed out by `next()`, or withdrawn by a revocation
+/// that came first.
+pub(crate) const PENDING: u8 = 0;
+pub(crate) const DELIVERED: u8 = 1;
+pub(crate) const WITHDRAWN: u8 = 2;
 
 /// The most shards a group may have.
 pub const MAX_SHARDS: u32 = 65_536;
@@ -239,12 +246,14 @@ impl ShardOwner {
     /// Cancel safe: a shard not yet returned stays for the next call.
     pub async fn next(&mut self) -> Result<Shard> {
         while let Some(shard) = self.granted.recv().await {
-            // One revoked before it came out here was released at once.
-            if shard.is_lost() {
-                continue;
-            }
-            shard.delivered.store(true, Ordering::Release);
-            if !shard.is_lost() {
+            // Handed out, unless the engine withdrew it first (revoked
+            // before it came out here: released at once). One atomic step
+            // decides, so a shard is never both.
+            if shard
+                .handout
+                .compare_exchange(PENDING, DELIVERED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 return Ok(shard);
             }
         }
@@ -328,9 +337,10 @@ pub struct Shard {
     standing: watch::Receiver<Standing>,
     /// Dropped with the handle: the engine then knows the work is over.
     _done: oneshot::Sender<()>,
-    /// Whether [`ShardOwner::next`] handed it out: one revoked before that
-    /// has no work to wait for.
-    delivered: Arc<AtomicBool>,
+    /// Whether [`ShardOwner::next`] handed it out ([`DELIVERED`]) or the
+    /// engine withdrew it before ([`WITHDRAWN`]): one withdrawn has no
+    /// work to wait for.
+    handout: Arc<AtomicU8>,
 }
 
 impl Shard {
