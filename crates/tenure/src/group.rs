@@ -71,7 +71,16 @@ pub struct Member {
     pub since: Option<SystemTime>,
     /// Whether its lease has lapsed by the store's clock and a watcher has
     /// yet to confirm it ([`Capabilities::watched_expiry`](crate::Capabilities::watched_expiry)):
-    /// a member on its way out, unless it renews.
+    /// a member on its way out, unless it renews. Only on those stores
+    /// (Redis, Redlock, PostgreSQL, MySQL); elsewhere a member whose lease
+    /// ends is gone from the list. A [`MembersWatch`] yields the list when
+    /// a member lapses, as for any other change; [`Shards`](crate::Shards)
+    /// give a lapsed member no shard.
+    ///
+    /// Nothing confirms a plain member's lapse on those stores (a shard's
+    /// waiting owner does, for a [`Shards`](crate::Shards) member): it stays
+    /// listed, lapsed, until the group's name changes again. Count only
+    /// the members that have not lapsed as live.
     pub lapsed: bool,
 }
 
@@ -102,8 +111,16 @@ pub(crate) fn decode_member(raw: &[u8]) -> Option<(u32, u32, Vec<u8>)> {
 }
 
 impl Member {
-    /// The member an entry of a group's queue stands for, if it is one.
-    pub(crate) fn from_entry(entry: &Entry, watched_expiry: bool) -> Option<Member> {
+    /// The member an entry of a group's queue stands for, if it is one
+    /// (`None` for an entry that something else put on the group's name).
+    /// `watched_expiry` is the store's [`Capabilities::watched_expiry`]: it
+    /// decides whether a zero time left means [`Member::lapsed`].
+    ///
+    /// For tools that list a store's entries (`tenure status` does):
+    /// [`Group::members`] is the way to list a group.
+    ///
+    /// [`Capabilities::watched_expiry`]: crate::Capabilities::watched_expiry
+    pub fn from_entry(entry: &Entry, watched_expiry: bool) -> Option<Member> {
         if entry.kind != EntryKind::Shared {
             return None;
         }
@@ -225,6 +242,7 @@ impl Group {
             name: self.name.clone(),
             version: None,
             last: None,
+            next_lapse: None,
         }
     }
 }
@@ -284,11 +302,27 @@ pub struct MembersWatch {
     name: Name,
     version: Option<u64>,
     last: Option<Vec<Member>>,
+    /// When the next member's lease lapses by the store's clock.
+    next_lapse: Option<tokio::time::Instant>,
+}
+
+/// The instant just after the first live member's lease lapses by the
+/// store's clock, where the store tells the time left: a lapse may change
+/// no version (where a watcher confirms expiry, or the store ends leases
+/// only when it is next asked).
+fn next_lapse(entries: &[Entry]) -> Option<tokio::time::Instant> {
+    entries
+        .iter()
+        .map(|e| e.expires_in)
+        .filter(|d| !d.is_zero())
+        .min()
+        .map(|d| tokio::time::Instant::now() + d + std::time::Duration::from_millis(20))
 }
 
 impl MembersWatch {
     /// The members: first those now, then the list after each change of
-    /// membership (a join, a leave, a value).
+    /// membership (a join, a leave, a value, a lease that lapsed: see
+    /// [`Member::lapsed`]).
     ///
     /// # Cancel safety
     ///
@@ -297,10 +331,25 @@ impl MembersWatch {
     pub async fn next(&mut self) -> Result<Vec<Member>> {
         loop {
             if let Some(version) = self.version {
-                self.version = Some(self.store.wait_changed(&self.name, version).await?);
+                // A lapse may change no version: look again at the next
+                // member's lapse too.
+                let at = self.next_lapse;
+                let lapse = async move {
+                    match at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = self.store.wait_changed(&self.name, version) => {
+                        self.version = Some(changed?);
+                    }
+                    () = lapse => {}
+                }
             }
             let queue = self.store.queue(&self.name).await?;
             self.version = Some(queue.version);
+            self.next_lapse = next_lapse(&queue.entries);
             let members = members_of(&self.store, &queue.entries);
             let same = |a: &[Member], b: &[Member]| {
                 a.len() == b.len()

@@ -208,7 +208,7 @@ macro_rules! __conformance_checks {
             check_cell_bound_to_session, check_cell_increments, check_crashed_co_holder_released,
             check_metrics_same_as_memory, check_session_builds, check_upgrade_finish,
             check_upgrade_finish_while_sessions_open,
-            check_shards_group_membership, check_shards_refuse_another_count, check_shards_balanced_and_sticky,
+            check_shards_group_membership, check_shards_group_dead_member_seen, check_shards_refuse_another_count, check_shards_balanced_and_sticky,
             check_shards_one_owner_under_churn, check_shards_dead_member_reassigned_in_bound,
             check_shards_paused_member_loses_first}
     };

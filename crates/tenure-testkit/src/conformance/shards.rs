@@ -119,6 +119,72 @@ pub async fn check_shards_group_membership(t: &Target) {
     a.close().await.unwrap();
 }
 
+/// A member whose process dies without a word (its session never closed,
+/// never renewed) is seen by a group's watch within a dead holder's bound
+/// (its TTL and a renew interval) and the store's change latency: gone from the list, or, where a watcher confirms
+/// expiry, listed as lapsed; the live member stays listed, not lapsed.
+pub async fn check_shards_group_dead_member_seen(t: &Target) {
+    if refuses_groups(t).await {
+        return;
+    }
+    let ttl = short_ttl(t, Duration::from_millis(1000));
+    let name = unique("group-dead");
+    let group = Group::new(&t.store, &name).unwrap();
+    let live = session(&t.store).await;
+    let kept = group.join(&live, "live").await.unwrap();
+    let spec = SessionSpec {
+        ttl,
+        label: "dies".into(),
+    };
+    let dead = t.store.open_session(&spec).await.unwrap();
+    let died = Instant::now();
+    // A member's entry as every build writes it (`m1 WEIGHT SHARDS`).
+    t.store
+        .join(
+            &dead.key,
+            request(group.members_name(), EntryKind::Shared, b"m1 1 0\ndead"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let mut watch = group.watch();
+    // A dead holder's bound: its TTL and a renew interval (a store ends a
+    // lease in its own time: etcd checks its leases twice a second), and
+    // the store's change latency.
+    let bound = ttl + ttl / 3 + change_latency(t);
+    let seen = tokio::time::timeout(bound + Duration::from_secs(20), async {
+        loop {
+            let members = watch.next().await.unwrap();
+            let dead_listed = members.iter().find(|m| m.value == b"dead");
+            if dead_listed.is_none_or(|m| m.lapsed) {
+                return members;
+            }
+        }
+    })
+    .await
+    .expect("the watch never saw the dead member go");
+    let took = died.elapsed();
+    eprintln!(
+        "a dead member seen gone or lapsed {took:?} after it died (bound {bound:?}): {seen:?}"
+    );
+    assert!(
+        took <= bound,
+        "seen {took:?} after the death; the bound is {bound:?}"
+    );
+    let alive: Vec<_> = seen.iter().filter(|m| !m.lapsed).collect();
+    assert_eq!(alive.len(), 1, "{seen:?}");
+    assert_eq!(alive[0].id, kept.id());
+    if !t.store.capabilities().watched_expiry {
+        assert_eq!(
+            seen.len(),
+            1,
+            "a store that ends leases itself drops the member: {seen:?}"
+        );
+    }
+    kept.leave().await.unwrap();
+    live.close().await.unwrap();
+}
+
 /// Members that give another shard count than the group's are refused.
 pub async fn check_shards_refuse_another_count(t: &Target) {
     if refuses_groups(t).await {
