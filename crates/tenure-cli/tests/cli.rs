@@ -1577,3 +1577,54 @@ fn status_says_what_each_name_is() {
         wait_exit(child, Duration::from_secs(20));
     }
 }
+
+/// A shard group's members in `tenure status`: each member's own value,
+/// weight and shard count, not the encoding the store keeps.
+#[test]
+fn status_shows_a_group_members_own_value() {
+    let env = Env::sqlite();
+    let mut member = env
+        .cmd(&[
+            "shards",
+            "ingest",
+            "--shards",
+            "2",
+            "--weight",
+            "3",
+            "--value",
+            "10.0.0.7:80",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let group = "tenure.group:ingest";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let listed = loop {
+        let out = env.run(&["status", group, "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if v[0]["entries"][0].is_object() {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the member never listed: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(listed[0]["kind"], "group", "{listed}");
+    let entry = &listed[0]["entries"][0];
+    assert_eq!(entry["value"], "10.0.0.7:80", "{listed}");
+    assert_eq!(entry["weight"], 3, "{listed}");
+    assert_eq!(entry["shards"], 2, "{listed}");
+    let text = env.run(&["status", group]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("weight=3 shards=2") && text.contains("value=10.0.0.7:80"),
+        "{text}"
+    );
+    assert!(!text.contains("m1"), "{text}");
+    signal(member.id(), libc::SIGTERM);
+    assert!(wait_exit(&mut member, Duration::from_secs(10)).success());
+}

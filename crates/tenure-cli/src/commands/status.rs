@@ -109,11 +109,13 @@ pub(crate) async fn status_json(
     let mut all = Vec::new();
     for name in store.names(prefix).await? {
         let queue = store.queue(&name).await?;
+        let kind = recipes.kind(name.as_str(), &queue.entries);
         let entries: Vec<_> = queue
             .entries
             .iter()
             .map(|e| {
-                serde_json::json!({
+                let member = member_of(kind, e);
+                let mut entry = serde_json::json!({
                     "token": e.seq,
                     "state": if e.granted { "holder" } else { "waiter" },
                     "kind": format!("{:?}", e.kind),
@@ -122,17 +124,32 @@ pub(crate) async fn status_json(
                     "session": e.session_tag,
                     "holds": e.holds,
                     "ttl_left_ms": told.then_some(e.expires_in.as_millis()),
-                    "value": String::from_utf8_lossy(&e.value),
-                })
+                    "value": String::from_utf8_lossy(
+                        member.as_ref().map_or(&e.value[..], |m| &m.value[..])
+                    ),
+                });
+                if let Some(m) = &member {
+                    entry["weight"] = m.weight.into();
+                    entry["shards"] = m.shards.into();
+                }
+                entry
             })
             .collect();
         all.push(serde_json::json!({
             "name": name.as_str(),
-            "kind": recipes.kind(name.as_str(), &queue.entries),
+            "kind": kind,
             "entries": entries,
         }));
     }
     Ok(serde_json::Value::Array(all))
+}
+
+/// A group member's entry read as the member (its own value, weight and
+/// shard count), rather than as the store keeps it.
+fn member_of(kind: &str, entry: &Entry) -> Option<tenure::Member> {
+    (kind == "group")
+        .then(|| tenure::Member::from_entry(entry, false))
+        .flatten()
 }
 
 /// What an entry is called in a name of `kind`: an election's leader and
@@ -167,11 +184,20 @@ pub(super) async fn run(store: Arc<dyn Store>, args: StatusArgs) -> Result<u8, F
                 "read/write lock" | "semaphore" => format!(" {}", mode(e.kind)),
                 _ => String::new(),
             };
-            let value = if e.value.is_empty() || kind == "tick claim" {
+            let member = member_of(kind, e);
+            let (shown, weight) = match &member {
+                Some(m) => (
+                    &m.value[..],
+                    format!(" weight={} shards={}", m.weight, m.shards),
+                ),
+                None => (&e.value[..], String::new()),
+            };
+            let value = if shown.is_empty() || kind == "tick claim" {
                 String::new()
             } else {
-                format!(" value={}", escape_line(&String::from_utf8_lossy(&e.value)))
+                format!(" value={}", escape_line(&String::from_utf8_lossy(shown)))
             };
+            let mode = format!("{mode}{weight}");
             outln!(
                 "  {:<9} token={}{mode} label={} session={} ttl_left={}{value}",
                 role(kind, e.granted),
