@@ -5,7 +5,8 @@
 //!
 //! Run: `cargo bench --manifest-path bench/Cargo.toml --bench shards`
 //! (`BENCH_ONLY=memory,postgres`, `SHARDS_MEMBERS=3,10,50`,
-//! `SHARDS_COUNTS=64,1024`, `BENCH_OUT=path.json`).
+//! `SHARDS_COUNTS=64,1024`, `SHARDS_URL_OPTIONS=node_timeout=1s`,
+//! `BENCH_OUT=path.json`).
 
 mod common;
 
@@ -107,7 +108,11 @@ fn moved(before: &BTreeMap<u32, u64>, after: &BTreeMap<u32, u64>) -> usize {
         .count()
 }
 
-async fn join(store: &Arc<dyn Store>, group: &str, shards: u32) -> tenure::Result<(Session, ShardOwner)> {
+async fn join(
+    store: &Arc<dyn Store>,
+    group: &str,
+    shards: u32,
+) -> tenure::Result<(Session, ShardOwner)> {
     let session = Session::with_options(store, ten_seconds()).await?;
     let owner = Shards::new(&session, group, shards)?
         .grace(Duration::from_secs(1))
@@ -132,10 +137,29 @@ async fn tenure_row(url: &str, backend: &str, members: usize, shards: u32) -> Ro
     row
 }
 
+/// Whether a member's session ended during `phase`: then the row says so
+/// (how many, and why), rather than measure a smaller group.
+fn none_lost(all: &[(Session, ShardOwner)], phase: &str) -> Result<(), String> {
+    let lost: Vec<_> = all.iter().filter_map(|(s, _)| s.lost_reason()).collect();
+    match lost.first() {
+        None => Ok(()),
+        Some(reason) => Err(format!(
+            "{} of {} sessions lost by the end of the {phase}: {reason}",
+            lost.len(),
+            all.len()
+        )),
+    }
+}
+
 async fn tenure_phases(row: &mut Row, url: &str) -> Result<(), String> {
     let counting = Counting::wrap(tenure::open(url).await.map_err(|e| e.to_string())?);
     let store: Arc<dyn Store> = counting.clone();
-    let group = format!("bench-shards-{}-{}-{}", row.members, row.shards, std::process::id());
+    let group = format!(
+        "bench-shards-{}-{}-{}",
+        row.members,
+        row.shards,
+        std::process::id()
+    );
     let started = Instant::now();
     // All at once, as a fleet that starts together.
     let joining: Vec<_> = (0..row.members)
@@ -154,13 +178,19 @@ async fn tenure_phases(row: &mut Row, url: &str) -> Result<(), String> {
     }
     let before = settled(&all.iter().map(|(_, o)| o).collect::<Vec<_>>(), row.shards).await?;
     row.first_settle_ms = Some(ms(started.elapsed()));
+    none_lost(&all, "first settle")?;
     // Idle: a settled group, for two seconds.
     let ops = counting.calls();
     tokio::time::sleep(Duration::from_secs(2)).await;
     row.idle_ops_per_s = Some((counting.calls() - ops) as f64 / 2.0);
+    none_lost(&all, "idle time")?;
     // A join.
     let (ops, at) = (counting.calls(), Instant::now());
-    all.push(join(&store, &group, row.shards).await.map_err(|e| e.to_string())?);
+    all.push(
+        join(&store, &group, row.shards)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
     let after = settled(&all.iter().map(|(_, o)| o).collect::<Vec<_>>(), row.shards).await?;
     row.join_settle_ms = Some(ms(at.elapsed()));
     row.join_ops = Some(counting.calls() - ops);
@@ -173,6 +203,7 @@ async fn tenure_phases(row: &mut Row, url: &str) -> Result<(), String> {
         counts.values().copied().min().unwrap_or(0),
         counts.values().copied().max().unwrap_or(0),
     ));
+    none_lost(&all, "join")?;
     // A leave.
     let (ops, at) = (counting.calls(), Instant::now());
     let (session, first) = all.remove(0);
@@ -288,7 +319,12 @@ async fn start_baseline(
 async fn baseline_phases(row: &mut Row, url: &str) -> Result<(), String> {
     let counting = Counting::wrap(tenure::open(url).await.map_err(|e| e.to_string())?);
     let store: Arc<dyn Store> = counting.clone();
-    let group = format!("bench-base-{}-{}-{}", row.members, row.shards, std::process::id());
+    let group = format!(
+        "bench-base-{}-{}-{}",
+        row.members,
+        row.shards,
+        std::process::id()
+    );
     let owned = Arc::new(AtomicUsize::new(0));
     let mut members = Vec::new();
     let start = || start_baseline(store.clone(), group.clone(), row.shards, owned.clone());
@@ -307,7 +343,10 @@ async fn baseline_phases(row: &mut Row, url: &str) -> Result<(), String> {
     tokio::time::sleep(BASELINE_WATCH).await;
     row.join_ops = Some(counting.calls() - ops);
     row.join_moved = Some(0);
-    let counts: Vec<usize> = members.iter().map(|(_, _, m)| m.load(Ordering::SeqCst)).collect();
+    let counts: Vec<usize> = members
+        .iter()
+        .map(|(_, _, m)| m.load(Ordering::SeqCst))
+        .collect();
     row.join_balance = Some((
         counts.iter().copied().min().unwrap_or(0),
         counts.iter().copied().max().unwrap_or(0),
@@ -335,16 +374,28 @@ where
 {
     std::env::var(var)
         .ok()
-        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect::<Vec<T>>())
+        .map(|v| {
+            v.split(',')
+                .filter_map(|s| s.trim().parse().ok())
+                .collect::<Vec<T>>()
+        })
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| default.to_vec())
 }
 
 fn bench_url(backend: &str, url: &str) -> String {
-    match backend {
+    let url = match backend {
         // One connection per session; the test kit's server takes any number.
         "zookeeper" => format!("{url}?max_sessions=0"),
         _ => url.to_string(),
+    };
+    // SHARDS_URL_OPTIONS=node_timeout=1s: more of the store URL's options.
+    match std::env::var("SHARDS_URL_OPTIONS") {
+        Ok(more) if !more.is_empty() => {
+            let join = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{join}{more}")
+        }
+        _ => url,
     }
 }
 
@@ -401,11 +452,26 @@ fn main() {
     rt.shutdown_timeout(Duration::from_secs(5));
     println!(
         "{:<10} {:<28} {:>3} {:>5} {:>9} {:>9} {:>8} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8}",
-        "backend", "scheme", "M", "N", "first ms", "join ms", "join ops", "moved", "balance", "leave ms", "lv ops", "moved", "idle op/s"
+        "backend",
+        "scheme",
+        "M",
+        "N",
+        "first ms",
+        "join ms",
+        "join ops",
+        "moved",
+        "balance",
+        "leave ms",
+        "lv ops",
+        "moved",
+        "idle op/s"
     );
     for r in &rows {
         if let Some(e) = &r.error {
-            println!("{:<10} {:<28} {:>3} {:>5} error: {e}", r.backend, r.scheme, r.members, r.shards);
+            println!(
+                "{:<10} {:<28} {:>3} {:>5} error: {e}",
+                r.backend, r.scheme, r.members, r.shards
+            );
             continue;
         }
         println!(
@@ -418,7 +484,8 @@ fn main() {
             opt_ms(r.join_settle_ms),
             opt(r.join_ops),
             opt(r.join_moved),
-            r.join_balance.map_or("-".into(), |(lo, hi)| format!("{lo}-{hi}")),
+            r.join_balance
+                .map_or("-".into(), |(lo, hi)| format!("{lo}-{hi}")),
             opt_ms(r.leave_settle_ms),
             opt(r.leave_ops),
             opt(r.leave_moved),
