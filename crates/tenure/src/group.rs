@@ -2,7 +2,7 @@
 //! live.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::acquire::{Hold, Order, Wait};
 use crate::error::{Error, LostReason, Result};
@@ -302,21 +302,26 @@ pub struct MembersWatch {
     name: Name,
     version: Option<u64>,
     last: Option<Vec<Member>>,
-    /// When the next member's lease lapses by the store's clock.
+    /// When the next member's lease lapses, where that changes no version
+    /// ([`until_next_lapse`]).
     next_lapse: Option<tokio::time::Instant>,
 }
 
-/// The instant just after the first live member's lease lapses by the
-/// store's clock, where the store tells the time left: a lapse may change
-/// no version (where a watcher confirms expiry, or the store ends leases
-/// only when it is next asked).
-fn next_lapse(entries: &[Entry]) -> Option<tokio::time::Instant> {
+/// How long until just after the first live member's lease lapses by the
+/// store's clock, on a store where a lapse changes no version (a watcher
+/// confirms expiry: [`Capabilities::watched_expiry`](crate::Capabilities::watched_expiry));
+/// `None` on other stores, whose own expiry changes the version, or when
+/// no member has time left. Whoever follows a group looks again then.
+pub(crate) fn until_next_lapse(store: &Arc<dyn Store>, entries: &[Entry]) -> Option<Duration> {
+    if !store.capabilities().watched_expiry {
+        return None;
+    }
     entries
         .iter()
         .map(|e| e.expires_in)
         .filter(|d| !d.is_zero())
         .min()
-        .map(|d| tokio::time::Instant::now() + d + std::time::Duration::from_millis(20))
+        .map(|d| d + Duration::from_millis(20))
 }
 
 impl MembersWatch {
@@ -331,7 +336,7 @@ impl MembersWatch {
     pub async fn next(&mut self) -> Result<Vec<Member>> {
         loop {
             if let Some(version) = self.version {
-                // A lapse may change no version: look again at the next
+                // Where a lapse changes no version, look again at the next
                 // member's lapse too.
                 let at = self.next_lapse;
                 let lapse = async move {
@@ -349,7 +354,8 @@ impl MembersWatch {
             }
             let queue = self.store.queue(&self.name).await?;
             self.version = Some(queue.version);
-            self.next_lapse = next_lapse(&queue.entries);
+            self.next_lapse = until_next_lapse(&self.store, &queue.entries)
+                .map(|d| tokio::time::Instant::now() + d);
             let members = members_of(&self.store, &queue.entries);
             let same = |a: &[Member], b: &[Member]| {
                 a.len() == b.len()

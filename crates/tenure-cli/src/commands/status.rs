@@ -184,8 +184,9 @@ pub(super) async fn run(store: Arc<dyn Store>, args: StatusArgs) -> Result<u8, F
                 "read/write lock" | "semaphore" => format!(" {}", mode(e.kind)),
                 _ => String::new(),
             };
+            // A group's member: its own value, after its weight and count.
             let member = member_of(kind, e);
-            let (shown, weight) = match &member {
+            let (shown, member_fields) = match &member {
                 Some(m) => (
                     &m.value[..],
                     format!(" weight={} shards={}", m.weight, m.shards),
@@ -197,9 +198,8 @@ pub(super) async fn run(store: Arc<dyn Store>, args: StatusArgs) -> Result<u8, F
             } else {
                 format!(" value={}", escape_line(&String::from_utf8_lossy(shown)))
             };
-            let mode = format!("{mode}{weight}");
             outln!(
-                "  {:<9} token={}{mode} label={} session={} ttl_left={}{value}",
+                "  {:<9} token={}{mode}{member_fields} label={} session={} ttl_left={}{value}",
                 role(kind, e.granted),
                 e.seq,
                 escape_line(&e.label),

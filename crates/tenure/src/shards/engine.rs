@@ -3,7 +3,7 @@
 //! and revokes, drains and releases the others.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::{shard_name_text, Shard, ShardStatus, Shards, Standing};
 use crate::acquire::{Hold, Order, Wait};
 use crate::error::{Error, Result};
-use crate::group::{members_of, Group, Membership};
+use crate::group::{members_of, until_next_lapse, Group, Membership};
 use crate::metrics::NameTag;
 use crate::session::Session;
 use crate::store::{EntryKind, Joined, Name, Store};
@@ -196,14 +196,8 @@ impl Engine {
             .collect();
         self.apply();
         let next = self.store().capabilities().watched_expiry.then(|| {
-            let lapse = queue
-                .entries
-                .iter()
-                .map(|e| e.expires_in)
-                .filter(|d| !d.is_zero())
-                .min()
-                .map_or(LOOK_AT_LEAST_EVERY, |d| d + Duration::from_millis(20));
-            Instant::now() + lapse.min(LOOK_AT_LEAST_EVERY)
+            let lapse = until_next_lapse(self.store(), &queue.entries);
+            Instant::now() + lapse.map_or(LOOK_AT_LEAST_EVERY, |d| d.min(LOOK_AT_LEAST_EVERY))
         });
         Ok(next)
     }
@@ -329,15 +323,11 @@ impl Engine {
             }) => {
                 // Still waiting in the owner's channel: withdrawn (never
                 // handed out after this), with no work to drain.
-                let withdrawn = handout
-                    .compare_exchange(
-                        super::PENDING,
-                        super::WITHDRAWN,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok();
-                let grace = if withdrawn { Duration::ZERO } else { grace };
+                let grace = if super::withdraw(&handout) {
+                    Duration::ZERO
+                } else {
+                    grace
+                };
                 let deadline = Instant::now() + grace;
                 let _ = standing.send(Standing::Revoked(deadline));
                 self.draining.spawn(async move {
@@ -404,7 +394,19 @@ impl Engine {
         for (_, slot) in self.slots.drain() {
             match slot {
                 Slot::Taking { abort, .. } => abort.abort(),
-                Slot::Owned { hold, standing, .. } | Slot::Draining { hold, standing, .. } => {
+                Slot::Owned {
+                    hold,
+                    standing,
+                    handout,
+                    ..
+                } => {
+                    // One still in the owner's channel is never handed out.
+                    super::withdraw(&handout);
+                    let _ = standing.send(Standing::Released);
+                    hold.keep();
+                    crate::metrics::shards_owned(&self.metric, -1.0);
+                }
+                Slot::Draining { hold, standing, .. } => {
                     let _ = standing.send(Standing::Released);
                     hold.keep();
                     crate::metrics::shards_owned(&self.metric, -1.0);

@@ -31,6 +31,14 @@ pub(crate) const PENDING: u8 = 0;
 pub(crate) const DELIVERED: u8 = 1;
 pub(crate) const WITHDRAWN: u8 = 2;
 
+/// Withdraws a granted shard that `next()` has not handed out, so it never
+/// will; `false` if it was handed out first. One atomic step decides.
+pub(crate) fn withdraw(handout: &AtomicU8) -> bool {
+    handout
+        .compare_exchange(PENDING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+}
+
 /// The most shards a group may have.
 pub const MAX_SHARDS: u32 = 65_536;
 

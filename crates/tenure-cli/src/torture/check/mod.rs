@@ -131,6 +131,50 @@ impl Findings {
             + self.overlaps_unpaused
             > 0
     }
+
+    /// Adds one part's findings (a shard's, in a run of shard owners):
+    /// counts summed, the worst figures kept, its explanations under
+    /// `label`. Every field is named, so a new one cannot be left out.
+    pub fn add_part(&mut self, label: &str, part: Findings) {
+        let Findings {
+            grants,
+            faults,
+            fenced_lost_writes,
+            fenced_lower_token_accepted,
+            duplicate_tokens,
+            tokens_backwards,
+            overlaps_unpaused,
+            overlaps_paused,
+            longest_overlap_ms,
+            twin_lost_writes,
+            fenced_refusals,
+            slow_recoveries,
+            recoveries_over_stated,
+            compound_faults,
+            worst_recovery_ms,
+            explained,
+        } = part;
+        self.grants += grants;
+        self.faults += faults;
+        self.fenced_lost_writes += fenced_lost_writes;
+        self.fenced_lower_token_accepted += fenced_lower_token_accepted;
+        self.duplicate_tokens += duplicate_tokens;
+        self.tokens_backwards += tokens_backwards;
+        self.overlaps_unpaused += overlaps_unpaused;
+        self.overlaps_paused += overlaps_paused;
+        self.longest_overlap_ms = self.longest_overlap_ms.max(longest_overlap_ms);
+        self.twin_lost_writes += twin_lost_writes;
+        self.fenced_refusals += fenced_refusals;
+        self.slow_recoveries += slow_recoveries;
+        self.recoveries_over_stated += recoveries_over_stated;
+        self.compound_faults += compound_faults;
+        self.worst_recovery_ms = self.worst_recovery_ms.max(worst_recovery_ms);
+        for e in explained {
+            if self.explained.len() < MAX_EXPLAINED {
+                self.explained.push(format!("{label}: {e}"));
+            }
+        }
+    }
 }
 
 /// [`check_with_allowance`] with no allowance (the unit tests' form).
