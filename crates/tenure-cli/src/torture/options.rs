@@ -183,7 +183,8 @@ impl Plan {
             }
             if !store.capabilities().shared {
                 return Err(format!(
-                    "--shards: the {} store has no shared entries, so no groups",
+                    "--shards: this {} store keeps no shared entries, and shard groups need \
+                     them (etcd with `?layout=etcd` is such a store: use its URL without it)",
                     store.capabilities().backend
                 ));
             }
